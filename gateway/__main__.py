@@ -1,0 +1,5 @@
+"""``python -m gateway`` — the same entry point as the ``specshadow`` console script."""
+
+from gateway.cli import main
+
+raise SystemExit(main())
