@@ -1,0 +1,49 @@
+"""Small, generic summary statistics shared by the recorder, ``loadgen`` and the report (pure).
+
+One percentile definition for the whole project: linear interpolation between closest ranks,
+the same as numpy's default (``method="linear"``) and ``statistics.quantiles(method="inclusive")``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+__all__ = ["mean", "percentile", "percentile_sorted", "percentiles"]
+
+
+def percentile_sorted(sorted_values: Sequence[float], q: float) -> float | None:
+    """Percentile ``q`` (0–100) of values already sorted ascending; ``None`` when empty.
+
+    Raises:
+        ValueError: ``q`` is outside [0, 100] or NaN.
+    """
+    if not 0.0 <= q <= 100.0:  # also rejects NaN
+        raise ValueError(f"percentile q must be in [0, 100], got {q!r}")
+    n = len(sorted_values)
+    if n == 0:
+        return None
+    rank = (n - 1) * q / 100.0
+    lo = math.floor(rank)
+    hi = min(lo + 1, n - 1)
+    frac = rank - lo
+    low = float(sorted_values[lo])
+    if frac == 0.0 or hi == lo:
+        return low
+    return low + (float(sorted_values[hi]) - low) * frac
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """Percentile ``q`` (0–100) with linear interpolation (numpy's default); ``None`` when empty."""
+    return percentile_sorted(sorted(values), q)
+
+
+def percentiles(values: Iterable[float], qs: Sequence[float]) -> tuple[float | None, ...]:
+    """Several percentiles of the same values, sorting once."""
+    ordered = sorted(values)
+    return tuple(percentile_sorted(ordered, q) for q in qs)
+
+
+def mean(values: Sequence[float]) -> float | None:
+    """Arithmetic mean; ``None`` when empty."""
+    return math.fsum(values) / len(values) if values else None
