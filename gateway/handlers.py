@@ -1,0 +1,237 @@
+"""Request handlers: thin I/O shells around receive → decide → forward → hand off.
+
+``completions`` serves ``POST /v1/chat/completions`` and ``POST /v1/completions``: it reads the
+body once, validates only that it is a JSON object, relays the primary's answer byte for byte
+(timing every chunk) and, when every leg has ended, hands one :class:`~gateway.exchange.Exchange`
+to the sink. ``passthrough`` relays any other ``/v1/*`` request untouched and untimed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from gateway import jsonx
+from gateway.errors import BodyTooLargeError, ClientRequestError, UpstreamError, error_response
+from gateway.exchange import ROUTE_PATHS, Exchange, LegResult, ModelName, RequestId, Route
+from gateway.forward import RecorderTee, recorder_for, relay
+from gateway.headers import REQUEST_ID, upstream_request_headers
+from gateway.state import GATEWAY, Gateway
+from gateway.timings import StreamOutcome
+
+
+def request_id_of(request: web.Request) -> str:
+    """The client's ``x-request-id`` when it sent one, else a new one."""
+    return request.headers.get(REQUEST_ID) or uuid.uuid4().hex
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLargeError(
+            f"request body is {request.content_length} bytes; the limit is {limit} bytes"
+        )
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise BodyTooLargeError(f"request body exceeds the limit of {limit} bytes") from exc
+
+
+def parse_payload(body: bytes) -> dict[str, Any]:
+    """The request as a dict; only JSON-object-ness is checked — the upstream validates the rest."""
+    try:
+        payload = jsonx.loads(body)
+    except jsonx.JSONDecodeError as exc:
+        raise ClientRequestError(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise ClientRequestError(
+            f"request body must be a JSON object, got {type(payload).__name__}"
+        )
+    return payload
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    route: Route = ROUTE_PATHS[request.path]
+    request_id = request_id_of(request)
+    body = await read_body(request, gw.settings.max_body_bytes)
+    payload = parse_payload(body)
+    started_unix_ns = time.time_ns()
+    model = payload.get("model")
+    exchange = _ExchangeDraft(
+        request_id=RequestId(request_id),
+        route=route,
+        requested_model=ModelName(model) if isinstance(model, str) else None,
+        stream=payload.get("stream") is True,
+        started_unix_ns=started_unix_ns,
+        temperature=_number(payload.get("temperature")),
+        seed=int(s) if isinstance(s := payload.get("seed"), int) else None,
+        category=request.headers.get("x-specshadow-category"),
+    )
+    headers = upstream_request_headers(request.headers, request_id=request_id)
+    primary = gw.primary
+    upstream_model = exchange.requested_model
+    gw.in_flight += 1
+    inflight = gw.in_flight
+    t0_ns = time.perf_counter_ns()
+    tee: RecorderTee | None = None
+    status: int | None = None
+    try:
+        async with primary.open("POST", request.path_qs, headers=headers, data=body) as up:
+            status = up.status
+            tee = recorder_for(up, t0_ns)
+            downstream, outcome, error_type = await relay(
+                request, up, request_id=request_id, tee=tee
+            )
+    except UpstreamError as exc:
+        outcome = "upstream_timeout" if exc.status == 504 else "upstream_error"
+        gw.in_flight -= 1
+        leg = _leg(gw, status, outcome, type(exc).__name__, tee, started_unix_ns, t0_ns, inflight)
+        gw.submit(exchange.build(leg, upstream_model))
+        return error_response(exc, headers={REQUEST_ID: request_id})
+    except asyncio.CancelledError:
+        gw.in_flight -= 1
+        leg = _leg(
+            gw,
+            status,
+            "client_disconnected",
+            "CancelledError",
+            tee,
+            started_unix_ns,
+            t0_ns,
+            inflight,
+        )
+        gw.submit(exchange.build(leg, upstream_model))
+        raise
+    gw.in_flight -= 1
+    leg = _leg(gw, status, outcome, error_type, tee, started_unix_ns, t0_ns, inflight)
+    gw.submit(exchange.build(leg, upstream_model))
+    return downstream
+
+
+def _leg(
+    gw: Gateway,
+    status: int | None,
+    outcome: StreamOutcome,
+    error_type: str | None,
+    tee: RecorderTee | None,
+    started_unix_ns: int,
+    t0_ns: int,
+    inflight: int,
+) -> LegResult:
+    recording = tee.recorder.finish(outcome=outcome, status=status) if tee is not None else None
+    return LegResult(
+        role="primary",
+        backend=gw.primary.target.name,
+        server_address=gw.primary.target.server_address,
+        upstream_model=None,
+        status=status,
+        outcome=outcome,
+        error_type=error_type,
+        recording=recording,
+        started_unix_ns=started_unix_ns,
+        t0_ns=t0_ns,
+        end_ns=time.perf_counter_ns(),
+        inflight_at_dispatch=inflight,
+    )
+
+
+class _ExchangeDraft:
+    """What is known about an exchange before its legs end."""
+
+    __slots__ = (
+        "category",
+        "exchange_id",
+        "request_id",
+        "requested_model",
+        "route",
+        "seed",
+        "started_unix_ns",
+        "stream",
+        "temperature",
+    )
+
+    def __init__(
+        self,
+        *,
+        request_id: RequestId,
+        route: Route,
+        requested_model: ModelName | None,
+        stream: bool,
+        started_unix_ns: int,
+        temperature: float | None,
+        seed: int | None,
+        category: str | None,
+    ) -> None:
+        self.exchange_id = uuid.uuid4().hex
+        self.request_id = request_id
+        self.route = route
+        self.requested_model = requested_model
+        self.stream = stream
+        self.started_unix_ns = started_unix_ns
+        self.temperature = temperature
+        self.seed = seed
+        self.category = category
+
+    def build(self, primary: LegResult, upstream_model: str | None) -> Exchange:
+        from dataclasses import replace
+
+        return Exchange(
+            exchange_id=self.exchange_id,
+            request_id=self.request_id,
+            route=self.route,
+            requested_model=self.requested_model,
+            stream=self.stream,
+            started_unix_ns=self.started_unix_ns,
+            temperature=self.temperature,
+            seed=self.seed,
+            category=self.category,
+            policy_generation=None,
+            policy_rule=None,
+            sampled=False,
+            drop_reason=None,
+            primary=replace(primary, upstream_model=upstream_model),
+            shadows=(),
+            request_body=None,
+        )
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    """Any other ``/v1/*`` request: relayed to the primary untouched and untimed."""
+    gw = request.app[GATEWAY]
+    request_id = request_id_of(request)
+    headers = upstream_request_headers(request.headers, request_id=request_id)
+    data = request.content.iter_any() if request.body_exists else None
+    try:
+        async with gw.primary.open(
+            request.method,
+            request.path_qs,
+            headers=headers,
+            data=data,
+            retry=False,
+        ) as up:
+            downstream, _outcome, _error = await relay(request, up, request_id=request_id, tee=None)
+    except UpstreamError as exc:
+        return error_response(exc, headers={REQUEST_ID: request_id})
+    return downstream
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"}, dumps=lambda o: jsonx.dumps(o).decode())
+
+
+async def readyz(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    ok, detail = await gw.ready.check()
+    return web.json_response(
+        {"status": "ready" if ok else "not_ready", "primary": detail},
+        status=200 if ok else 503,
+        dumps=lambda o: jsonx.dumps(o).decode(),
+    )

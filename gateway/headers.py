@@ -1,0 +1,96 @@
+"""Header rules for relaying (pure): what crosses the proxy in each direction.
+
+- Hop-by-hop headers (RFC 9110 §7.6.1) and any header named in ``Connection`` are dropped in both
+  directions; everything else is end-to-end and relayed unchanged.
+- ``Content-Encoding`` is relayed together with the still-encoded body (the gateway never decodes
+  and re-sends with a stale encoding). ``Content-Length`` is recomputed by aiohttp for requests and
+  preserved for responses whose length is known.
+- Credentials (``Authorization``, API keys, cookies) go to the primary, which the client addressed,
+  but never to a shadow unless a policy allow-list says so (``policies.shape``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+# Recomputed or owned by the transport, never copied from the other side.
+_REQUEST_SKIP = HOP_BY_HOP | {"host", "content-length"}
+_RESPONSE_SKIP = HOP_BY_HOP | {"content-length"}
+
+CREDENTIAL_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "api-key",
+        "x-api-key",
+        "openai-organization",
+        "openai-project",
+    }
+)
+
+REQUEST_ID = "x-request-id"
+
+
+def _connection_tokens(headers: Mapping[str, str] | CIMultiDictProxy[str]) -> frozenset[str]:
+    value = headers.get("connection")
+    if not value:
+        return frozenset()
+    return frozenset(t.strip().lower() for t in value.split(",") if t.strip())
+
+
+def _filtered(
+    headers: CIMultiDictProxy[str] | CIMultiDict[str], skip: frozenset[str]
+) -> CIMultiDict[str]:
+    drop = skip | _connection_tokens(headers)
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        if name.lower() not in drop:
+            out.add(name, value)
+    return out
+
+
+def upstream_request_headers(
+    client_headers: CIMultiDictProxy[str], *, request_id: str, extra: Iterable[tuple[str, str]] = ()
+) -> CIMultiDict[str]:
+    """Headers for the primary: the client's end-to-end headers, the request id, and ``extra``."""
+    out = _filtered(client_headers, _REQUEST_SKIP)
+    out[REQUEST_ID] = request_id
+    for name, value in extra:
+        out[name] = value
+    return out
+
+
+def client_response_headers(
+    upstream_headers: CIMultiDictProxy[str], *, request_id: str
+) -> CIMultiDict[str]:
+    """Headers for the client: the upstream's end-to-end headers plus ``x-request-id``."""
+    out = _filtered(upstream_headers, _RESPONSE_SKIP)
+    out[REQUEST_ID] = request_id
+    return out
+
+
+def known_content_length(upstream_headers: CIMultiDictProxy[str]) -> int | None:
+    """The upstream's body length when it declared one (and is not chunked)."""
+    if "transfer-encoding" in upstream_headers:
+        return None
+    value = upstream_headers.get("content-length")
+    if value is None or not value.isdigit():
+        return None
+    return int(value)

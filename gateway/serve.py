@@ -1,0 +1,87 @@
+"""``specshadow serve``: run the gateway in front of a primary upstream (uvloop, aiohttp)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from gateway.app import create_app
+from gateway.settings import Settings, UpstreamSettings
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve", help="run the gateway in front of the primary upstream"
+    )
+    p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port to bind (default 8080)")
+    p.add_argument(
+        "--primary",
+        default=None,
+        help="the primary upstream's base URL, e.g. http://127.0.0.1:8000",
+    )
+    p.add_argument("--max-body-bytes", type=int, default=None, help="larger bodies get 413")
+    p.add_argument("--connect-timeout", type=float, default=None, help="seconds (default 10)")
+    p.add_argument(
+        "--idle-timeout", type=float, default=None, help="max seconds between reads (default 600)"
+    )
+    p.add_argument("--max-connections", type=int, default=None, help="pool size per upstream")
+    p.set_defaults(func=run)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    base = Settings.from_env()
+    up = base.upstream
+    up_overrides = {
+        "connect_timeout_s": args.connect_timeout,
+        "idle_timeout_s": args.idle_timeout,
+        "max_connections": args.max_connections,
+    }
+    upstream = UpstreamSettings(
+        **{
+            **{f: getattr(up, f) for f in up.__dataclass_fields__},
+            **{k: v for k, v in up_overrides.items() if v is not None},
+        }
+    )
+    return Settings.from_env(
+        host=args.host,
+        port=args.port,
+        primary_url=args.primary,
+        max_body_bytes=args.max_body_bytes,
+        upstream=upstream,
+    )
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    if not settings.primary_url:
+        log.error("no primary upstream: pass --primary URL (or SPECSHADOW_PRIMARY_URL)")
+        return 2
+    app = create_app(settings)
+    web.run_app(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop=new_event_loop(),
+        shutdown_timeout=settings.shutdown_timeout_s,
+        # Cancel the handler the moment the client disconnects: the upstream request is closed
+        # at once even while the upstream is silent (no write would notice otherwise).
+        handler_cancellation=True,
+        access_log=None,
+        print=lambda msg: log.info("%s", msg),
+    )
+    return 0

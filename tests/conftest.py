@@ -1,0 +1,73 @@
+"""Shared fixtures: real servers on 127.0.0.1 (fake upstreams, the gateway), no patched code."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from gateway.app import create_app
+from gateway.settings import Settings, UpstreamSettings
+from gateway.sinks import MemorySink
+from tests.fakes.upstream import FakeUpstream, Script
+
+
+async def start_server(app: web.Application) -> TestServer:
+    """A real listening server on 127.0.0.1 that cancels handlers on client disconnect."""
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()  # aiohttp's TestServer already sets handler_cancellation=True
+    return server
+
+
+@dataclass
+class RunningGateway:
+    server: TestServer
+    sink: MemorySink
+    settings: Settings
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("")).rstrip("/")
+
+
+FAST_UPSTREAM = UpstreamSettings(
+    connect_timeout_s=2.0, idle_timeout_s=5.0, retry_initial_s=0.01, retry_max_s=0.05
+)
+
+
+@pytest.fixture
+async def servers() -> AsyncIterator[list[TestServer]]:
+    started: list[TestServer] = []
+    yield started
+    for server in reversed(started):
+        await server.close()
+
+
+@pytest.fixture
+def fake_upstream(
+    servers: list[TestServer],
+) -> Callable[[Script], Awaitable[tuple[FakeUpstream, str]]]:
+    async def start(script: Script) -> tuple[FakeUpstream, str]:
+        fake = FakeUpstream(script)
+        server = await start_server(fake.app())
+        servers.append(server)
+        return fake, str(server.make_url("")).rstrip("/")
+
+    return start
+
+
+@pytest.fixture
+def gateway(servers: list[TestServer]) -> Callable[..., Awaitable[RunningGateway]]:
+    async def start(primary_url: str, **overrides: Any) -> RunningGateway:
+        overrides.setdefault("upstream", FAST_UPSTREAM)
+        settings = Settings(primary_url=primary_url, shutdown_timeout_s=2.0, **overrides)
+        sink = MemorySink()
+        server = await start_server(create_app(settings, sink=sink))
+        servers.append(server)
+        return RunningGateway(server=server, sink=sink, settings=settings)
+
+    return start
