@@ -1,0 +1,455 @@
+"""The simulator's I/O shell: an aiohttp app that paces and writes :class:`~simulator.plan.Plan`\\ s.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming and not),
+``GET /v1/models``, ``GET /health``, ``GET /version``, ``GET /metrics`` (Prometheus text),
+``GET /sim/requests[?id=…]`` (ground truth as JSON).
+
+Per request: parse and validate (pure) → plan the answer (pure) → record the plan as ground truth →
+apply faults → queue for an engine slot → sleep the prefill, emit the first token → one
+``asyncio.sleep(step)`` per engine step, emitting that step's tokens as one chunk. Streaming
+headers go out before the queue and the prefill, as uvicorn/starlette do for vLLM. Every SSE event
+is preceded by a ``: sent_ns=<perf_counter_ns>`` comment stamped immediately before the write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from gateway import jsonx
+from simulator.acceptance import Step
+from simulator.config import (
+    CATEGORY_HEADER,
+    FAULT_HEADER,
+    REQUEST_ID_HEADER,
+    Faults,
+    FaultSyntaxError,
+    SimConfig,
+    parse_faults,
+)
+from simulator.metrics import METRICS_CONTENT_TYPE, SimMetrics
+from simulator.plan import Plan, plan_completion
+from simulator.render import (
+    error_body,
+    full_body,
+    request_metrics,
+    stream_chunk,
+    tool_call_id,
+    usage,
+    usage_chunk,
+)
+from simulator.request import Route, SimRequest, SimRequestError, classify, parse_request
+from simulator.state import EventKindSent, RecordOutcome, RequestRecord, SentEvent, SimState
+
+CONFIG = web.AppKey("sim_config", SimConfig)
+STATE = web.AppKey("sim_state", SimState)
+METRICS = web.AppKey("sim_metrics", SimMetrics)
+
+_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+_VERSION = "0.32.0+sim"
+
+
+class _StreamStopped(Exception):
+    """A fault ended the response early (hang or drop); ``outcome`` says which."""
+
+    def __init__(self, outcome: RecordOutcome) -> None:
+        super().__init__(outcome)
+        self.outcome: RecordOutcome = outcome
+
+
+def _json_response(
+    obj: Any, *, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        body=jsonx.dumps(obj), status=status, content_type="application/json", headers=headers
+    )
+
+
+def _error(status: int, message: str, err_type: str, param: str | None = None) -> web.Response:
+    return _json_response(error_body(status, message, err_type, param), status=status)
+
+
+async def _hang(request: web.Request, state: SimState, config: SimConfig) -> None:
+    """Send nothing until the client leaves, the server shuts down or ``hang_max_s`` passes."""
+    deadline_ns = time.perf_counter_ns() + int(config.hang_max_s * 1e9)
+    while not state.closing.is_set() and time.perf_counter_ns() < deadline_ns:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return
+        await asyncio.sleep(0.02)
+
+
+class _EventWriter:
+    """Writes SSE events with their send stamps and applies the per-event faults."""
+
+    def __init__(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        record: RequestRecord,
+        faults: Faults,
+        state: SimState,
+        config: SimConfig,
+    ) -> None:
+        self._request = request
+        self._response = response
+        self._record = record
+        self._faults = faults
+        self._state = state
+        self._config = config
+        self.sent = 0
+
+    async def send(self, kind: EventKindSent, data: bytes, tokens: int = 0) -> None:
+        faults = self._faults
+        if faults.drop_after is not None and self.sent >= faults.drop_after:
+            if self._request.transport is not None:
+                self._request.transport.abort()
+            raise _StreamStopped("dropped")
+        if faults.hang_after is not None and self.sent >= faults.hang_after:
+            await _hang(self._request, self._state, self._config)
+            raise _StreamStopped("hung")
+        payload = b"data: " + data + b"\n\n"
+        sent_ns = time.perf_counter_ns()
+        if self._config.stamp_events:
+            payload = b": sent_ns=%d\n" % sent_ns + payload
+        await self._response.write(payload)
+        self._record.events.append(SentEvent(kind, sent_ns, tokens))
+        self.sent += 1
+
+
+@dataclass(slots=True)
+class _Engine:
+    """Runs one plan through the queue and the engine steps, keeping metrics and the record."""
+
+    config: SimConfig
+    state: SimState
+    metrics: SimMetrics
+    plan: Plan
+    record: RequestRecord
+
+    async def run(self, on_step: Callable[[int, int, int, Step], Awaitable[None]]) -> None:
+        """Calls ``on_step(index, start, end, step)`` as each step's tokens [start, end) exist."""
+        config, plan, record, metrics = self.config, self.plan, self.record, self.metrics
+        metrics.queued()
+        try:
+            await self.state.slots.acquire()
+        except BaseException:
+            metrics.waiting.dec()
+            raise
+        record.started_ns = time.perf_counter_ns()
+        metrics.started((record.started_ns - record.arrival_ns) / 1e9, plan.prompt_tokens)
+        kv_tokens = plan.prompt_tokens
+        completed = False
+        step_s = config.step_s + (config.spec_step_overhead_s if config.speculative else 0.0)
+        try:
+            await asyncio.sleep(
+                config.prefill_base_s + config.prefill_per_token_s * plan.prompt_tokens
+            )
+            prev_ns = record.arrival_ns
+            pos = 0
+            for index, step in enumerate(plan.steps):
+                if index:
+                    await asyncio.sleep(step_s)
+                now_ns = time.perf_counter_ns()
+                record.step_ns.append(now_ns)
+                if index == 0:
+                    record.first_token_ns = now_ns
+                record.last_token_ns = now_ns
+                metrics.step(step, first=index == 0, elapsed_s=(now_ns - prev_ns) / 1e9)
+                kv_tokens += step.emitted
+                prev_ns = now_ns
+                await on_step(index, pos, pos + step.emitted, step)
+                pos += step.emitted
+            completed = True
+        finally:
+            self.state.slots.release()
+            e2e_s = None
+            if completed and record.last_token_ns is not None:
+                e2e_s = (record.last_token_ns - record.arrival_ns) / 1e9
+            reason = "stop" if plan.finish_reason == "tool_calls" else plan.finish_reason
+            metrics.finished(
+                kv_tokens=kv_tokens, finish_reason=reason if completed else None, e2e_s=e2e_s
+            )
+
+
+def _metrics_object(engine: _Engine) -> dict[str, Any]:
+    record = engine.record
+    return request_metrics(
+        engine.plan,
+        k=engine.config.num_speculative_tokens,
+        speculative=engine.config.speculative,
+        arrival_ns=record.arrival_ns,
+        started_ns=record.started_ns or record.arrival_ns,
+        step_ns=record.step_ns,
+    )
+
+
+async def _stream(
+    request: web.Request, sim: SimRequest, engine: _Engine, faults: Faults, response_id: str
+) -> web.StreamResponse:
+    record, plan, config = engine.record, engine.plan, engine.config
+    created = int(time.time())
+    call_id = tool_call_id(response_id)
+    response = web.StreamResponse(headers={**_SSE_HEADERS, REQUEST_ID_HEADER: record.request_id})
+    await response.prepare(request)
+    writer = _EventWriter(request, response, record, faults, engine.state, config)
+    chunk_kw: dict[str, Any] = {
+        "response_id": response_id,
+        "created": created,
+        "model": sim.model,
+        "plan": plan,
+        "call_id": call_id,
+    }
+    malformed_at = len(plan.steps) // 2 if faults.malformed else -1
+
+    def with_usage(chunk: dict[str, Any], completion_tokens: int) -> bytes:
+        if sim.include_usage and sim.continuous_usage:
+            chunk["usage"] = usage(plan.prompt_tokens, completion_tokens)
+        return jsonx.dumps(chunk)
+
+    async def on_step(index: int, start: int, end: int, step: Step) -> None:
+        if index == 0 and sim.route == "chat":
+            role = stream_chunk(sim, start=0, end=0, finish_reason=None, role_only=True, **chunk_kw)
+            await writer.send("role", with_usage(role, 0))
+        if index == malformed_at:
+            broken = jsonx.dumps(
+                stream_chunk(sim, start=start, end=end, finish_reason=None, **chunk_kw)
+            )
+            await writer.send("malformed", broken[: len(broken) // 2])
+        last = end == len(plan.tokens)
+        chunk = stream_chunk(
+            sim,
+            start=start,
+            end=end,
+            finish_reason=plan.finish_reason if last else None,
+            **chunk_kw,
+        )
+        await writer.send("output", with_usage(chunk, end), tokens=end - start)
+
+    try:
+        await engine.run(on_step)
+        if sim.include_usage:
+            final = usage_chunk(
+                sim, response_id=response_id, created=created, model=sim.model, plan=plan
+            )
+            if sim.include_metrics:
+                final["metrics"] = _metrics_object(engine)
+            await writer.send("usage", jsonx.dumps(final))
+        await writer.send("done", b"[DONE]")
+        await response.write_eof()
+        record.outcome = "completed"
+    except _StreamStopped as stop:
+        record.outcome = stop.outcome
+    except (ConnectionResetError, OSError):
+        record.outcome = "client_disconnected"
+    finally:
+        record.finished_ns = time.perf_counter_ns()
+    return response
+
+
+async def _respond_whole(
+    request: web.Request, sim: SimRequest, engine: _Engine, faults: Faults, response_id: str
+) -> web.StreamResponse:
+    record, plan = engine.record, engine.plan
+
+    async def on_step(index: int, start: int, end: int, step: Step) -> None:
+        return None
+
+    try:
+        await engine.run(on_step)
+    finally:
+        record.finished_ns = time.perf_counter_ns()
+    body = full_body(
+        sim,
+        response_id=response_id,
+        created=int(time.time()),
+        model=sim.model,
+        plan=plan,
+        call_id=tool_call_id(response_id),
+    )
+    if sim.include_metrics:
+        body["metrics"] = _metrics_object(engine)
+    data = jsonx.dumps(body)
+    headers = {REQUEST_ID_HEADER: record.request_id}
+    if faults.hang_after is not None or faults.drop_after is not None:
+        response = web.StreamResponse(headers={**headers, "Content-Type": "application/json"})
+        response.content_length = len(data)
+        await response.prepare(request)
+        if faults.drop_after is not None:
+            if request.transport is not None:
+                request.transport.abort()
+            record.outcome = "dropped"
+        else:
+            await _hang(request, engine.state, engine.config)
+            record.outcome = "hung"
+        return response
+    if faults.malformed:
+        data = data[: len(data) // 2]
+    record.outcome = "completed"
+    return web.Response(body=data, content_type="application/json", headers=headers)
+
+
+def _completions_handler(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        arrival_ns = time.perf_counter_ns()
+        config, state, metrics = request.app[CONFIG], request.app[STATE], request.app[METRICS]
+        state.received += 1
+        request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        faults = config.faults
+        fault_header = request.headers.get(FAULT_HEADER)
+        if fault_header:
+            try:
+                faults = faults.merged(parse_faults(fault_header))
+            except FaultSyntaxError as exc:
+                return _error(400, f"{FAULT_HEADER}: {exc}", "BadRequestError", FAULT_HEADER)
+        try:
+            sim = parse_request(route, await request.read(), config)
+        except SimRequestError as exc:
+            return _error(exc.status, exc.message, exc.error_type, exc.param)
+        plan = plan_completion(config, sim, classify(sim, request.headers.get(CATEGORY_HEADER)))
+        record = RequestRecord.from_plan(
+            request_id=request_id,
+            route=route,
+            model=sim.model,
+            stream=sim.stream,
+            plan=plan,
+            faults=repr(faults) if faults.any else "",
+            arrival_ns=arrival_ns,
+        )
+        state.add(record)
+
+        if faults.slow_headers_s > 0:
+            await asyncio.sleep(faults.slow_headers_s)
+        if faults.hang_before_headers:
+            record.outcome = "hung"
+            await _hang(request, state, config)
+            record.finished_ns = time.perf_counter_ns()
+            return _error(503, "simulator shutting down", "ServiceUnavailableError")
+        if faults.status is not None:
+            record.status = faults.status
+            record.outcome = "error_status"
+            record.finished_ns = time.perf_counter_ns()
+            return _error(
+                faults.status, f"simulated fault: status {faults.status}", "SimulatedFault"
+            )
+
+        prefix = "chatcmpl" if route == "chat" else "cmpl"
+        response_id = f"{prefix}-{request_id}"
+        engine = _Engine(config, state, metrics, plan, record)
+        if sim.stream:
+            return await _stream(request, sim, engine, faults, response_id)
+        return await _respond_whole(request, sim, engine, faults, response_id)
+
+    return handle
+
+
+async def _models(request: web.Request) -> web.Response:
+    config = request.app[CONFIG]
+    created = int(time.time())
+    data: list[dict[str, Any]] = [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": config.model,
+            "parent": None,
+            "max_model_len": 4096,
+            "permission": [],
+        }
+        for name in config.served_names
+    ]
+    return _json_response({"object": "list", "data": data})
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def _version(request: web.Request) -> web.Response:
+    return _json_response({"version": _VERSION})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    response = web.Response(body=request.app[METRICS].render())
+    response.headers["Content-Type"] = METRICS_CONTENT_TYPE
+    return response
+
+
+async def _sim_requests(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    request_id = request.query.get("id")
+    if request_id is None:
+        return _json_response({"ids": list(state.requests), "received": state.received})
+    record = state.get(request_id)
+    if record is None:
+        return _error(404, f"no record for request id {request_id!r}", "NotFoundError", "id")
+    return _json_response(record.to_json())
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    app[STATE].closing.set()
+
+
+def create_sim_app(config: SimConfig) -> web.Application:
+    """A simulated vLLM OpenAI server for ``config``; its ground truth is ``app[STATE]``."""
+    app = web.Application()
+    app[CONFIG] = config
+    app[STATE] = SimState(config.max_records, config.max_num_seqs)
+    app[METRICS] = SimMetrics(config)
+    app.router.add_post("/v1/chat/completions", _completions_handler("chat"))
+    app.router.add_post("/v1/completions", _completions_handler("completions"))
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/version", _version)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/sim/requests", _sim_requests)
+    app.on_shutdown.append(_on_shutdown)
+    return app
+
+
+@dataclass(frozen=True, slots=True)
+class SimServer:
+    """A running simulator: ``base_url`` is ``http://host:port`` (append ``/v1`` for OpenAI)."""
+
+    base_url: str
+    host: str
+    port: int
+    app: web.Application
+    state: SimState
+    config: SimConfig
+
+    @property
+    def metrics(self) -> SimMetrics:
+        return self.app[METRICS]
+
+
+@asynccontextmanager
+async def run_simulator(
+    config: SimConfig, host: str = "127.0.0.1", port: int = 0, *, shutdown_timeout_s: float = 1.0
+) -> AsyncIterator[SimServer]:
+    """Serve ``config`` on a real socket (``port=0``: a free one) for the ``async with`` body."""
+    app = create_sim_app(config)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout_s)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound_port = int(runner.addresses[0][1])
+        yield SimServer(
+            base_url=f"http://{host}:{bound_port}",
+            host=host,
+            port=bound_port,
+            app=app,
+            state=app[STATE],
+            config=config,
+        )
+    finally:
+        await runner.cleanup()

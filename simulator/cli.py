@@ -1,0 +1,120 @@
+"""``specshadow simulate``: serve a simulated vLLM (plain or speculative) with known ground truth."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from simulator.app import create_sim_app
+from simulator.config import Acceptance, SimConfig, parse_faults
+
+
+def _acceptance(text: str) -> Acceptance:
+    """``0.7`` (every position) or ``0.8,0.6,0.4,0.2`` (one value per position)."""
+    parts = [float(p) for p in text.split(",") if p.strip()]
+    return parts[0] if len(parts) == 1 else tuple(parts)
+
+
+def _category_pairs(items: list[str], convert: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise argparse.ArgumentTypeError(f"expected CATEGORY=VALUE, got {item!r}")
+        out[name] = convert(value)
+    return out
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    return SimConfig(
+        model=args.model,
+        aliases=tuple(args.alias),
+        mode=args.mode,
+        num_speculative_tokens=args.k,
+        acceptance=_acceptance(args.acceptance),
+        category_acceptance=_category_pairs(args.category_acceptance, _acceptance),
+        coverage=args.coverage,
+        category_coverage=_category_pairs(args.category_coverage, float),
+        seed=args.seed,
+        divergence_at=args.divergence_at,
+        min_output_tokens=args.min_output_tokens,
+        max_output_tokens=args.max_output_tokens,
+        prefill_base_s=args.prefill_ms / 1e3,
+        prefill_per_token_s=args.prefill_per_token_ms / 1e3,
+        step_s=args.step_ms / 1e3,
+        spec_step_overhead_s=args.spec_overhead_ms / 1e3,
+        max_num_seqs=args.max_num_seqs,
+        always_metrics=args.always_metrics,
+        stamp_events=not args.no_stamps,
+        faults=parse_faults(args.fault),
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    app = create_sim_app(config)
+    try:
+        import uvloop
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    except ImportError:  # uvloop is a runtime dependency except on Windows
+        loop = asyncio.new_event_loop()
+    url = f"http://{args.host}:{args.port}"
+    print(f"specshadow simulator ({config.mode}, model {config.model}) on {url}", flush=True)
+    web.run_app(
+        app,
+        host=args.host,
+        port=args.port,
+        loop=loop,
+        access_log=None,
+        print=None,
+        shutdown_timeout=2.0,
+    )
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``simulate`` to the ``specshadow`` parser."""
+    p = subparsers.add_parser(
+        "simulate",
+        help="serve a simulated vLLM OpenAI server with known ground truth",
+        description=(
+            "Serve an OpenAI-compatible simulated vLLM (plain or speculative). Per-request ground "
+            "truth at GET /sim/requests?id=<x-request-id>; faults per request via the x-sim-fault "
+            "header; category via x-specshadow-category."
+        ),
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--mode", choices=["plain", "speculative"], default="plain")
+    p.add_argument("--model", default="sim-model", help="served model name")
+    p.add_argument("--alias", action="append", default=[], help="extra served name (repeatable)")
+    p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    p.add_argument("--acceptance", default="0.7", help="p, or p0,p1,...,p(k-1)")
+    p.add_argument(
+        "--category-acceptance",
+        action="append",
+        default=[],
+        metavar="CATEGORY=P",
+        help="per-category acceptance, e.g. code=0.8 or json=0.9,0.8,0.7,0.6 (repeatable)",
+    )
+    p.add_argument("--coverage", type=float, default=1.0, help="P(proposer drafts on a step)")
+    p.add_argument("--category-coverage", action="append", default=[], metavar="CATEGORY=C")
+    p.add_argument("--prefill-ms", type=float, default=20.0)
+    p.add_argument("--prefill-per-token-ms", type=float, default=0.0)
+    p.add_argument("--step-ms", type=float, default=5.0, help="one target forward pass")
+    p.add_argument("--spec-overhead-ms", type=float, default=0.0, help="proposer cost per step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--divergence-at", type=int, default=None)
+    p.add_argument("--min-output-tokens", type=int, default=16)
+    p.add_argument("--max-output-tokens", type=int, default=256)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--always-metrics", action="store_true", help="per-request metrics always")
+    p.add_argument("--no-stamps", action="store_true", help="omit ': sent_ns=' SSE comments")
+    p.add_argument(
+        "--fault", default="", help="default faults, e.g. 'status=503' (x-sim-fault syntax)"
+    )
+    p.set_defaults(func=_run)

@@ -1,0 +1,199 @@
+"""Simulator settings: one frozen :class:`SimConfig` per simulated server, plus fault knobs.
+
+Everything that decides what the simulator says and when lives here, so a test that holds the
+config also holds the ground truth's parameters (see :func:`simulator.acceptance.expected_rates`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Literal
+
+Mode = Literal["plain", "speculative"]
+Acceptance = float | tuple[float, ...]
+
+# Header that overrides the request's category (otherwise classified from the body).
+CATEGORY_HEADER = "x-specshadow-category"
+# Header that injects faults into one request (same syntax as ``SimConfig.faults``).
+FAULT_HEADER = "x-sim-fault"
+# Header that names the request in the ground truth (vLLM also reads it for the response id).
+REQUEST_ID_HEADER = "x-request-id"
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    """Misbehaviour to inject. Parsed from ``"status=503,hang_after=3"`` by :func:`parse_faults`.
+
+    - ``status``: answer with this HTTP status and an OpenAI-shaped error body instead.
+    - ``hang_before_headers``: never send headers (until the client leaves or the server stops).
+    - ``hang_after``: after this many SSE events (``data:`` lines, role chunk included), stop
+      sending but keep the connection open. Non-streaming: headers are sent, the body never is.
+    - ``drop_after``: after this many SSE events, abort the TCP connection (transport.abort()).
+      Non-streaming: abort after headers.
+    - ``slow_headers_s``: extra delay before the response headers.
+    - ``malformed``: emit one broken-JSON ``data:`` event halfway through the output (streaming);
+      a truncated JSON body (non-streaming).
+    """
+
+    status: int | None = None
+    hang_before_headers: bool = False
+    hang_after: int | None = None
+    drop_after: int | None = None
+    slow_headers_s: float = 0.0
+    malformed: bool = False
+
+    def merged(self, other: Faults) -> Faults:
+        """``self`` with every knob that ``other`` sets taking precedence."""
+        return Faults(
+            status=other.status if other.status is not None else self.status,
+            hang_before_headers=self.hang_before_headers or other.hang_before_headers,
+            hang_after=other.hang_after if other.hang_after is not None else self.hang_after,
+            drop_after=other.drop_after if other.drop_after is not None else self.drop_after,
+            slow_headers_s=other.slow_headers_s or self.slow_headers_s,
+            malformed=self.malformed or other.malformed,
+        )
+
+    @property
+    def any(self) -> bool:
+        return self != Faults()
+
+
+class FaultSyntaxError(ValueError):
+    """An ``x-sim-fault`` header or ``--fault`` value that cannot be parsed."""
+
+
+def parse_faults(text: str) -> Faults:
+    """Parse ``"status=503, hang_after=3, malformed"`` (comma- or semicolon-separated)."""
+    faults = Faults()
+    for raw in text.replace(";", ",").split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        key, _, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        value = value.strip()
+        try:
+            if key == "status":
+                faults = replace(faults, status=int(value))
+            elif key == "hang_before_headers" and not value:
+                faults = replace(faults, hang_before_headers=True)
+            elif key == "hang_after":
+                faults = replace(faults, hang_after=int(value))
+            elif key == "drop_after":
+                faults = replace(faults, drop_after=int(value))
+            elif key == "slow_headers":
+                faults = replace(faults, slow_headers_s=float(value))
+            elif key == "malformed" and not value:
+                faults = replace(faults, malformed=True)
+            else:
+                raise FaultSyntaxError(f"unknown fault {item!r}")
+        except ValueError as exc:
+            if isinstance(exc, FaultSyntaxError):
+                raise
+            raise FaultSyntaxError(f"bad value in fault {item!r}") from exc
+    if faults.status is not None and not 400 <= faults.status <= 599:
+        raise FaultSyntaxError(f"fault status must be 4xx/5xx, got {faults.status}")
+    return faults
+
+
+def _check_probs(name: str, value: Acceptance, k: int) -> None:
+    probs = (value,) if isinstance(value, float | int) else value
+    if not isinstance(value, float | int) and len(probs) != k:
+        raise ValueError(f"{name}: expected {k} per-position values, got {len(probs)}")
+    for p in probs:
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"{name}: expected 0 <= p <= 1, got {p}")
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulated vLLM server.
+
+    Text: ``max_tokens`` (default ``default_max_tokens``) caps a natural length drawn from the
+    prompt hash in ``[min_output_tokens, max_output_tokens]``; structured outputs and tool calls
+    take the length of their JSON instead.
+
+    Speculation (``mode="speculative"``): after the prefill step (1 token), each decode step drafts
+    with probability ``coverage`` (per category: ``category_coverage``), ``num_speculative_tokens``
+    drafts (never past the end of the output), each accepted with the conditional probability in
+    ``acceptance`` (a float for every position, or one value per position; per category:
+    ``category_acceptance``), the chain stopping at the first rejection; the step emits
+    accepted + 1 tokens. ``divergence_at``: speculative output differs from plain from that output
+    token index on (to test diffing); ``None`` keeps the lossless property.
+
+    Timing: the prefill takes ``prefill_base_s + prefill_per_token_s × prompt_tokens`` and emits
+    the first token; each decode step takes ``step_s`` (+ ``spec_step_overhead_s`` in speculative
+    mode, the proposer's cost). At most ``max_num_seqs`` requests run at once; the rest queue.
+    """
+
+    model: str = "sim-model"
+    aliases: tuple[str, ...] = ()
+    mode: Mode = "plain"
+    num_speculative_tokens: int = 4
+    acceptance: Acceptance = 0.7
+    category_acceptance: Mapping[str, Acceptance] = field(default_factory=dict)
+    coverage: float = 1.0
+    category_coverage: Mapping[str, float] = field(default_factory=dict)
+    seed: int = 0
+    divergence_at: int | None = None
+    min_output_tokens: int = 16
+    max_output_tokens: int = 256
+    default_max_tokens: int = 64
+    prefill_base_s: float = 0.02
+    prefill_per_token_s: float = 0.0
+    step_s: float = 0.005
+    spec_step_overhead_s: float = 0.0
+    max_num_seqs: int = 256
+    always_metrics: bool = False
+    stamp_events: bool = True
+    faults: Faults = field(default_factory=Faults)
+    max_records: int = 10_000
+    hang_max_s: float = 300.0
+    kv_cache_capacity_tokens: int = 65_536
+
+    def __post_init__(self) -> None:
+        k = self.num_speculative_tokens
+        if k < 1:
+            raise ValueError(f"num_speculative_tokens: expected >= 1, got {k}")
+        if self.mode not in ("plain", "speculative"):
+            raise ValueError(f"mode: expected 'plain' or 'speculative', got {self.mode!r}")
+        _check_probs("acceptance", self.acceptance, k)
+        for cat, value in self.category_acceptance.items():
+            _check_probs(f"category_acceptance[{cat!r}]", value, k)
+        for cat, cov in {"": self.coverage, **self.category_coverage}.items():
+            if not 0.0 <= cov <= 1.0:
+                raise ValueError(f"coverage{f'[{cat!r}]' if cat else ''}: expected 0..1, got {cov}")
+        if not 1 <= self.min_output_tokens <= self.max_output_tokens:
+            raise ValueError("expected 1 <= min_output_tokens <= max_output_tokens")
+        if self.default_max_tokens < 1 or self.max_num_seqs < 1 or self.max_records < 1:
+            raise ValueError("default_max_tokens, max_num_seqs and max_records must be >= 1")
+        if self.divergence_at is not None and self.divergence_at < 0:
+            raise ValueError("divergence_at: expected >= 0")
+        # Read-only copies: the config is shared by every request of a server.
+        object.__setattr__(
+            self, "category_acceptance", MappingProxyType(dict(self.category_acceptance))
+        )
+        object.__setattr__(
+            self, "category_coverage", MappingProxyType(dict(self.category_coverage))
+        )
+        object.__setattr__(self, "aliases", tuple(self.aliases))
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        return (self.model, *(a for a in self.aliases if a != self.model))
+
+    @property
+    def speculative(self) -> bool:
+        return self.mode == "speculative"
+
+    def acceptance_for(self, category: str) -> tuple[float, ...]:
+        """Per-position conditional acceptance probabilities for ``category``."""
+        value = self.category_acceptance.get(category, self.acceptance)
+        if isinstance(value, float | int):
+            return (float(value),) * self.num_speculative_tokens
+        return tuple(float(p) for p in value)
+
+    def coverage_for(self, category: str) -> float:
+        return self.category_coverage.get(category, self.coverage)

@@ -1,0 +1,108 @@
+"""What one request will answer, decided up front (pure): tokens, finish reason, engine steps.
+
+The I/O shell in :mod:`simulator.app` only paces and writes a :class:`Plan`; the plan *is* the
+ground truth that tests compare against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from simulator.acceptance import Step, plan_steps
+from simulator.config import Mode, SimConfig
+from simulator.request import SimRequest
+from simulator.textgen import (
+    digest,
+    diverged_tokens,
+    dump_json,
+    json_document,
+    natural_length,
+    rng_for,
+    split_pieces,
+    token_logprobs,
+    value_for_schema,
+    word_tokens,
+)
+
+OutputKind = Literal["text", "json", "tool_call"]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The answer to one request.
+
+    For ``kind == "tool_call"`` the first token is the function name (streamed as the tool-call
+    delta's ``name``), the rest are pieces of the ``arguments`` JSON.
+    """
+
+    category: str
+    mode: Mode
+    kind: OutputKind
+    tokens: tuple[str, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    steps: tuple[Step, ...]
+    prompt_tokens: int
+    prompt_hash: str
+    tool_name: str | None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.tokens)
+
+    @property
+    def arguments(self) -> str:
+        return "".join(self.tokens[1:]) if self.kind == "tool_call" else ""
+
+
+def _full_tokens(
+    request: SimRequest, config: SimConfig, prompt_digest: bytes
+) -> tuple[OutputKind, list[str]]:
+    if request.tool is not None:
+        params = request.tool.get("parameters")
+        schema = params if isinstance(params, dict) else {"type": "object", "properties": {}}
+        args = value_for_schema(schema, rng_for("tool", prompt_digest))
+        return "tool_call", [str(request.tool["name"]), *split_pieces(dump_json(args))]
+    if request.json_mode:
+        return "json", split_pieces(
+            json_document(request.json_schema, rng_for("json", prompt_digest))
+        )
+    n = natural_length(prompt_digest, config.min_output_tokens, config.max_output_tokens)
+    return "text", word_tokens(rng_for("text", prompt_digest), n)
+
+
+def plan_completion(config: SimConfig, request: SimRequest, category: str) -> Plan:
+    """Decide the tokens and steps for ``request`` on a server configured by ``config``."""
+    prompt_digest = digest(request.canonical)
+    kind, full = _full_tokens(request, config, prompt_digest)
+    logprobs = token_logprobs(rng_for("logprobs", prompt_digest), len(full))
+    cut = min(request.max_tokens, len(full))
+    tokens = full[:cut]
+    if config.speculative and config.divergence_at is not None and config.divergence_at < cut:
+        start = max(config.divergence_at, 1 if kind == "tool_call" else 0)
+        tokens = diverged_tokens(rng_for("diverge", prompt_digest, config.seed), tokens, start)
+        logprobs[start:cut] = token_logprobs(rng_for("diverge-lp", prompt_digest), cut - start)
+    if cut < len(full):
+        finish: Literal["stop", "length", "tool_calls"] = "length"
+    else:
+        finish = "tool_calls" if kind == "tool_call" else "stop"
+    steps = plan_steps(
+        len(tokens),
+        speculative=config.speculative,
+        probs=config.acceptance_for(category),
+        coverage=config.coverage_for(category),
+        rng=rng_for("steps", prompt_digest, config.seed),
+    )
+    return Plan(
+        category=category,
+        mode=config.mode,
+        kind=kind,
+        tokens=tuple(tokens),
+        logprobs=tuple(logprobs[:cut]),
+        finish_reason=finish,
+        steps=steps,
+        prompt_tokens=request.prompt_tokens,
+        prompt_hash=prompt_digest.hex(),
+        tool_name=str(request.tool["name"]) if request.tool is not None else None,
+    )

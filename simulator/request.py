@@ -1,0 +1,219 @@
+"""Request parsing and validation (pure): an OpenAI request body → :class:`SimRequest`.
+
+Validation mirrors vLLM's OpenAI server where a client can tell the difference: unreadable JSON and
+bad fields are 400, an unknown model is 404, ``stream_options`` without ``stream`` is 400, and an
+absent ``max_tokens`` falls back to a default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway import jsonx
+from simulator.config import SimConfig
+from simulator.textgen import count_prompt_tokens
+
+Route = Literal["chat", "completions"]
+
+
+class SimRequestError(Exception):
+    """A request vLLM would refuse; becomes an OpenAI-shaped error body with ``status``."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    @property
+    def error_type(self) -> str:
+        return {400: "BadRequestError", 404: "NotFoundError"}.get(
+            self.status, "InternalServerError"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    """The parts of a request body that decide the simulated answer."""
+
+    route: Route
+    model: str
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    max_tokens: int
+    logprobs: bool
+    top_logprobs: int
+    include_metrics: bool
+    json_schema: Mapping[str, Any] | None  # response_format json_schema's schema
+    json_mode: bool  # response_format json_object or json_schema
+    tool: Mapping[str, Any] | None  # the function definition a tool call goes to
+    canonical: bytes  # what the output is a function of (model, max_tokens, stream excluded)
+    prompt_tokens: int
+    user_messages: int
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
+    return ""
+
+
+def _int_field(body: Mapping[str, Any], key: str, *, minimum: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SimRequestError(400, f"{key} must be an integer >= {minimum}", param=key)
+    return value
+
+
+def _pick_tool(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    tools = body.get("tools")
+    choice = body.get("tool_choice", "auto")
+    if not tools or choice == "none":
+        return None
+    if not isinstance(tools, list):
+        raise SimRequestError(400, "tools must be a list", param="tools")
+    functions: list[Mapping[str, Any]] = [
+        t["function"]
+        for t in tools
+        if isinstance(t, Mapping)
+        and isinstance(t.get("function"), Mapping)
+        and "name" in t["function"]
+    ]
+    if not functions:
+        raise SimRequestError(400, "tools must contain function definitions", param="tools")
+    if isinstance(choice, Mapping):
+        wanted = (choice.get("function") or {}).get("name")
+        for fn in functions:
+            if fn["name"] == wanted:
+                return fn
+        raise SimRequestError(
+            400, f"tool_choice names unknown function {wanted!r}", param="tool_choice"
+        )
+    return functions[0]
+
+
+def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
+    """Validate ``raw`` like vLLM would, or raise :class:`SimRequestError`."""
+    try:
+        body = jsonx.loads(raw)
+    except jsonx.JSONDecodeError as exc:
+        raise SimRequestError(400, f"JSON decode error: {exc}") from exc
+    if not isinstance(body, Mapping):
+        raise SimRequestError(400, "request body must be a JSON object")
+    model = body.get("model", config.model)
+    if not isinstance(model, str) or model not in config.served_names:
+        raise SimRequestError(404, f"The model `{model}` does not exist.", param="model")
+    stream = bool(body.get("stream", False))
+    options = body.get("stream_options")
+    if options is not None and not stream:
+        raise SimRequestError(
+            400, "Stream options can only be defined when `stream=True`.", param="stream_options"
+        )
+    options = options if isinstance(options, Mapping) else {}
+    n = _int_field(body, "n", minimum=1)
+    if n not in (None, 1):
+        raise SimRequestError(400, "the simulator supports n=1 only", param="n")
+    max_tokens = _int_field(body, "max_completion_tokens", minimum=1)
+    if max_tokens is None:
+        max_tokens = _int_field(body, "max_tokens", minimum=1)
+    response_format = body.get("response_format")
+    json_schema: Mapping[str, Any] | None = None
+    json_mode = False
+    if isinstance(response_format, Mapping):
+        kind = response_format.get("type")
+        if kind == "json_schema":
+            spec = response_format.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, Mapping) else None
+            if not isinstance(schema, Mapping):
+                raise SimRequestError(
+                    400, "response_format.json_schema.schema is required", param="response_format"
+                )
+            json_schema, json_mode = schema, True
+        elif kind == "json_object":
+            json_mode = True
+        elif kind not in ("text", None):
+            raise SimRequestError(
+                400, f"unknown response_format type {kind!r}", param="response_format"
+            )
+
+    tool: Mapping[str, Any] | None = None
+    if route == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise SimRequestError(400, "messages must be a non-empty list", param="messages")
+        if not all(isinstance(m, Mapping) and "role" in m for m in messages):
+            raise SimRequestError(400, "every message needs a role", param="messages")
+        tool = _pick_tool(body)
+        prompt_tokens = 3 + sum(
+            4 + count_prompt_tokens(_text_of(m.get("content"))) for m in messages
+        )
+        if body.get("tools"):
+            prompt_tokens += count_prompt_tokens(jsonx.dumps(body["tools"]).decode())
+        user_messages = sum(1 for m in messages if m.get("role") == "user")
+        canonical = jsonx.dumps(
+            {
+                "messages": messages,
+                "tool": tool,
+                "json_schema": json_schema,
+                "json_mode": json_mode,
+            },
+            sort_keys=True,
+        )
+        logprobs = bool(body.get("logprobs", False))
+        top = _int_field(body, "top_logprobs", minimum=0) or 0
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            prompt_tokens = max(1, count_prompt_tokens(prompt))
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            prompt_tokens = len(prompt)
+        else:
+            raise SimRequestError(
+                400, "prompt must be a string or a list of token ids", param="prompt"
+            )
+        user_messages = 1
+        canonical = jsonx.dumps(
+            {"prompt": prompt, "json_schema": json_schema, "json_mode": json_mode}, sort_keys=True
+        )
+        top_or_none = _int_field(body, "logprobs", minimum=0)
+        logprobs = top_or_none is not None
+        top = top_or_none or 0
+    return SimRequest(
+        route=route,
+        model=model,
+        stream=stream,
+        include_usage=bool(options.get("include_usage", False)),
+        continuous_usage=bool(options.get("continuous_usage_stats", False)),
+        max_tokens=max_tokens if max_tokens is not None else config.default_max_tokens,
+        logprobs=logprobs,
+        top_logprobs=top,
+        include_metrics=bool(body.get("include_metrics", False)) or config.always_metrics,
+        json_schema=json_schema,
+        json_mode=json_mode,
+        tool=tool,
+        canonical=canonical,
+        prompt_tokens=prompt_tokens,
+        user_messages=user_messages,
+    )
+
+
+def classify(request: SimRequest, header: str | None) -> str:
+    """The request's category: the header when given, else a simple classification."""
+    if header:
+        return header.strip()
+    if request.tool is not None:
+        return "tool_call"
+    if request.json_mode:
+        return "structured_output"
+    if request.user_messages > 1:
+        return "multi_turn"
+    return "chat"
