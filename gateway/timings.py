@@ -188,6 +188,10 @@ def _output_chars(choices: tuple[ChoiceOutput, ...]) -> int:
     return total
 
 
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def _seconds(ns: float | None) -> float | None:
     return None if ns is None else ns / _NS_PER_S
 
@@ -491,13 +495,13 @@ class StreamRecorder:
             if tool is None:
                 tool = acc.tools[index] = _ToolAcc(index)
             if tool.id is None:
-                tool.id = call.get("id")
+                tool.id = _str_or_none(call.get("id"))
             if tool.type is None:
-                tool.type = call.get("type")
+                tool.type = _str_or_none(call.get("type"))
             function = call.get("function")
             if function:
                 if tool.name is None:
-                    tool.name = function.get("name")
+                    tool.name = _str_or_none(function.get("name"))
                 arguments = function.get("arguments")
                 if arguments and isinstance(arguments, str):
                     tool.arguments.append(arguments)
