@@ -15,7 +15,12 @@ from collections.abc import Sequence
 
 # Modules that expose ``register(subparsers) -> None``. Each registered subparser sets
 # ``func=callable(args) -> int``.
-SUBCOMMAND_MODULES: tuple[str, ...] = ("gateway.serve", "loadgen.vllm.cli", "simulator.cli")
+SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "gateway.serve",
+    "loadgen.vllm.cli",
+    "simulator.cli",
+    "policies.cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

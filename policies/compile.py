@@ -1,0 +1,291 @@
+"""Policy compilation and the loading entry points: file/mapping/flags → CompiledPolicy.
+
+``compile_policy`` is pure: a validated :class:`~policies.model.PolicyModel` in, a
+:class:`~policies.compiled.CompiledPolicy` out, with every lookup the hot path needs
+precomputed. ``load_policy`` is the only function here that touches the file system.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import math
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from urllib.parse import urlsplit
+
+from policies.compiled import (
+    BackendSpec,
+    BreakerSpec,
+    Budgets,
+    CaptureSpec,
+    CompiledPolicy,
+    Decision,
+    LegPlan,
+    Matcher,
+    MirrorSpec,
+    Patterns,
+    RuleSpec,
+    Shaping,
+    SkipReason,
+    Timeouts,
+)
+from policies.errors import PolicyError
+from policies.model import Backend, Capture, Leg, Match, PolicyModel, _check_base_url
+from policies.parse import read_yaml, validate_policy
+
+DEFAULT_RULE_NAME = "default"  # the default rule's sampling salt
+FLAGS_RULE_NAME = "flags"  # the sampling salt of a policy built from --shadow/--baseline
+PRIMARY_NAME = "primary"  # backend name for --primary when the policy names none
+_GLOB_CHARS = frozenset("*?[")
+_SKIP_REASONS: tuple[SkipReason, ...] = (
+    "kill_switch",
+    "not_sampled",
+    "retry",
+    "body_size",
+    "no_legs",
+)
+
+
+def load_policy(path: str | os.PathLike[str], *, primary_url: str | None = None) -> CompiledPolicy:
+    """Read, validate and compile a policy file; PolicyError (or OSError) on any problem.
+
+    Args:
+        path: the policy file; symlinks are followed.
+        primary_url: the ``--primary`` flag, which overrides the policy's primary URL.
+    """
+    source = os.fspath(path)
+    with open(source, "rb") as f:
+        data = f.read()
+    raw = read_yaml(data, source=source)
+    return parse_policy(
+        raw, source=source, sha256=hashlib.sha256(data).hexdigest(), primary_url=primary_url
+    )
+
+
+def parse_policy(
+    raw: Mapping[str, object],
+    *,
+    source: str,
+    sha256: str | None = None,
+    primary_url: str | None = None,
+) -> CompiledPolicy:
+    """Validate and compile an already-parsed policy mapping.
+
+    ``sha256`` defaults to the hash of the mapping's canonical repr (files pass the hash of their
+    bytes, so it matches ``sha256sum``).
+    """
+    model = validate_policy(raw, source=source)
+    digest = sha256 or hashlib.sha256(repr(sorted(raw.items(), key=str)).encode()).hexdigest()
+    return compile_policy(model, source=source, sha256=digest, primary_url=primary_url)
+
+
+def policy_from_flags(
+    *,
+    primary_url: str | None,
+    shadow_urls: Sequence[str],
+    baseline_url: str | None,
+    ratio: float,
+) -> CompiledPolicy:
+    """A policy for ``serve --shadow URL… --baseline URL --shadow-ratio R`` without a file.
+
+    Backends are named ``primary``, ``shadow-1``, ``shadow-2``, … and ``baseline``, all of kind
+    ``openai`` (only standard fields are sent; use a policy file for vLLM's extra fields). Every
+    request is decided by one rule named ``flags`` at ``ratio``.
+    """
+    problems = [f"--shadow: {_url_problem(u)}" for u in shadow_urls if _url_problem(u)]
+    for flag, url in (("--baseline", baseline_url), ("--primary", primary_url)):
+        if url is not None and _url_problem(url):
+            problems.append(f"{flag}: {_url_problem(url)}")
+    if not 0.0 <= ratio <= 1.0:
+        problems.append(f"--shadow-ratio: must be between 0 and 1, got {ratio}")
+    if problems:
+        raise PolicyError(problems, source="flags")
+    backends: dict[str, object] = {
+        f"shadow-{i}": {"url": u, "kind": "openai"} for i, u in enumerate(shadow_urls, 1)
+    }
+    legs: list[object] = [{"backend": n, "role": "candidate"} for n in backends]
+    if baseline_url is not None:
+        backends["baseline"] = {"url": baseline_url, "kind": "openai"}
+        legs.append({"backend": "baseline", "role": "baseline"})
+    raw: dict[str, object] = {"version": 1, "backends": backends}
+    if legs:
+        raw["rules"] = [{"name": FLAGS_RULE_NAME, "ratio": float(ratio), "legs": legs}]
+    return parse_policy(raw, source="flags", primary_url=primary_url)
+
+
+def _url_problem(url: str) -> str | None:
+    try:
+        _check_base_url(url)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def compile_policy(
+    model: PolicyModel, *, source: str, sha256: str, primary_url: str | None = None
+) -> CompiledPolicy:
+    """Pure: a validated model → the hot-path form."""
+    t = model.timeouts
+    backends = {
+        name: _backend(name, b, t.connect_s, t.idle_s) for name, b in model.backends.items()
+    }
+    primary = backends.get(model.primary) if model.primary is not None else None
+    if primary_url is not None:
+        primary = _override_primary(primary, primary_url, backends, source)
+        backends[primary.name] = primary
+    capture = _capture(model.capture)
+    rules = tuple(
+        _rule(r.name, r.match, r.ratio, r.legs, r.capture, backends, capture) for r in model.rules
+    )
+    default = None
+    if model.default is not None:
+        d = model.default
+        default = _rule(DEFAULT_RULE_NAME, Match(), d.ratio, d.legs, d.capture, backends, capture)
+    key = model.sampling.key
+    budgets = model.budgets
+    return CompiledPolicy(
+        source=source,
+        sha256=sha256,
+        loaded_unix_ns=time.time_ns(),
+        backends=MappingProxyType(backends),
+        primary=primary,
+        sampling_header=key.removeprefix("header:") if key != "request_id" else None,
+        rules=rules,
+        default_rule=default,
+        budgets=Budgets(
+            max_in_flight=budgets.max_in_flight,
+            max_rps=budgets.max_rps,
+            rps_burst=max(1, math.ceil(budgets.max_rps or 1)),
+            max_body_bytes=budgets.max_body_bytes,
+            breaker=BreakerSpec(
+                budgets.breaker.failures, budgets.breaker.window_s, budgets.breaker.cooldown_s
+            ),
+        ),
+        timeouts=Timeouts(t.connect_s, t.idle_s, t.total_s),
+        mirror=MirrorSpec(
+            model.mirror.timing, model.mirror.on_client_disconnect, model.mirror.mirror_retries
+        ),
+        shaping=Shaping(
+            model.shaping.force_stream,
+            model.shaping.include_metrics,
+            model.shaping.override_seed,
+            model.shaping.override_temperature,
+        ),
+        header_allow=frozenset(model.headers.allow),
+        allow_credentials=model.headers.allow_credentials_to_shadows,
+        capture=capture,
+        kill_switch=model.kill_switch,
+    )
+
+
+def _backend(name: str, b: Backend, connect_s: float, idle_s: float) -> BackendSpec:
+    metrics_url = b.metrics_url
+    if metrics_url is None and b.kind in ("vllm", "sim"):
+        metrics_url = b.url + "/metrics"
+    return BackendSpec(
+        name=name,
+        url=b.url,
+        kind=b.kind,
+        api_key_env=b.api_key_env,
+        metrics_url=metrics_url,
+        connect_s=b.timeout.connect_s or connect_s,
+        idle_s=b.timeout.idle_s or idle_s,
+        max_connections=b.max_connections,
+        server_address=_server_address(b.url),
+    )
+
+
+def _server_address(url: str) -> str:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _override_primary(
+    primary: BackendSpec | None, url: str, backends: Mapping[str, BackendSpec], source: str
+) -> BackendSpec:
+    problem = _url_problem(url)
+    if problem:
+        raise PolicyError(f"--primary: {problem}", source=source)
+    base = _check_base_url(url)
+    if primary is not None:
+        metrics = primary.metrics_url
+        if metrics == primary.url + "/metrics":
+            metrics = base + "/metrics"
+        return BackendSpec(
+            name=primary.name,
+            url=base,
+            kind=primary.kind,
+            api_key_env=primary.api_key_env,
+            metrics_url=metrics,
+            connect_s=primary.connect_s,
+            idle_s=primary.idle_s,
+            max_connections=primary.max_connections,
+            server_address=_server_address(base),
+        )
+    if PRIMARY_NAME in backends:
+        raise PolicyError(
+            f"--primary: the policy has a shadow backend named {PRIMARY_NAME!r}; rename it or "
+            "set 'primary:' in the policy",
+            source=source,
+        )
+    return _backend(PRIMARY_NAME, Backend(url=base, kind="openai"), 2.0, 60.0)
+
+
+def _capture(c: Capture) -> CaptureSpec:
+    return CaptureSpec(text="off" if c.text is False else c.text, redact=frozenset(c.redact))
+
+
+def _rule(
+    name: str,
+    match: Match,
+    ratio: float,
+    legs: Sequence[Leg],
+    capture: Capture | None,
+    backends: Mapping[str, BackendSpec],
+    policy_capture: CaptureSpec,
+) -> RuleSpec:
+    plans = tuple(LegPlan(leg.role, backends[leg.backend], leg.model) for leg in legs)
+    cap = policy_capture if capture is None else _capture(capture)
+    skipped = {
+        reason: Decision(name, reason not in ("not_sampled", "no_legs"), (), reason, cap)
+        for reason in _SKIP_REASONS
+    }
+    return RuleSpec(
+        name=name,
+        ratio=ratio,
+        matcher=_matcher(match),
+        legs=plans,
+        capture=cap,
+        mirrored=Decision(name, True, plans, None, cap),
+        skipped=MappingProxyType(skipped),
+    )
+
+
+def _matcher(m: Match) -> Matcher:
+    bucket = m.prompt_bytes
+    return Matcher(
+        routes=frozenset(m.routes) if m.routes is not None else None,
+        models=_maybe_patterns(m.models),
+        stream=m.stream,
+        headers=tuple((name, _patterns(values)) for name, values in (m.headers or {}).items()),
+        min_prompt_bytes=bucket.min if bucket is not None else 0,
+        max_prompt_bytes=bucket.max if bucket is not None else None,
+        categories=_maybe_patterns(m.categories),
+    )
+
+
+def _maybe_patterns(values: Sequence[str] | None) -> Patterns | None:
+    return None if values is None else _patterns(values)
+
+
+def _patterns(values: Sequence[str]) -> Patterns:
+    globs = [v for v in values if _GLOB_CHARS & set(v)]
+    exact = frozenset(v for v in values if v not in globs)
+    regex = re.compile("|".join(fnmatch.translate(g) for g in globs)) if globs else None
+    return Patterns(exact, regex)

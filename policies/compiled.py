@@ -1,0 +1,265 @@
+"""The compiled policy: plain frozen values the gateway reads on the hot path (no pydantic here).
+
+:meth:`CompiledPolicy.decide` turns a request's :class:`RequestFacts` into a :class:`Decision`.
+Everything it needs is precomputed by :mod:`policies.compile`: glob patterns are compiled to one
+regex per condition, the rules that can apply to a (route, model) pair are looked up in a bounded
+cache, and the possible Decisions of each rule are built once, so a decision allocates nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from policies.sample import is_sampled
+
+Route = Literal["chat", "completions"]
+ShadowRole = Literal["candidate", "baseline"]
+BackendKind = Literal["vllm", "openai", "sim"]
+CaptureText = Literal["off", "hashes", "redacted", "full"]
+SkipReason = Literal["kill_switch", "not_sampled", "no_rule", "retry", "body_size", "no_legs"]
+
+# Bound on the (route, model) → candidate-rules cache: model names come from clients.
+CANDIDATE_CACHE_SIZE = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """An upstream from the policy. ``url`` has no trailing slash and no ``/v1``."""
+
+    name: str
+    url: str
+    kind: BackendKind
+    api_key_env: str | None
+    metrics_url: str | None
+    connect_s: float
+    idle_s: float
+    max_connections: int
+    server_address: str  # host:port, for spans and LegResult.server_address
+
+    def auth_header(self, environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+        """``("authorization", "Bearer <key>")`` from ``api_key_env``, read now; None if unset.
+
+        Read at call time so a rotated secret is used without a reload.
+        """
+        if self.api_key_env is None:
+            return None
+        value = (os.environ if environ is None else environ).get(self.api_key_env)
+        return ("authorization", f"Bearer {value}") if value else None
+
+
+@dataclass(frozen=True, slots=True)
+class LegPlan:
+    """One shadow leg to send: role, backend, and the model name to send (None: unchanged)."""
+
+    role: ShadowRole
+    backend: BackendSpec
+    model: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureSpec:
+    """What text may be captured; ``text`` is ``off`` when the policy says ``false``."""
+
+    text: CaptureText
+    redact: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What ``decide`` may look at. Header names must be lower-case."""
+
+    route: Route
+    model: str | None
+    stream: bool
+    headers: Mapping[str, str]
+    prompt_bytes: int
+    category: str | None
+    request_id: str
+    retry_count: int
+    # Size of the client's body as read, checked against budgets.max_body_bytes;
+    # None: prompt_bytes is used instead.
+    body_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The policy's answer for one request.
+
+    ``legs`` is non-empty exactly when the request is to be mirrored (``skip_reason`` is None).
+    ``sampled`` is the sampling verdict itself (False for ``no_rule``/``no_legs``), so
+    ``sampled and skip_reason`` is a sampled request that was still not mirrored (kill switch,
+    retry, body size) — count those as drops by reason. ``capture`` is the deciding rule's capture
+    setting (or the policy's).
+    """
+
+    rule: str | None
+    sampled: bool
+    legs: tuple[LegPlan, ...]
+    skip_reason: SkipReason | None
+    capture: CaptureSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Patterns:
+    """Exact strings and globs (compiled into one regex); ``matches`` is the OR of both."""
+
+    exact: frozenset[str]
+    glob: re.Pattern[str] | None
+
+    def matches(self, value: str) -> bool:
+        return value in self.exact or (self.glob is not None and self.glob.match(value) is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class Matcher:
+    """A rule's conditions; None/empty means "any"."""
+
+    routes: frozenset[str] | None
+    models: Patterns | None
+    stream: bool | None
+    headers: tuple[tuple[str, Patterns], ...]
+    min_prompt_bytes: int
+    max_prompt_bytes: int | None  # exclusive
+    categories: Patterns | None
+
+    def admits(self, route: str, model: str | None) -> bool:
+        """The (route, model) part of the match, cacheable per pair."""
+        if self.routes is not None and route not in self.routes:
+            return False
+        return self.models is None or (model is not None and self.models.matches(model))
+
+    def matches_rest(self, facts: RequestFacts) -> bool:
+        """Everything but route and model."""
+        if self.stream is not None and facts.stream is not self.stream:
+            return False
+        if facts.prompt_bytes < self.min_prompt_bytes:
+            return False
+        if self.max_prompt_bytes is not None and facts.prompt_bytes >= self.max_prompt_bytes:
+            return False
+        for name, patterns in self.headers:
+            value = facts.headers.get(name)
+            if value is None or not patterns.matches(value):
+                return False
+        if self.categories is not None:
+            return facts.category is not None and self.categories.matches(facts.category)
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSpec:
+    """A compiled rule with its prebuilt decisions (one per outcome)."""
+
+    name: str  # also the sampling salt
+    ratio: float
+    matcher: Matcher
+    legs: tuple[LegPlan, ...]
+    capture: CaptureSpec
+    mirrored: Decision
+    skipped: Mapping[SkipReason, Decision]
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerSpec:
+    failures: int
+    window_s: float
+    cooldown_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    max_in_flight: int
+    max_rps: float | None  # None: unlimited
+    rps_burst: int  # token-bucket capacity: max(1, ceil(max_rps))
+    max_body_bytes: int
+    breaker: BreakerSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Shadow-leg defaults; each BackendSpec carries its resolved connect_s/idle_s."""
+
+    connect_s: float
+    idle_s: float
+    total_s: float  # exchange deadline
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorSpec:
+    timing: Literal["with_primary", "after_primary"]
+    on_client_disconnect: Literal["finish", "cancel"]
+    mirror_retries: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Shaping:
+    force_stream: bool
+    include_metrics: bool
+    override_seed: int | None
+    override_temperature: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledPolicy:
+    """An immutable, validated policy. Replace it whole (see PolicyStore); never mutate it."""
+
+    source: str
+    sha256: str  # of the file's bytes (or of the flags' canonical form)
+    loaded_unix_ns: int
+    backends: Mapping[str, BackendSpec]
+    primary: BackendSpec | None
+    sampling_header: str | None  # None: key is the request id
+    rules: tuple[RuleSpec, ...]
+    default_rule: RuleSpec | None
+    budgets: Budgets
+    timeouts: Timeouts
+    mirror: MirrorSpec
+    shaping: Shaping
+    header_allow: frozenset[str]  # lower-case client header names copied to shadows
+    allow_credentials: bool  # headers.allow_credentials_to_shadows
+    capture: CaptureSpec
+    kill_switch: bool
+    generation: int = 0  # set by PolicyStore.replace; 0 until stored
+    _no_rule: Decision = field(init=False, repr=False, compare=False)
+    _candidates: dict[tuple[str, str | None], tuple[RuleSpec, ...]] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_no_rule", Decision(None, False, (), "no_rule", self.capture))
+
+    def decide(self, facts: RequestFacts) -> Decision:
+        """First matching rule (else ``default``) → sampling → kill switch, retry, body size."""
+        rule = self._match(facts)
+        if rule is None:
+            return self._no_rule
+        if not rule.legs:
+            return rule.skipped["no_legs"]
+        key = facts.request_id
+        if self.sampling_header is not None:
+            key = facts.headers.get(self.sampling_header) or key
+        if not is_sampled(rule.name, key, rule.ratio):
+            return rule.skipped["not_sampled"]
+        if self.kill_switch:
+            return rule.skipped["kill_switch"]
+        if facts.retry_count > 0 and not self.mirror.mirror_retries:
+            return rule.skipped["retry"]
+        size = facts.prompt_bytes if facts.body_bytes is None else facts.body_bytes
+        if size > self.budgets.max_body_bytes:
+            return rule.skipped["body_size"]
+        return rule.mirrored
+
+    def _match(self, facts: RequestFacts) -> RuleSpec | None:
+        pair = (facts.route, facts.model)
+        candidates = self._candidates.get(pair)
+        if candidates is None:
+            candidates = tuple(r for r in self.rules if r.matcher.admits(*pair))
+            if len(self._candidates) < CANDIDATE_CACHE_SIZE:
+                self._candidates[pair] = candidates
+        for rule in candidates:
+            if rule.matcher.matches_rest(facts):
+                return rule
+        return self.default_rule

@@ -1,0 +1,413 @@
+"""Policy file model: the schema SREs write, validated strictly with pydantic v2.
+
+This module is the single place where policy fields are defined and documented; the attribute
+docstrings below become the descriptions in ``policies/schema.json`` (what editors show while an
+SRE types) and ``policies/examples/`` mirrors them. Pydantic is used at config time only: the
+hot path runs on :mod:`policies.compiled`, built from a validated :class:`PolicyModel`.
+
+Conventions, for every model here:
+
+- unknown keys are errors (``extra="forbid"``), values are not coerced (``strict=True``: ``"0.5"``
+  is not a number, ``1`` is not ``true``) and infinities/NaN are rejected;
+- a field that fails validation fails the whole file: at startup the gateway refuses to start, on
+  reload the previous policy keeps serving (see :mod:`policies.watch`);
+- cross-field rules (backend references, unique rule names, credential headers) are checked in
+  :mod:`policies.parse` after this schema, with the same ``path: message`` errors.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from gateway import jsonx  # the project's one JSON codec; a leaf module with no gateway deps
+
+SCHEMA_DRAFT = "https://json-schema.org/draft/2020-12/schema"
+
+Route = Literal["chat", "completions"]
+BackendKind = Literal["vllm", "openai", "sim"]
+ShadowRole = Literal["candidate", "baseline"]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+_NAME_PATTERN = _NAME_RE.pattern
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# RFC 9110 token characters; names are compared case-insensitively and stored lower-cased.
+_HEADER_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_SAMPLING_KEY_PATTERN = r"^(request_id|header:[!#$%&'*+.^_`|~0-9A-Za-z-]+)$"
+
+
+def _check_name(value: str) -> str:
+    if not _NAME_RE.match(value):
+        raise ValueError(
+            "must be 1-64 letters, digits, '_', '.', ':' or '-', starting with a letter or "
+            f"digit, got {value!r}"
+        )
+    return value
+
+
+def _check_header_name(value: str) -> str:
+    if not _HEADER_RE.match(value):
+        raise ValueError(f"must be an HTTP header name, got {value!r}")
+    return value.lower()
+
+
+def _check_env_name(value: str) -> str:
+    if not _ENV_RE.match(value):
+        # Never echo the value: someone may have pasted the secret itself here.
+        raise ValueError(
+            "must be the NAME of an environment variable (letters, digits and '_', not starting "
+            f"with a digit) that holds the key, never the key itself (got {len(value)} characters "
+            "that are not a variable name)"
+        )
+    return value
+
+
+def _check_http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.username is not None or parts.password is not None:
+        # Never echo the value: it embeds a credential.
+        raise ValueError(
+            "must not embed credentials (user:password@); name an environment variable in "
+            "api_key_env instead"
+        )
+    try:
+        parts.port  # noqa: B018 - evaluated for its ValueError on a bad port
+    except ValueError:
+        raise ValueError(f"has an invalid port, got {value!r}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"must not have a query or fragment, got {value!r}")
+    return value
+
+
+def _check_base_url(value: str) -> str:
+    _check_http_url(value)
+    base = value.rstrip("/")
+    if urlsplit(base).path.endswith("/v1"):
+        raise ValueError(
+            "must be the base URL without /v1 (the gateway appends /v1/chat/completions), "
+            f"got {value!r}"
+        )
+    return base
+
+
+def _check_ratio(value: float) -> float:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"must be between 0 and 1, got {value}")
+    return float(value)
+
+
+def _check_sampling_key(value: str) -> str:
+    if value == "request_id":
+        return value
+    kind, _, header = value.partition(":")
+    if kind != "header" or not _HEADER_RE.match(header):
+        raise ValueError(f"must be 'request_id' or 'header:<header-name>', got {value!r}")
+    return f"header:{header.lower()}"
+
+
+Name = Annotated[
+    str, AfterValidator(_check_name), Field(json_schema_extra={"pattern": _NAME_PATTERN})
+]
+HeaderName = Annotated[
+    str,
+    AfterValidator(_check_header_name),
+    Field(json_schema_extra={"pattern": _HEADER_RE.pattern}),
+]
+Pattern = Annotated[str, Field(min_length=1)]
+Ratio = Annotated[
+    float, AfterValidator(_check_ratio), Field(json_schema_extra={"minimum": 0, "maximum": 1})
+]
+PositiveSeconds = Annotated[float, Field(gt=0, le=86_400)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        allow_inf_nan=False,
+        use_attribute_docstrings=True,
+    )
+
+
+class BackendTimeouts(_Strict):
+    """Per-backend overrides of the top-level ``timeouts``; unset fields inherit them."""
+
+    connect_s: PositiveSeconds | None = None
+    """Seconds allowed to open a TCP/TLS connection to this backend. Past it the leg fails with
+    ``upstream_timeout``; the primary is never affected."""
+    idle_s: PositiveSeconds | None = None
+    """Seconds allowed between two reads of this backend's response (SSE idle gap). Past it the
+    leg fails with ``upstream_timeout``."""
+
+
+class Backend(_Strict):
+    """An upstream the gateway may send requests to. Upstreams come only from here (or the
+    ``--primary``/``--shadow``/``--baseline`` flags): no client header or URL can pick one."""
+
+    url: Annotated[str, AfterValidator(_check_base_url)]
+    """Base URL, http:// or https://, without ``/v1`` (the gateway appends ``/v1/...``), e.g.
+    ``http://127.0.0.1:8000``. A trailing slash is dropped. Credentials in the URL are rejected."""
+    kind: BackendKind
+    """What speaks at ``url``: ``vllm`` (a vLLM server: shadow requests get vLLM-only fields such as
+    ``include_metrics`` and ``stream_options.continuous_usage_stats``), ``sim`` (the specshadow
+    simulator: same fields as vLLM) or ``openai`` (any other OpenAI-compatible API: only standard
+    fields are sent, because strict servers reject unknown ones)."""
+    api_key_env: Annotated[str, AfterValidator(_check_env_name)] | None = None
+    """NAME of the environment variable that holds this backend's API key, read at request time
+    and sent as ``Authorization: Bearer <value>``. Unset or empty variable: no Authorization header
+    is sent. The key itself never appears in a policy file; a value that is not a variable name
+    is rejected (and not echoed in the error)."""
+    metrics_url: Annotated[str, AfterValidator(_check_http_url)] | None = None
+    """Prometheus endpoint scraped for speculative-decoding counters. Default: ``url + /metrics``
+    for ``vllm`` and ``sim``; none for ``openai``."""
+    timeout: BackendTimeouts = BackendTimeouts()
+    """Connect/idle timeouts for this backend; unset fields inherit the top-level ``timeouts``."""
+    max_connections: int = Field(default=64, ge=1, le=10_000)
+    """Size of this backend's connection pool. Shadow legs beyond it wait for a connection
+    inside their own deadline; they never borrow the primary's pool."""
+
+
+class PromptBytes(_Strict):
+    """A prompt-size bucket, half-open: ``min <= prompt_bytes < max`` (so buckets can share a
+    boundary without overlapping)."""
+
+    min: int = Field(default=0, ge=0)
+    """Smallest prompt size in bytes that matches (inclusive)."""
+    max: int | None = Field(default=None, ge=1)
+    """Prompt size in bytes from which the bucket no longer matches (exclusive); unset: no upper
+    bound. Must be greater than ``min``."""
+
+    @model_validator(mode="after")
+    def _max_above_min(self) -> PromptBytes:
+        if self.max is not None and self.max <= self.min:
+            raise ValueError(f"max must be greater than min, got min={self.min}, max={self.max}")
+        return self
+
+
+class Match(_Strict):
+    """Conditions a request must meet for a rule to apply; all given conditions must hold (AND),
+    any value in a list may match (OR). An empty ``match`` matches every request. Patterns are
+    exact strings or shell-style globs (``*``, ``?``, ``[...]``), case-sensitive."""
+
+    routes: list[Route] | None = Field(default=None, min_length=1)
+    """Routes: ``chat`` (/v1/chat/completions) and/or ``completions`` (/v1/completions)."""
+    models: list[Pattern] | None = Field(default=None, min_length=1)
+    """Requested model names (the client's ``model``), exact or glob, e.g. ``llama-3-*``. A request
+    without a model never matches a rule that lists models."""
+    stream: bool | None = None
+    """Match only streaming (``true``) or only non-streaming (``false``) requests."""
+    headers: dict[HeaderName, Annotated[list[Pattern], Field(min_length=1)]] | None = None
+    """Request header name → accepted values (exact or glob), e.g. ``x-tenant: [acme, "beta-*"]``.
+    Names are case-insensitive. A missing header never matches."""
+    prompt_bytes: PromptBytes | None = None
+    """Prompt-size bucket in bytes of prompt text (see ``PromptBytes``)."""
+    categories: list[Pattern] | None = Field(default=None, min_length=1)
+    """Request categories (exact or glob), as classified by the gateway. A request without a
+    category never matches a rule that lists categories."""
+
+
+class Leg(_Strict):
+    """One shadow leg: where a sampled request is mirrored, in which role."""
+
+    backend: Name
+    """Name of a backend in ``backends``. It must not be the primary: shadow traffic never lands
+    on the production backend."""
+    role: ShadowRole = "candidate"
+    """``candidate``: the speculative configuration under evaluation. ``baseline``: a copy of the
+    primary's configuration, measured to know the run-to-run noise floor."""
+    model: Annotated[str, Field(min_length=1)] | None = None
+    """Model name sent to this leg instead of the client's (``upstream_model``); unset: unchanged."""
+
+
+class Capture(_Strict):
+    """What request/response text may be kept in comparison records and spans."""
+
+    text: Literal[False, "hashes", "redacted", "full"] = False
+    """``false`` (default): no text leaves the process, only timings and scores. ``hashes``:
+    SHA-256 of prompts and outputs (equality checks without content). ``redacted``: text with the
+    ``redact`` classes masked. ``full``: text as is — only where data handling allows it."""
+    redact: list[Literal["emails", "secrets"]] = ["emails", "secrets"]
+    """What ``redacted`` masks: ``emails`` (addresses) and ``secrets`` (API-key/token-like strings).
+    Ignored for other ``text`` values."""
+
+
+class Rule(_Strict):
+    """A mirroring rule. Rules are tried in order; the first whose ``match`` holds decides, and a
+    request no rule matches falls to ``default``."""
+
+    name: Name
+    """Unique rule id. It is the sampling salt: keeping the name keeps every request's sampling
+    decision across reloads and replicas; renaming a rule reshuffles which requests it samples."""
+    match: Match = Match()
+    """Conditions for this rule (see ``Match``); omitted: matches every request."""
+    ratio: Ratio
+    """Fraction of matching requests mirrored, 0..1. A request is mirrored when
+    ``sample_unit(name, key) < ratio`` (see ``sampling.key``): deterministic, the same on every
+    replica and reload. ``0`` never mirrors (a way to exclude traffic); ``1`` mirrors all."""
+    legs: list[Leg]
+    """Shadow legs each sampled request is sent to. Empty: matching requests are never mirrored
+    (and are not passed on to later rules)."""
+    capture: Capture | None = None
+    """Overrides the top-level ``capture`` for requests this rule decides."""
+
+
+class DefaultRule(_Strict):
+    """The rule for requests no rule matched. Omitted: such requests are never mirrored."""
+
+    ratio: Ratio
+    """Fraction mirrored, 0..1, sampled with the salt ``default``."""
+    legs: list[Leg]
+    """Shadow legs for sampled requests (see ``Rule.legs``)."""
+    capture: Capture | None = None
+    """Overrides the top-level ``capture`` for requests this rule decides."""
+
+
+class Sampling(_Strict):
+    """How a request is turned into a sampling key."""
+
+    key: Annotated[
+        str,
+        AfterValidator(_check_sampling_key),
+        Field(json_schema_extra={"pattern": _SAMPLING_KEY_PATTERN}),
+    ] = "request_id"
+    """``request_id`` (default): each request is sampled independently. ``header:<name>``, e.g.
+    ``header:x-user-id``: sticky sampling — every request with the same header value gets the same
+    answer. A request without that header (or with it empty) falls back to its request id."""
+
+
+class Breaker(_Strict):
+    """Circuit breaker per shadow backend: stops sending to a failing shadow, probes it later."""
+
+    failures: int = Field(default=5, ge=1)
+    """Failed or timed-out legs within ``window_s`` that open the breaker (drop reason ``breaker``)."""
+    window_s: PositiveSeconds = 30.0
+    """Sliding window, in seconds, over which failures are counted."""
+    cooldown_s: PositiveSeconds = 30.0
+    """Seconds the breaker stays open before one probe request is let through."""
+
+
+class Budgets(_Strict):
+    """Per-replica limits on shadow work. Over a limit, the shadow is dropped and counted by
+    reason — never queued, never allowed to slow the primary."""
+
+    max_in_flight: int = Field(default=64, ge=1)
+    """Shadow legs in flight at once; a leg over it is dropped (reason ``budget``)."""
+    max_rps: float | None = Field(default=None, gt=0)
+    """Shadow requests started per second (token bucket, burst ``max(1, max_rps)``); over it the
+    request is dropped (reason ``rate``). Unset: no rate limit."""
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
+    """Largest client body mirrored, in bytes; larger sampled requests are not mirrored (reason
+    ``body_size``)."""
+    breaker: Breaker = Breaker()
+    """Circuit breaker settings (see ``Breaker``)."""
+
+
+class Timeouts(_Strict):
+    """Default timeouts for every shadow leg; a backend's ``timeout`` may override connect/idle."""
+
+    connect_s: PositiveSeconds = 2.0
+    """Seconds to open a connection to a shadow backend."""
+    idle_s: PositiveSeconds = 60.0
+    """Seconds allowed between two reads of a shadow response (covers a slow prefill)."""
+    total_s: PositiveSeconds = 300.0
+    """Deadline for the whole exchange, from the client request to the last leg's end. Legs still
+    running then are cancelled and recorded with outcome ``deadline``."""
+
+
+class Mirror(_Strict):
+    """When shadow legs start and what happens to them when the client goes away."""
+
+    timing: Literal["with_primary", "after_primary"] = "with_primary"
+    """``with_primary`` (default): legs start together with the primary, under the same
+    conditions. ``after_primary``: legs start once the primary's response has ended — for shadow
+    backends that share hardware with production."""
+    on_client_disconnect: Literal["finish", "cancel"] = "finish"
+    """``finish`` (default): in-flight shadow legs run to completion so the measurement is kept.
+    ``cancel``: they are cancelled (outcome ``cancelled``) to save backend capacity."""
+    mirror_retries: bool = False
+    """Mirror requests the client is retrying (``x-stainless-retry-count`` > 0). Default ``false``:
+    a retry would double-count the same prompt (skip reason ``retry``)."""
+
+
+class Shaping(_Strict):
+    """How a shadow leg's request body is derived from the client's. The primary's request is
+    never touched."""
+
+    force_stream: bool = True
+    """Send every shadow leg as a stream with ``stream_options.include_usage`` (and, for ``vllm``
+    and ``sim`` backends, ``continuous_usage_stats``), so every leg is timed the same way."""
+    include_metrics: bool = True
+    """For ``vllm`` and ``sim`` backends, add ``include_metrics: true`` to the body so vLLM returns
+    its per-request speculative-decoding metrics (needs ``--enable-per-request-metrics``)."""
+    override_seed: int | None = None
+    """Seed sent to shadow legs instead of the client's; unset (default): the client's value, if
+    any, is kept."""
+    override_temperature: float | None = Field(default=None, ge=0, le=2)
+    """Temperature sent to shadow legs instead of the client's; unset (default): kept. Setting it
+    makes shadows incomparable with the primary's sampled outputs; use with care."""
+
+
+class Headers(_Strict):
+    """Which client headers reach shadow legs. By default none do, except the ones the gateway sets
+    itself (content-type, x-request-id, traceparent, the x-specshadow-shadow marker) and the
+    backend's own Authorization."""
+
+    allow: list[HeaderName] = []
+    """Client header names copied to shadow legs (case-insensitive), e.g. ``x-tenant``.
+    Credential-bearing names (authorization, cookie, *api-key*, *token*, ...) are rejected unless
+    ``allow_credentials_to_shadows`` is true; names the gateway sets itself or that are
+    connection-level (host, content-length, ...) are always rejected."""
+    allow_credentials_to_shadows: bool = False
+    """Permit credential-bearing names in ``allow``. Even then, a backend with ``api_key_env``
+    always sends its own key in Authorization, never the client's."""
+
+
+class PolicyModel(_Strict):
+    """A specshadow policy file (``version: 1``)."""
+
+    model_config = ConfigDict(title="specshadow policy")
+
+    version: Literal[1]
+    """Schema version of this file; must be 1."""
+    backends: dict[Name, Backend] = {}
+    """Upstreams by name (see ``Backend``)."""
+    primary: Name | None = None
+    """Name of the backend that answers clients. The ``--primary URL`` flag overrides its URL (or
+    creates a backend named ``primary`` when this is unset)."""
+    sampling: Sampling = Sampling()
+    """How the sampling key is chosen (see ``Sampling``)."""
+    rules: list[Rule] = []
+    """Mirroring rules, first match wins (see ``Rule``)."""
+    default: DefaultRule | None = None
+    """Rule for requests no rule matched; omitted: they are never mirrored."""
+    budgets: Budgets = Budgets()
+    """Limits on shadow work (see ``Budgets``)."""
+    timeouts: Timeouts = Timeouts()
+    """Default timeouts for shadow legs (see ``Timeouts``)."""
+    mirror: Mirror = Mirror()
+    """Timing and cancellation of shadow legs (see ``Mirror``)."""
+    shaping: Shaping = Shaping()
+    """Shadow request shaping (see ``Shaping``)."""
+    headers: Headers = Headers()
+    """Client headers forwarded to shadows (see ``Headers``)."""
+    capture: Capture = Capture()
+    """What text may be captured (see ``Capture``); rules may override it."""
+    kill_switch: bool = False
+    """``true`` stops all mirroring at once (skip reason ``kill_switch``); rules stay validated and
+    evaluated so dashboards show what would have been mirrored."""
+
+
+def policy_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a policy file, as committed in ``policies/schema.json``."""
+    return {"$schema": SCHEMA_DRAFT, **PolicyModel.model_json_schema()}
+
+
+def render_json_schema() -> bytes:
+    """``policy_json_schema()`` as the exact bytes of ``policies/schema.json``."""
+    return jsonx.dumps(policy_json_schema(), indent=True) + b"\n"
