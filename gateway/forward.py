@@ -13,20 +13,12 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
-from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 
 from gateway.headers import client_response_headers, known_content_length
-from gateway.timings import Recording, StreamOutcome, StreamRecorder
-
-
-@dataclass(frozen=True, slots=True)
-class PumpResult:
-    outcome: StreamOutcome
-    error_type: str | None
-    recording: Recording
+from gateway.timings import StreamOutcome, StreamRecorder
 
 
 class RecorderTee:
@@ -122,9 +114,10 @@ async def relay(
     return downstream, outcome, error_type
 
 
-async def drain(response: aiohttp.ClientResponse, *, t0_ns: int) -> PumpResult:
-    """Read ``response`` to its end with a recorder and no client (a shadow leg)."""
-    tee = recorder_for(response, t0_ns)
+async def drain(
+    response: aiohttp.ClientResponse, tee: RecorderTee
+) -> tuple[StreamOutcome, str | None]:
+    """Read ``response`` to its very end into ``tee`` with no client (a shadow leg)."""
     outcome: StreamOutcome = base_outcome(response.status)
     error_type: str | None = None
     content = response.content
@@ -141,4 +134,4 @@ async def drain(response: aiohttp.ClientResponse, *, t0_ns: int) -> PumpResult:
         if not chunk:
             break
         tee.feed(chunk, perf_ns(), None)
-    return PumpResult(outcome, error_type, tee.recorder.finish(outcome=outcome))
+    return outcome, error_type

@@ -9,6 +9,7 @@ to the sink. ``passthrough`` relays any other ``/v1/*`` request untouched and un
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from typing import Any
@@ -20,8 +21,10 @@ from gateway.errors import BodyTooLargeError, ClientRequestError, UpstreamError,
 from gateway.exchange import ROUTE_PATHS, Exchange, LegResult, ModelName, RequestId, Route
 from gateway.forward import RecorderTee, recorder_for, relay
 from gateway.headers import REQUEST_ID, upstream_request_headers
+from gateway.shadow import ShadowBatch
 from gateway.state import GATEWAY, Gateway
 from gateway.timings import StreamOutcome
+from policies.compiled import Decision, RequestFacts
 
 
 def request_id_of(request: web.Request) -> str:
@@ -63,28 +66,47 @@ async def completions(request: web.Request) -> web.StreamResponse:
     request_id = request_id_of(request)
     body = await read_body(request, gw.settings.max_body_bytes)
     payload = parse_payload(body)
-    started_unix_ns = time.time_ns()
-    model = payload.get("model")
-    exchange = _ExchangeDraft(
-        request_id=RequestId(request_id),
-        route=route,
-        requested_model=ModelName(model) if isinstance(model, str) else None,
-        stream=payload.get("stream") is True,
-        started_unix_ns=started_unix_ns,
-        temperature=_number(payload.get("temperature")),
-        seed=int(s) if isinstance(s := payload.get("seed"), int) else None,
-        category=request.headers.get("x-specshadow-category"),
+    draft = ExchangeDraft.from_request(request, payload, route=route, request_id=request_id)
+    policy = gw.policy.current
+    decision = policy.decide(
+        RequestFacts(
+            route=route,
+            model=draft.requested_model,
+            stream=draft.stream,
+            headers=request.headers,
+            prompt_bytes=len(body),
+            category=draft.category,
+            request_id=request_id,
+            retry_count=_retry_count(request),
+            body_bytes=len(body),
+        )
     )
+    draft.decided(policy.generation, decision)
+    shadows: ShadowBatch | None = None
+
+    def mirror() -> None:
+        nonlocal shadows
+        shadows, drop_reason = gw.shadows.launch(
+            policy,
+            decision.legs,
+            path_qs=request.path_qs,
+            payload=payload,
+            client_headers=request.headers,
+            request_id=request_id,
+        )
+        draft.drop_reason = draft.drop_reason or drop_reason
+
+    if decision.legs and policy.mirror.timing == "with_primary":
+        mirror()
     headers = upstream_request_headers(request.headers, request_id=request_id)
-    primary = gw.primary
-    upstream_model = exchange.requested_model
     gw.in_flight += 1
     inflight = gw.in_flight
+    started_unix_ns = time.time_ns()
     t0_ns = time.perf_counter_ns()
     tee: RecorderTee | None = None
     status: int | None = None
     try:
-        async with primary.open("POST", request.path_qs, headers=headers, data=body) as up:
+        async with gw.primary.open("POST", request.path_qs, headers=headers, data=body) as up:
             status = up.status
             tee = recorder_for(up, t0_ns)
             downstream, outcome, error_type = await relay(
@@ -92,13 +114,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
             )
     except UpstreamError as exc:
         outcome = "upstream_timeout" if exc.status == 504 else "upstream_error"
-        gw.in_flight -= 1
-        leg = _leg(gw, status, outcome, type(exc).__name__, tee, started_unix_ns, t0_ns, inflight)
-        gw.submit(exchange.build(leg, upstream_model))
+        leg = _primary_leg(
+            gw, status, outcome, type(exc).__name__, tee, started_unix_ns, t0_ns, inflight
+        )
+        _finish(gw, draft, leg, shadows, policy.timeouts.total_s)
         return error_response(exc, headers={REQUEST_ID: request_id})
     except asyncio.CancelledError:
-        gw.in_flight -= 1
-        leg = _leg(
+        leg = _primary_leg(
             gw,
             status,
             "client_disconnected",
@@ -108,15 +130,48 @@ async def completions(request: web.Request) -> web.StreamResponse:
             t0_ns,
             inflight,
         )
-        gw.submit(exchange.build(leg, upstream_model))
+        if shadows is not None and policy.mirror.on_client_disconnect == "cancel":
+            shadows.cancel("cancelled")
+        _finish(gw, draft, leg, shadows, policy.timeouts.total_s)
         raise
-    gw.in_flight -= 1
-    leg = _leg(gw, status, outcome, error_type, tee, started_unix_ns, t0_ns, inflight)
-    gw.submit(exchange.build(leg, upstream_model))
+    finally:
+        gw.in_flight -= 1
+    if decision.legs and policy.mirror.timing == "after_primary" and outcome == "completed":
+        mirror()
+    disconnected = outcome == "client_disconnected"
+    if disconnected and shadows is not None and policy.mirror.on_client_disconnect == "cancel":
+        shadows.cancel("cancelled")
+    leg = _primary_leg(gw, status, outcome, error_type, tee, started_unix_ns, t0_ns, inflight)
+    _finish(gw, draft, leg, shadows, policy.timeouts.total_s)
     return downstream
 
 
-def _leg(
+def _retry_count(request: web.Request) -> int:
+    value = request.headers.get("x-stainless-retry-count", "0")
+    return int(value) if value.isdigit() else 0
+
+
+def _finish(
+    gw: Gateway,
+    draft: ExchangeDraft,
+    primary: LegResult,
+    shadows: ShadowBatch | None,
+    deadline_s: float,
+) -> None:
+    """Submit the exchange now, or once its shadow legs end (a tracked task) — never blocking."""
+    if shadows is None or not shadows.tasks:
+        gw.submit(draft.build(primary, ()))
+        return
+
+    async def assemble() -> None:
+        elapsed_s = (time.time_ns() - draft.started_unix_ns) / 1e9
+        results = await shadows.results(deadline_s - elapsed_s)
+        gw.submit(draft.build(primary, results))
+
+    _task = gw.tasks.spawn(assemble(), name=f"exchange:{draft.request_id}")
+
+
+def _primary_leg(
     gw: Gateway,
     status: int | None,
     outcome: StreamOutcome,
@@ -143,15 +198,20 @@ def _leg(
     )
 
 
-class _ExchangeDraft:
+class ExchangeDraft:
     """What is known about an exchange before its legs end."""
 
     __slots__ = (
         "category",
+        "drop_reason",
         "exchange_id",
+        "policy_generation",
+        "policy_rule",
+        "request_body",
         "request_id",
         "requested_model",
         "route",
+        "sampled",
         "seed",
         "started_unix_ns",
         "stream",
@@ -165,7 +225,6 @@ class _ExchangeDraft:
         route: Route,
         requested_model: ModelName | None,
         stream: bool,
-        started_unix_ns: int,
         temperature: float | None,
         seed: int | None,
         category: str | None,
@@ -175,14 +234,40 @@ class _ExchangeDraft:
         self.route = route
         self.requested_model = requested_model
         self.stream = stream
-        self.started_unix_ns = started_unix_ns
+        self.started_unix_ns = time.time_ns()
         self.temperature = temperature
         self.seed = seed
         self.category = category
+        self.policy_generation: int | None = None
+        self.policy_rule: str | None = None
+        self.sampled = False
+        self.drop_reason: str | None = None
+        self.request_body: bytes | None = None
 
-    def build(self, primary: LegResult, upstream_model: str | None) -> Exchange:
-        from dataclasses import replace
+    @classmethod
+    def from_request(
+        cls, request: web.Request, payload: dict[str, Any], *, route: Route, request_id: str
+    ) -> ExchangeDraft:
+        model = payload.get("model")
+        seed = payload.get("seed")
+        return cls(
+            request_id=RequestId(request_id),
+            route=route,
+            requested_model=ModelName(model) if isinstance(model, str) else None,
+            stream=payload.get("stream") is True,
+            temperature=_number(payload.get("temperature")),
+            seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
+            category=request.headers.get("x-specshadow-category"),
+        )
 
+    def decided(self, generation: int, decision: Decision) -> None:
+        self.policy_generation = generation
+        self.policy_rule = decision.rule
+        self.sampled = decision.sampled
+        if decision.sampled and decision.skip_reason is not None:
+            self.drop_reason = decision.skip_reason
+
+    def build(self, primary: LegResult, shadows: tuple[LegResult, ...]) -> Exchange:
         return Exchange(
             exchange_id=self.exchange_id,
             request_id=self.request_id,
@@ -193,13 +278,13 @@ class _ExchangeDraft:
             temperature=self.temperature,
             seed=self.seed,
             category=self.category,
-            policy_generation=None,
-            policy_rule=None,
-            sampled=False,
-            drop_reason=None,
-            primary=replace(primary, upstream_model=upstream_model),
-            shadows=(),
-            request_body=None,
+            policy_generation=self.policy_generation,
+            policy_rule=self.policy_rule,
+            sampled=self.sampled,
+            drop_reason=self.drop_reason,
+            primary=dataclasses.replace(primary, upstream_model=self.requested_model),
+            shadows=shadows,
+            request_body=self.request_body,
         )
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 from typing import Any
 
 from aiohttp import web
 
 from gateway.app import create_app
 from gateway.settings import Settings, UpstreamSettings
+from policies.errors import PolicyError
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +27,22 @@ def register(sub: Any) -> None:
         "--primary",
         default=None,
         help="the primary upstream's base URL, e.g. http://127.0.0.1:8000",
+    )
+    p.add_argument(
+        "--policy", default=None, help="policy file (YAML); hot-reloaded on change/SIGHUP"
+    )
+    p.add_argument(
+        "--shadow",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="policy-free start: mirror to this candidate (repeatable)",
+    )
+    p.add_argument(
+        "--baseline", default=None, metavar="URL", help="policy-free start: a baseline leg"
+    )
+    p.add_argument(
+        "--shadow-ratio", type=float, default=None, help="policy-free start: share mirrored (0..1)"
     )
     p.add_argument("--max-body-bytes", type=int, default=None, help="larger bodies get 413")
     p.add_argument("--connect-timeout", type=float, default=None, help="seconds (default 10)")
@@ -55,6 +73,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         primary_url=args.primary,
         max_body_bytes=args.max_body_bytes,
         upstream=upstream,
+        policy_path=args.policy,
+        shadow_urls=tuple(args.shadow) or None,
+        baseline_url=args.baseline,
+        shadow_ratio=args.shadow_ratio,
+        reload_on_sighup=True,
     )
 
 
@@ -68,10 +91,12 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    if not settings.primary_url:
-        log.error("no primary upstream: pass --primary URL (or SPECSHADOW_PRIMARY_URL)")
+    try:
+        app = create_app(settings)
+    except (PolicyError, OSError, ValueError) as exc:
+        # Startup fails fast, with the same message a reload would log.
+        print(f"specshadow serve: {exc}", file=sys.stderr)
         return 2
-    app = create_app(settings)
     web.run_app(
         app,
         host=settings.host,

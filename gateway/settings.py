@@ -34,6 +34,11 @@ class Settings:
     port: int = 8080
     primary_url: str | None = None
     policy_path: str | None = None
+    policy_poll_s: float = 1.0  # how often the policy file's fingerprint is checked
+    reload_on_sighup: bool = False  # `serve` turns this on (signal handlers need the main thread)
+    shadow_urls: tuple[str, ...] = ()  # policy-free start: candidate legs (--shadow)
+    baseline_url: str | None = None  # policy-free start: a baseline leg (--baseline)
+    shadow_ratio: float = 1.0  # policy-free start: share of requests mirrored (--shadow-ratio)
     max_body_bytes: int = 32 * MIB  # long RAG prompts fit; larger → 413
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
     shutdown_timeout_s: float = 30.0  # in-flight streams and shadow legs get this long to finish

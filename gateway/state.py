@@ -16,8 +16,10 @@ from yarl import URL
 
 from gateway.exchange import Exchange, ExchangeSink
 from gateway.settings import Settings
+from gateway.shadow import ShadowDispatcher
 from gateway.tasks import TaskSet
 from gateway.upstream import UpstreamClient
+from policies.store import PolicyStore
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +58,10 @@ class Gateway:
     primary: UpstreamClient
     sink: ExchangeSink
     ready: ReadyProbe
+    policy: PolicyStore
+    shadows: ShadowDispatcher
     tasks: TaskSet = field(default_factory=TaskSet)
-    in_flight: int = 0
+    in_flight: int = 0  # primary requests in flight
 
     def submit(self, exchange: Exchange) -> None:
         """Hand a finished exchange to the sink; a sink failure is logged, never raised."""

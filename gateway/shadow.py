@@ -1,0 +1,291 @@
+"""Shadow mirroring: admission (budgets, rate, breaker), tracked leg tasks, and exchange assembly.
+
+The one promise: a shadow never slows, changes or breaks what the client gets.
+
+- Every shadow backend has its own connection pool (an :class:`UpstreamClient` per backend), never
+  the primary's.
+- Admission never queues: a leg over the in-flight budget, over the rate, or to a backend whose
+  breaker is open is **dropped** and counted by reason.
+- Legs run as tracked tasks (:class:`~gateway.tasks.TaskSet`); the body is shaped inside the task,
+  so the primary's handler pays nothing for it. Any exception is contained at the task boundary
+  and becomes the leg's outcome.
+- A shadow stream is read to its end; an exchange deadline (``timeouts.total_s``) bounds the wait,
+  after which the remaining legs are cancelled and recorded as ``deadline``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import UpstreamError
+from gateway.exchange import LegResult
+from gateway.forward import RecorderTee, drain, recorder_for
+from gateway.settings import UpstreamSettings
+from gateway.tasks import TaskSet
+from gateway.timings import StreamOutcome
+from gateway.upstream import UpstreamClient, UpstreamTarget
+from policies.compiled import BackendSpec, BreakerSpec, CompiledPolicy, LegPlan
+from policies.shape import shadow_headers, shape_shadow_body
+
+log = logging.getLogger(__name__)
+
+# Breaker states, also exported as a gauge value.
+CLOSED, OPEN, HALF_OPEN = 0, 1, 2
+
+
+class CircuitBreaker:
+    """Opens after ``failures`` failed legs within ``window_s``; probes once after ``cooldown_s``."""
+
+    def __init__(self, spec: BreakerSpec, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+        self.spec = spec
+        self.clock = clock
+        self.state = CLOSED
+        self._failures: list[int] = []
+        self._opened_ns = 0
+        self._probing = False
+
+    def allow(self) -> bool:
+        if self.state == CLOSED:
+            return True
+        if self.state == OPEN and self.clock() - self._opened_ns >= self.spec.cooldown_s * 1e9:
+            self.state = HALF_OPEN
+        if self.state == HALF_OPEN and not self._probing:
+            self._probing = True
+            return True
+        return False
+
+    def record(self, ok: bool) -> None:
+        now = self.clock()
+        if ok:
+            if self.state != CLOSED:
+                log.info("shadow breaker closed after a successful probe")
+            self.state, self._probing, self._failures = CLOSED, False, []
+            return
+        if self.state == HALF_OPEN:
+            self._open(now)
+            return
+        horizon = now - int(self.spec.window_s * 1e9)
+        self._failures = [t for t in self._failures if t >= horizon]
+        self._failures.append(now)
+        if self.state == CLOSED and len(self._failures) >= self.spec.failures:
+            self._open(now)
+
+    def _open(self, now: int) -> None:
+        self.state, self._opened_ns, self._probing, self._failures = OPEN, now, False, []
+        log.warning("shadow breaker opened")
+
+
+class RateLimiter:
+    """A token bucket: ``rate`` tokens per second, ``burst`` capacity. Never waits."""
+
+    def __init__(self, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+        self.clock = clock
+        self._tokens = 0.0
+        self._last_ns = clock()
+        self._rate: float | None = None
+
+    def try_take(self, rate: float | None, burst: int) -> bool:
+        if rate is None:
+            return True
+        now = self.clock()
+        if rate != self._rate:  # a reload changed the rate: start full
+            self._rate, self._tokens = rate, float(burst)
+        self._tokens = min(float(burst), self._tokens + (now - self._last_ns) / 1e9 * rate)
+        self._last_ns = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+
+@dataclass
+class ShadowBatch:
+    """The shadow legs of one exchange, in flight."""
+
+    tasks: list[asyncio.Task[LegResult]] = field(default_factory=list)
+    cancel_reason: list[StreamOutcome] = field(default_factory=lambda: ["cancelled"])
+
+    def cancel(self, reason: StreamOutcome) -> None:
+        self.cancel_reason[0] = reason
+        for task in self.tasks:
+            task.cancel()
+
+    async def results(self, deadline_s: float) -> tuple[LegResult, ...]:
+        """Wait for every leg, up to ``deadline_s``; cancel the rest as ``deadline``."""
+        if not self.tasks:
+            return ()
+        _done, pending = await asyncio.wait(self.tasks, timeout=max(0.0, deadline_s))
+        if pending:
+            self.cancel("deadline")
+            await asyncio.wait(pending)
+        return tuple(t.result() for t in self.tasks if not t.cancelled())
+
+
+class ShadowDispatcher:
+    """Owns the shadow pools, the budgets' live state, and the shadow counters."""
+
+    def __init__(self, tasks: TaskSet, upstream_defaults: UpstreamSettings) -> None:
+        self.tasks = tasks
+        self.defaults = upstream_defaults
+        self.in_flight = 0
+        self.in_flight_by_role: Counter[str] = Counter()
+        self.rate = RateLimiter()
+        self.breakers: dict[str, CircuitBreaker] = {}
+        self.clients: dict[tuple[str, str, float, float, int], UpstreamClient] = {}
+        # (event, role, backend, reason) → count; events: sampled, sent, completed, failed, dropped
+        self.counts: Counter[tuple[str, str, str, str]] = Counter()
+        self.observers: list[Callable[[str, str, str, str], None]] = []
+
+    def count(self, event: str, role: str, backend: str, reason: str = "") -> None:
+        self.counts[(event, role, backend, reason)] += 1
+        for observer in self.observers:
+            try:
+                observer(event, role, backend, reason)
+            except Exception:  # telemetry must never break mirroring
+                log.debug("shadow observer failed", exc_info=True)
+
+    def breaker(self, backend: BackendSpec, spec: BreakerSpec) -> CircuitBreaker:
+        breaker = self.breakers.get(backend.name)
+        if breaker is None or breaker.spec != spec:
+            breaker = self.breakers[backend.name] = CircuitBreaker(spec)
+        return breaker
+
+    def client(self, backend: BackendSpec) -> UpstreamClient:
+        key = (
+            backend.name,
+            backend.url,
+            backend.connect_s,
+            backend.idle_s,
+            backend.max_connections,
+        )
+        client = self.clients.get(key)
+        if client is None:
+            settings = UpstreamSettings(
+                max_connections=backend.max_connections,
+                connect_timeout_s=backend.connect_s,
+                idle_timeout_s=backend.idle_s,
+                retry_attempts=1,  # a shadow is never retried: it would skew its own timing
+            )
+            client = self.clients[key] = UpstreamClient(
+                UpstreamTarget(backend.name, backend.url), settings
+            )
+        return client
+
+    async def close(self) -> None:
+        for client in self.clients.values():
+            await client.close()
+        self.clients.clear()
+
+    def launch(
+        self,
+        policy: CompiledPolicy,
+        legs: tuple[LegPlan, ...],
+        *,
+        path_qs: str,
+        payload: Mapping[str, Any],
+        client_headers: Mapping[str, str],
+        request_id: str,
+    ) -> tuple[ShadowBatch, str | None]:
+        """Admit and start ``legs``; returns the batch and the first drop reason (if any)."""
+        batch = ShadowBatch()
+        drop_reason: str | None = None
+        budgets = policy.budgets
+        for leg in legs:
+            backend = leg.backend.name
+            self.count("sampled", leg.role, backend)
+            reason = None
+            if self.in_flight >= budgets.max_in_flight:
+                reason = "budget"
+            elif not self.breaker(leg.backend, budgets.breaker).allow():
+                reason = "breaker_open"
+            elif not self.rate.try_take(budgets.max_rps, budgets.rps_burst):
+                reason = "rate"
+            if reason is not None:
+                self.count("dropped", leg.role, backend, reason)
+                drop_reason = drop_reason or reason
+                continue
+            self.in_flight += 1
+            self.in_flight_by_role[leg.role] += 1
+            coro = self._run_leg(
+                policy,
+                leg,
+                batch,
+                path_qs=path_qs,
+                payload=payload,
+                client_headers=client_headers,
+                request_id=request_id,
+                inflight=self.in_flight_by_role[leg.role],
+            )
+            batch.tasks.append(self.tasks.spawn(coro, name=f"shadow:{leg.role}:{request_id}"))
+        return batch, drop_reason
+
+    async def _run_leg(
+        self,
+        policy: CompiledPolicy,
+        leg: LegPlan,
+        batch: ShadowBatch,
+        *,
+        path_qs: str,
+        payload: Mapping[str, Any],
+        client_headers: Mapping[str, str],
+        request_id: str,
+        inflight: int,
+    ) -> LegResult:
+        backend = leg.backend
+        client = self.client(backend)
+        started_unix_ns = time.time_ns()
+        t0_ns = time.perf_counter_ns()
+        tee: RecorderTee | None = None
+        status: int | None = None
+        outcome: StreamOutcome = "upstream_error"
+        error_type: str | None = None
+        try:
+            body = shape_shadow_body(payload, leg, policy.shaping)
+            headers = shadow_headers(
+                client_headers, leg, policy, request_id=request_id, traceparent=None
+            )
+            t0_ns = time.perf_counter_ns()
+            async with client.open("POST", path_qs, headers=headers, data=body, retry=False) as up:
+                status = up.status
+                tee = recorder_for(up, t0_ns)
+                self.count("sent", leg.role, backend.name)
+                outcome, error_type = await drain(up, tee)
+        except UpstreamError as exc:
+            outcome = "upstream_timeout" if exc.status == 504 else "upstream_error"
+            error_type = type(exc).__name__
+        except asyncio.CancelledError:
+            outcome, error_type = batch.cancel_reason[0], None
+        # The task boundary: whatever goes wrong in a shadow is contained here and recorded.
+        except Exception as exc:  # noqa: BLE001
+            log.warning("shadow leg to %s failed: %r", backend.name, exc)
+            outcome, error_type = "upstream_error", type(exc).__name__
+        finally:
+            self.in_flight -= 1
+            self.in_flight_by_role[leg.role] -= 1
+        ok = outcome == "completed"
+        if outcome not in ("cancelled", "deadline"):
+            self.breaker(backend, policy.budgets.breaker).record(
+                ok or (outcome == "upstream_status" and (status or 0) < 500)
+            )
+        self.count("completed" if ok else "failed", leg.role, backend.name, "" if ok else outcome)
+        recording = tee.recorder.finish(outcome=outcome, status=status) if tee is not None else None
+        return LegResult(
+            role=leg.role,
+            backend=backend.name,
+            server_address=backend.server_address,
+            upstream_model=leg.model or (m if isinstance(m := payload.get("model"), str) else None),
+            status=status,
+            outcome=outcome,
+            error_type=error_type,
+            recording=recording,
+            started_unix_ns=started_unix_ns,
+            t0_ns=t0_ns,
+            end_ns=time.perf_counter_ns(),
+            inflight_at_dispatch=inflight,
+        )
