@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
+from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
-
-from simulator.app import create_sim_app
+from simulator.app import run_simulator
 from simulator.config import Acceptance, SimConfig, parse_faults
 
 
@@ -53,26 +53,30 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     )
 
 
+async def _serve(config: SimConfig, host: str, port: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with run_simulator(config, host, port, shutdown_timeout_s=2.0) as server:
+        # The real URL (``--port 0`` picks a free port): scripts and tests read this line.
+        print(
+            f"specshadow simulator ({config.mode}, model {config.model}) on {server.base_url}",
+            flush=True,
+        )
+        await stop.wait()
+
+
 def _run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    app = create_sim_app(config)
     try:
         import uvloop
 
-        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     except ImportError:  # uvloop is a runtime dependency except on Windows
-        loop = asyncio.new_event_loop()
-    url = f"http://{args.host}:{args.port}"
-    print(f"specshadow simulator ({config.mode}, model {config.model}) on {url}", flush=True)
-    web.run_app(
-        app,
-        host=args.host,
-        port=args.port,
-        loop=loop,
-        access_log=None,
-        print=None,
-        shutdown_timeout=2.0,
-    )
+        factory = asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(_serve(config, args.host, args.port))
     return 0
 
 
