@@ -1,0 +1,277 @@
+"""Instruments: one factory per metric, each documented "measured from … to …" (Envoy's habit).
+
+Bucket boundaries are explicit (advisory boundaries, honoured by the SDK's default histogram
+aggregation) and finer than the semconv defaults where specshadow needs it: gateway overhead
+starts at 10 µs, chunk gaps resolve 0.5–10 ms in steps a speculative stream actually shows.
+Every factory takes the :class:`~opentelemetry.metrics.Meter` owned by one ``Telemetry``; nothing
+here reads a global provider.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from opentelemetry.metrics import (
+    CallbackOptions,
+    Counter,
+    Histogram,
+    Meter,
+    ObservableGauge,
+    Observation,
+    _Gauge as Gauge,
+)
+
+from otel import semconv as sc
+
+# semconv's gen_ai.client.operation.duration boundaries, with 1/2.5/5 ms in front for fast fakes.
+DURATION_BUCKETS_S: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64,
+    1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+# semconv's server TTFT boundaries, refined below 100 ms (Envoy's genai.go does the same).
+TTFT_BUCKETS_S: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.06, 0.08, 0.1,
+    0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)  # fmt: skip
+# Chunk gaps: 0.25 ms … 2.5 s, dense in 1–10 ms (CPU speculative streams live there).
+CHUNK_GAP_BUCKETS_S: tuple[float, ...] = (
+    0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.006, 0.007, 0.008, 0.01,
+    0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
+)  # fmt: skip
+# Gateway overhead per chunk: 10 µs … 100 ms.
+OVERHEAD_BUCKETS_S: tuple[float, ...] = (
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+    0.05, 0.1,
+)  # fmt: skip
+# semconv's gen_ai.client.token.usage boundaries.
+TOKEN_BUCKETS: tuple[float, ...] = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)  # fmt: skip
+# Tokens per event / acceptance length: 1 (no speculation) … 16 (deep drafts).
+TOKENS_PER_STEP_BUCKETS: tuple[float, ...] = (
+    1.0, 1.1, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 8.0, 10.0, 16.0,
+)  # fmt: skip
+
+
+def operation_duration(meter: Meter) -> Histogram:
+    """``gen_ai.client.operation.duration`` (s), one observation per leg.
+
+    Measured from t0 (the gateway starts sending the leg's request upstream) to the receive time
+    of the leg's last output-bearing event (``e2e``); for a leg without output, to the moment the
+    leg ended (error, timeout, disconnect). Attributes: operation, request model, role, backend,
+    error.type on failure.
+    """
+    return meter.create_histogram(
+        sc.METRIC_OPERATION_DURATION,
+        unit="s",
+        description="GenAI operation duration: t0 to the last output-bearing event (or leg end).",
+        explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
+    )
+
+
+def time_to_first_chunk(meter: Meter) -> Histogram:
+    """``gen_ai.client.operation.time_to_first_chunk`` (s), one observation per streaming leg.
+
+    Measured from t0 to the receive time of the first SSE event that carries generated output.
+    """
+    return meter.create_histogram(
+        sc.METRIC_TIME_TO_FIRST_CHUNK,
+        unit="s",
+        description="t0 to the first output-bearing SSE event of a streaming leg.",
+        explicit_bucket_boundaries_advisory=TTFT_BUCKETS_S,
+    )
+
+
+def time_per_output_chunk(meter: Meter) -> Histogram:
+    """``gen_ai.client.operation.time_per_output_chunk`` (s), one observation per chunk gap.
+
+    Measured from the receive time of one output-bearing SSE event to that of the next (vLLM
+    bench's ITL, AIPerf's ICL). Events read in the same network read share a timestamp and give a
+    gap of 0. Bounded per leg (``max_chunk_gap_observations``).
+    """
+    return meter.create_histogram(
+        sc.METRIC_TIME_PER_OUTPUT_CHUNK,
+        unit="s",
+        description="Gap between consecutive output-bearing SSE events of one leg.",
+        explicit_bucket_boundaries_advisory=CHUNK_GAP_BUCKETS_S,
+    )
+
+
+def token_usage(meter: Meter) -> Histogram:
+    """``gen_ai.client.token.usage`` ({token}), per leg and ``gen_ai.token.type`` (input|output).
+
+    Measured from the upstream's ``usage`` (prompt/completion tokens) when present, otherwise the
+    recorder's estimate (``specshadow.tokens.source`` on the span says which).
+    """
+    return meter.create_histogram(
+        sc.METRIC_TOKEN_USAGE,
+        unit="{token}",
+        description="Tokens used per leg, by gen_ai.token.type.",
+        explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+    )
+
+
+def gateway_overhead(meter: Meter) -> Histogram:
+    """``specshadow.gateway.overhead`` (s), per primary leg and ``specshadow.overhead.stat``.
+
+    Measured per network chunk from the moment the gateway read it from the upstream to the moment
+    it was written to the client. The recorder keeps only the per-leg p50, p99 and max of those
+    per-chunk values, so each primary leg contributes three observations, one per stat label;
+    ``histogram_quantile`` over ``stat="p50"`` is the distribution of per-request medians.
+    """
+    return meter.create_histogram(
+        sc.METRIC_GATEWAY_OVERHEAD,
+        unit="s",
+        description="Per-chunk gateway hold time (read from upstream to written to client); per-leg p50/p99/max.",
+        explicit_bucket_boundaries_advisory=OVERHEAD_BUCKETS_S,
+    )
+
+
+def tokens_per_event(meter: Meter) -> Histogram:
+    """``specshadow.tokens_per_event`` ({token}), one observation per leg with output.
+
+    Measured as output tokens / output-bearing SSE events of one leg. On a speculative backend this
+    estimates tokens per target forward pass.
+    """
+    return meter.create_histogram(
+        sc.METRIC_TOKENS_PER_EVENT,
+        unit="{token}",
+        description="Output tokens per output-bearing SSE event of one leg.",
+        explicit_bucket_boundaries_advisory=TOKENS_PER_STEP_BUCKETS,
+    )
+
+
+def acceptance_length(meter: Meter) -> Histogram:
+    """``specshadow.acceptance.length`` ({token}), by role, backend and category.
+
+    Measured as vLLM's per-request ``speculative_decoding.mean_acceptance_length`` (tokens per
+    speculative step in which the proposer drafted), one observation per leg that reported it.
+    """
+    return meter.create_histogram(
+        sc.METRIC_ACCEPTANCE_LENGTH,
+        unit="{token}",
+        description="vLLM per-request mean acceptance length.",
+        explicit_bucket_boundaries_advisory=TOKENS_PER_STEP_BUCKETS,
+    )
+
+
+def shadow_requests(meter: Meter) -> Counter:
+    """``specshadow.shadow.requests`` ({request}), by outcome, role, backend and reason.
+
+    Counted at each step of a shadow leg's life: ``sampled`` (policy chose to mirror), ``sent``
+    (request dispatched upstream), ``dropped`` (budget/breaker refused it, with reason),
+    ``completed`` / ``failed`` (the leg's stream ended normally / not, reason = stream outcome).
+    """
+    return meter.create_counter(
+        sc.METRIC_SHADOW_REQUESTS,
+        unit="{request}",
+        description="Shadow legs by outcome: sampled, sent, completed, failed, dropped.",
+    )
+
+
+def breaker_state(meter: Meter) -> Gauge:
+    """``specshadow.shadow.breaker.state`` (dimensionless), per backend: 0 closed, 1 half-open, 2 open.
+
+    Measured as the circuit breaker's state at its last transition.
+    """
+    return meter.create_gauge(
+        sc.METRIC_BREAKER_STATE,
+        description="Shadow circuit breaker state per backend: 0 closed, 1 half-open, 2 open.",
+    )
+
+
+def policy_generation(meter: Meter, callback: Callable[[CallbackOptions], Iterable[Observation]]) -> ObservableGauge:
+    """``specshadow.policy.generation`` (dimensionless): the active policy's generation, read at collection."""
+    return meter.create_observable_gauge(
+        sc.METRIC_POLICY_GENERATION,
+        callbacks=[callback],
+        description="Generation number of the policy currently serving.",
+    )
+
+
+def policy_last_reload_success(meter: Meter, callback: Callable[[CallbackOptions], Iterable[Observation]]) -> ObservableGauge:
+    """``specshadow.policy.last_reload_success`` (dimensionless): 1 if the last reload attempt succeeded, else 0.
+
+    Read at collection time from the callable the gateway bound.
+    """
+    return meter.create_observable_gauge(
+        sc.METRIC_POLICY_LAST_RELOAD_SUCCESS,
+        callbacks=[callback],
+        description="1 if the last policy reload attempt succeeded, 0 if it was rejected.",
+    )
+
+
+def policy_reload(meter: Meter) -> Counter:
+    """``specshadow.policy.reload`` ({reload}), by result ok|error.
+
+    Counted once per reload attempt, when the new file has been validated (ok) or rejected (error).
+    """
+    return meter.create_counter(
+        sc.METRIC_POLICY_RELOAD,
+        unit="{reload}",
+        description="Policy reload attempts by result.",
+    )
+
+
+def telemetry_dropped(meter: Meter) -> Counter:
+    """``specshadow.telemetry.dropped`` ({item}), by signal (spans|metrics) and reason.
+
+    Counted when a finished span could not enter the export queue (``queue_full``), when an export
+    to the collector failed (``export_failed``, spans or metric data points), or when the provider
+    was already shut down (``shutdown``).
+    """
+    return meter.create_counter(
+        sc.METRIC_TELEMETRY_DROPPED,
+        unit="{item}",
+        description="Spans and metric data points dropped by the exporters.",
+    )
+
+
+def compare_results(meter: Meter) -> Counter:
+    """``specshadow.compare.results`` ({comparison}), by outcome (match|diverge|…), role, category.
+
+    Counted once per shadow leg compared against its primary.
+    """
+    return meter.create_counter(
+        sc.METRIC_COMPARE_RESULTS,
+        unit="{comparison}",
+        description="Shadow-vs-primary comparison outcomes.",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Instruments:
+    """The synchronous instruments of one Telemetry (observable gauges are held by Telemetry)."""
+
+    operation_duration: Histogram
+    time_to_first_chunk: Histogram
+    time_per_output_chunk: Histogram
+    token_usage: Histogram
+    gateway_overhead: Histogram
+    tokens_per_event: Histogram
+    acceptance_length: Histogram
+    shadow_requests: Counter
+    breaker_state: Gauge
+    policy_reload: Counter
+    telemetry_dropped: Counter
+    compare_results: Counter
+
+
+def create_instruments(meter: Meter) -> Instruments:
+    """Create every synchronous instrument on ``meter``."""
+    return Instruments(
+        operation_duration=operation_duration(meter),
+        time_to_first_chunk=time_to_first_chunk(meter),
+        time_per_output_chunk=time_per_output_chunk(meter),
+        token_usage=token_usage(meter),
+        gateway_overhead=gateway_overhead(meter),
+        tokens_per_event=tokens_per_event(meter),
+        acceptance_length=acceptance_length(meter),
+        shadow_requests=shadow_requests(meter),
+        breaker_state=breaker_state(meter),
+        policy_reload=policy_reload(meter),
+        telemetry_dropped=telemetry_dropped(meter),
+        compare_results=compare_results(meter),
+    )
+

@@ -1,0 +1,116 @@
+"""Names: every span, event, attribute and metric name specshadow emits, in one place.
+
+Pure constants, no imports from the SDK. Each name is marked **spec** (OpenTelemetry semantic
+conventions; the GenAI ones are *development* status and still moving, which is why they are
+pinned here rather than imported from ``opentelemetry.semconv._incubating``) or **local** (the
+project's own ``specshadow.*`` namespace, used where no convention exists — OpenLLMetry's habit of
+commenting which is which).
+
+Metric attributes are low-cardinality only: role, model, backend, route, outcome, category,
+error.type. Request ids, exchange ids and text never go on a metric (span attributes only).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- Instrumentation scope -------------------------------------------------------------------
+SCOPE_NAME: Final = "specshadow"  # local: tracer/meter name
+DEFAULT_SERVICE_NAME: Final = "specshadow"  # local: service.name when OTEL_SERVICE_NAME is unset
+
+# --- Span names --------------------------------------------------------------------------------
+# spec (HTTP server): "{http.request.method} {http.route}", built in record.request_span_name.
+# spec (GenAI client): "{gen_ai.operation.name} {gen_ai.request.model}", built in leg_span_name.
+EVENT_EVALUATION_RESULT: Final = "gen_ai.evaluation.result"  # spec: one event per evaluation
+EVENT_CHUNK: Final = "specshadow.chunk"  # local: one bounded event per output-bearing SSE event
+
+# --- GenAI attributes (spec) ----------------------------------------------------------------------
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"  # spec: chat | text_completion
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"  # spec
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"  # spec: model sent upstream
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"  # spec: model the upstream reported
+GEN_AI_REQUEST_STREAM: Final = "gen_ai.request.stream"  # spec
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"  # spec (s)
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"  # spec
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"  # spec
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"  # spec: string[]
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"  # spec
+GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"  # spec: metric attribute, input | output
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"  # spec (opt-in content capture)
+GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"  # spec (opt-in content capture)
+GEN_AI_EVALUATION_NAME: Final = "gen_ai.evaluation.name"  # spec (event attribute)
+GEN_AI_EVALUATION_SCORE_VALUE: Final = "gen_ai.evaluation.score.value"  # spec
+GEN_AI_EVALUATION_SCORE_LABEL: Final = "gen_ai.evaluation.score.label"  # spec
+GEN_AI_EVALUATION_EXPLANATION: Final = "gen_ai.evaluation.explanation"  # spec
+
+TOKEN_TYPE_INPUT: Final = "input"  # spec value
+TOKEN_TYPE_OUTPUT: Final = "output"  # spec value
+PROVIDER_OPENAI: Final = "openai"  # spec value: the API specshadow speaks to every upstream
+
+# --- General / HTTP attributes (spec, stable) -----------------------------------------------------
+SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+ERROR_TYPE: Final = "error.type"
+HTTP_ROUTE: Final = "http.route"
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+SERVICE_NAME: Final = "service.name"  # spec (resource)
+SERVICE_VERSION: Final = "service.version"  # spec (resource)
+
+# --- Project attributes (local) -------------------------------------------------------------------
+LEG_ROLE: Final = "specshadow.leg.role"  # primary | candidate | baseline
+BACKEND: Final = "specshadow.backend"  # backend name from the policy
+REQUEST_ID: Final = "specshadow.request_id"  # spans only
+EXCHANGE_ID: Final = "specshadow.exchange_id"  # spans only
+CATEGORY: Final = "specshadow.category"  # prompt category from the trace/policy
+TIMING_TTFT_S: Final = "specshadow.timing.ttft_s"
+TIMING_TPOT_S: Final = "specshadow.timing.tpot_s"
+TIMING_E2E_S: Final = "specshadow.timing.e2e_s"
+TIMING_CHUNK_GAP_P50_S: Final = "specshadow.timing.chunk_gap.p50_s"
+TIMING_CHUNK_GAP_P99_S: Final = "specshadow.timing.chunk_gap.p99_s"
+TIMING_TOKENS_PER_EVENT: Final = "specshadow.timing.tokens_per_event"
+TIMING_OUTPUT_EVENTS: Final = "specshadow.timing.output_events"
+TIMING_OVERHEAD_P50_S: Final = "specshadow.timing.overhead.p50_s"
+TIMING_OVERHEAD_P99_S: Final = "specshadow.timing.overhead.p99_s"
+TOKENS_SOURCE: Final = "specshadow.tokens.source"  # usage | continuous_usage | logprobs | estimated
+ACCEPTANCE_MEAN_LENGTH: Final = "specshadow.acceptance.mean_acceptance_length"
+ACCEPTANCE_DRAFT_RATE: Final = "specshadow.acceptance.draft_acceptance_rate"
+ACCEPTANCE_SOURCE: Final = "specshadow.acceptance.source"
+POLICY_GENERATION: Final = "specshadow.policy.generation"
+POLICY_RULE: Final = "specshadow.policy.rule"
+SHADOW_SAMPLED: Final = "specshadow.shadow.sampled"
+SHADOW_DROP_REASON: Final = "specshadow.shadow.drop_reason"
+STREAM_OUTCOME: Final = "specshadow.stream.outcome"
+CHUNK_INDEX: Final = "specshadow.chunk.index"  # chunk event attribute
+CHUNK_TOKENS: Final = "specshadow.chunk.tokens"  # chunk event attribute
+# Metric-only attributes (local)
+OUTCOME: Final = "specshadow.outcome"  # shadow.requests / compare.results outcome
+REASON: Final = "specshadow.reason"  # why a shadow was dropped / failed
+RESULT: Final = "specshadow.result"  # policy reload: ok | error
+SIGNAL: Final = "specshadow.signal"  # telemetry.dropped: spans | metrics
+OVERHEAD_STAT: Final = "specshadow.overhead.stat"  # p50 | p99 | max (see instruments)
+
+ACCEPTANCE_SOURCE_VLLM: Final = "vllm_request_metrics"  # local value: vLLM per-request metrics
+
+# --- Metric names ---------------------------------------------------------------------------------
+METRIC_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"  # spec
+METRIC_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.time_to_first_chunk"  # spec
+METRIC_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.operation.time_per_output_chunk"  # spec
+METRIC_TOKEN_USAGE: Final = "gen_ai.client.token.usage"  # spec
+METRIC_GATEWAY_OVERHEAD: Final = "specshadow.gateway.overhead"  # local
+METRIC_TOKENS_PER_EVENT: Final = "specshadow.tokens_per_event"  # local
+METRIC_SHADOW_REQUESTS: Final = "specshadow.shadow.requests"  # local
+METRIC_BREAKER_STATE: Final = "specshadow.shadow.breaker.state"  # local
+METRIC_POLICY_GENERATION: Final = "specshadow.policy.generation"  # local
+METRIC_POLICY_RELOAD: Final = "specshadow.policy.reload"  # local
+METRIC_POLICY_LAST_RELOAD_SUCCESS: Final = "specshadow.policy.last_reload_success"  # local
+METRIC_TELEMETRY_DROPPED: Final = "specshadow.telemetry.dropped"  # local
+METRIC_ACCEPTANCE_LENGTH: Final = "specshadow.acceptance.length"  # local
+METRIC_COMPARE_RESULTS: Final = "specshadow.compare.results"  # local
+
+# Outcome values of specshadow.shadow.requests (local)
+SHADOW_OUTCOMES: Final = ("sampled", "sent", "completed", "failed", "dropped")
+# Breaker states as gauge values (local)
+BREAKER_CLOSED: Final = 0
+BREAKER_HALF_OPEN: Final = 1
+BREAKER_OPEN: Final = 2

@@ -1,0 +1,32 @@
+"""Fixtures for telemetry tests: a Telemetry wired to in-memory sinks, and the real receivers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from otel import Telemetry, TelemetrySettings, build_telemetry
+from tests.receivers.otlp import otlp_grpc_receiver, otlp_http_receiver
+from tests.receivers.prometheus import prometheus_server
+
+__all__ = ["otlp_grpc_receiver", "otlp_http_receiver", "prometheus_server"]
+
+
+@dataclass
+class InMemoryTelemetry:
+    telemetry: Telemetry
+    spans: InMemorySpanExporter
+    reader: InMemoryMetricReader
+
+
+@pytest.fixture
+def mem() -> Iterator[InMemoryTelemetry]:
+    spans = InMemorySpanExporter()
+    reader = InMemoryMetricReader()
+    telemetry = build_telemetry(TelemetrySettings(), span_exporter=spans, metric_reader=reader)
+    yield InMemoryTelemetry(telemetry, spans, reader)
+    assert telemetry.shutdown(timeout_s=5.0)

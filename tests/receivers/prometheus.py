@@ -1,0 +1,159 @@
+"""A real Prometheus server (Debian's ``prometheus`` package) for tests, and ``promtool`` helpers.
+
+:class:`PrometheusServer` writes a config that scrapes the given targets every second, keeps its
+TSDB under a temporary directory, listens on a free loopback port, and answers PromQL instant
+queries over its HTTP API. Tests that use it carry ``@pytest.mark.prometheus`` and skip when the
+binary is absent (CI installs it: ``apt-get install -y --no-install-recommends prometheus``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+PROMETHEUS = shutil.which("prometheus")
+PROMTOOL = shutil.which("promtool")
+
+requires_prometheus = pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is not installed")
+requires_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian's prometheus) is not installed")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def promtool_check_metrics(exposition: bytes) -> tuple[bool, str]:
+    """Run ``promtool check metrics`` on an exposition; (passed, promtool's output)."""
+    assert PROMTOOL is not None
+    proc = subprocess.run([PROMTOOL, "check", "metrics"], input=exposition, capture_output=True, timeout=30, check=False)
+    return proc.returncode == 0, (proc.stdout + proc.stderr).decode()
+
+
+def scrape_config(targets: Sequence[str], *, interval_s: float = 1.0, metrics_path: str = "/metrics") -> str:
+    """A minimal ``prometheus.yml`` scraping ``targets`` (host:port) every ``interval_s``."""
+    target_list = ", ".join(f'"{t}"' for t in targets)
+    return (
+        "global:\n"
+        f"  scrape_interval: {interval_s}s\n"
+        f"  evaluation_interval: {interval_s}s\n"
+        "scrape_configs:\n"
+        "  - job_name: specshadow\n"
+        f"    metrics_path: {metrics_path}\n"
+        f"    static_configs:\n      - targets: [{target_list}]\n"
+    )
+
+
+class PrometheusServer:
+    """A ``prometheus`` subprocess scraping ``targets``; stop with :meth:`stop` (or use as a context manager)."""
+
+    def __init__(self, targets: Sequence[str], workdir: Path, *, interval_s: float = 1.0) -> None:
+        assert PROMETHEUS is not None, "prometheus binary not installed"
+        self.port = free_port()
+        self.workdir = workdir
+        config = workdir / "prometheus.yml"
+        config.write_text(scrape_config(targets, interval_s=interval_s))
+        self._log = (workdir / "prometheus.log").open("wb")
+        self._proc = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return (self.workdir / "prometheus.log").read_text(errors="replace")
+
+    async def wait_ready(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                if self._proc.poll() is not None:
+                    pytest.fail(f"prometheus exited with {self._proc.returncode}:\n{self.log_text()}")
+                try:
+                    async with session.get(f"{self.url}/-/ready") as resp:
+                        if resp.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.1)
+        pytest.fail(f"prometheus not ready after {timeout_s} s:\n{self.log_text()}")
+
+    async def query(self, promql: str) -> list[dict[str, Any]]:
+        """An instant query; returns ``data.result`` (a vector: ``[{"metric": {...}, "value": [t, "v"]}]``)."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{self.url}/api/v1/query", params={"query": promql}) as resp,
+        ):
+            payload = await resp.json()
+        assert payload.get("status") == "success", payload
+        result: list[dict[str, Any]] = payload["data"]["result"]
+        return result
+
+    async def wait_for_number(self, promql: str, timeout_s: float = 30.0) -> list[tuple[dict[str, str], float]]:
+        """Poll ``promql`` until it returns at least one finite number; return (labels, value) pairs."""
+        deadline = time.monotonic() + timeout_s
+        last: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            last = await self.query(promql)
+            numbers = [(r["metric"], float(r["value"][1])) for r in last]
+            finite = [(m, v) for m, v in numbers if math.isfinite(v)]
+            if finite:
+                return finite
+            await asyncio.sleep(0.25)
+        pytest.fail(f"{promql!r} gave no finite number within {timeout_s} s; last result {last!r}\n{self.log_text()}")
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(5)
+        self._log.close()
+
+    def __enter__(self) -> PrometheusServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@pytest.fixture
+def prometheus_server(tmp_path: Path) -> Iterator[Any]:
+    """Factory: ``server = prometheus_server(["127.0.0.1:PORT"])``; stopped after the test."""
+    servers: list[PrometheusServer] = []
+
+    def start(targets: Sequence[str], interval_s: float = 1.0) -> PrometheusServer:
+        workdir = tmp_path / f"prometheus-{len(servers)}"
+        workdir.mkdir()
+        server = PrometheusServer(targets, workdir, interval_s=interval_s)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
