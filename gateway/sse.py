@@ -25,7 +25,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["SSEDecoder", "SSEEvent"]
+__all__ = ["RawEvent", "SSEDecoder", "SSEEvent"]
+
+# (data, event, id, retry): a dispatched event before decoding; see SSEDecoder.feed_raw.
+RawEvent = tuple[bytes, bytes | None, str | None, int | None]
 
 # Order matters: CRLF must win over a lone CR.
 _LINE_END = re.compile(rb"\r\n|\r|\n")
@@ -89,12 +92,40 @@ class SSEDecoder:
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Decode one network chunk; returns the events whose blank line it completed."""
+        return [
+            SSEEvent(
+                event=event.decode("utf-8", "replace") if event else "message",
+                data=data.decode("utf-8", "replace"),
+                id=id_,
+                retry=retry,
+            )
+            for data, event, id_, retry in self.feed_raw(chunk)
+        ]
+
+    def feed_raw(self, chunk: bytes) -> list[RawEvent]:
+        """Like :meth:`feed`, without building :class:`SSEEvent` objects (the recorder's hot path).
+
+        Each item is ``(data, event, id, retry)``: ``data`` is the joined data buffer as UTF-8
+        bytes (not yet decoded), ``event`` the raw event name or ``None`` for the default.
+        """
         if self._skip_lf:
             self._skip_lf = False
             if chunk[:1] == b"\n":
                 chunk = chunk[1:]
         if not chunk:
             return []
+        if (  # Fast path: the chunk is exactly one `data: …\n\n` event, the usual shape.
+            chunk.startswith(b"data: ")
+            and chunk.find(b"\n") == len(chunk) - 2
+            and chunk.endswith(b"\n\n")
+            and not self._pending
+            and not self._data
+            and self._event is None
+            and self._retry is None
+            and b"\r" not in chunk
+        ):
+            self._at_start = False
+            return [(chunk[6:-2], None, self._last_id, None)]
         if b"\r" in chunk:
             lines = _LINE_END.split(chunk)
             self._skip_lf = chunk[-1] == _CR
@@ -119,16 +150,22 @@ class SSEDecoder:
         else:
             self._pending_len = 0
 
-        events: list[SSEEvent] = []
+        events: list[RawEvent] = []
         data = self._data
         for line in lines:
             if not line:
                 if data:
-                    events.append(self._dispatch())
-                    data = self._data
-                else:
-                    self._event = None
-                    self._retry = None
+                    events.append(
+                        (
+                            data[0] if len(data) == 1 else b"\n".join(data),
+                            self._event,
+                            self._last_id,
+                            self._retry,
+                        )
+                    )
+                    data = self._data = []
+                self._event = None
+                self._retry = None
             elif line[0] == _COLON:
                 self.comments += 1
             elif line.startswith(b"data:"):  # the hot case, spelled out
@@ -167,18 +204,3 @@ class SSEDecoder:
         elif name == b"retry" and value.isdigit():  # bytes.isdigit is ASCII-only, per spec
             self._retry = int(value)
         # Any other field name is ignored (spec).
-
-    def _dispatch(self) -> SSEEvent:
-        data = self._data
-        raw = data[0] if len(data) == 1 else b"\n".join(data)
-        event = self._event
-        ev = SSEEvent(
-            event=event.decode("utf-8", "replace") if event else "message",
-            data=raw.decode("utf-8", "replace"),
-            id=self._last_id,
-            retry=self._retry,
-        )
-        self._data = []
-        self._event = None
-        self._retry = None
-        return ev

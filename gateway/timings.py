@@ -340,8 +340,8 @@ class StreamRecorder:
             if decoder is None:
                 self._buffer_body(chunk)
                 return
-            for event in decoder.feed(chunk):
-                self._on_event(event.data, received_ns)
+            for raw in decoder.feed_raw(chunk):
+                self._on_event(raw[0], received_ns)
         except _SHAPE_ERRORS as exc:
             self._break(exc)
         except Exception as exc:  # noqa: BLE001 — runs on the primary's data path after the
@@ -371,8 +371,8 @@ class StreamRecorder:
         self._broken = True
         self._note(f"recorder failed: {type(exc).__name__}: {exc}")
 
-    def _on_event(self, data: str, received_ns: int) -> None:
-        if data == "[DONE]":
+    def _on_event(self, data: bytes, received_ns: int) -> None:
+        if data == b"[DONE]":
             self._done = True
             return
         self._events += 1
@@ -380,12 +380,13 @@ class StreamRecorder:
         tokens: int | None = None
         try:
             obj = loads(data)
+        except JSONDecodeError:
+            obj = self._loads_replacing(data)
+        try:
             if isinstance(obj, dict):
-                kind, tokens = self._on_object(obj, streaming=True)
-            else:
+                kind, tokens = self._on_object(obj, True)
+            elif obj is not None:
                 self._note(f"event {self._events}: JSON is not an object")
-        except JSONDecodeError as exc:
-            self._note(f"event {self._events}: invalid JSON: {exc}")
         except _SHAPE_ERRORS as exc:
             self._note(f"event {self._events}: unexpected shape: {type(exc).__name__}: {exc}")
         if kind == "output":
@@ -395,9 +396,17 @@ class StreamRecorder:
         else:
             self._stamps_truncated = True
 
+    def _loads_replacing(self, data: bytes) -> Any:
+        # orjson rejects invalid UTF-8 outright; the event-stream spec decodes it with U+FFFD.
+        try:
+            return loads(data.decode("utf-8", "replace"))
+        except JSONDecodeError as exc:
+            self._note(f"event {self._events}: invalid JSON: {exc}")
+            return None
+
     # -- assembly (shared by SSE chunks and the JSON body) ---------------------------------------
 
-    def _on_object(self, obj: dict[str, Any], *, streaming: bool) -> tuple[EventKind, int | None]:
+    def _on_object(self, obj: dict[str, Any], streaming: bool) -> tuple[EventKind, int | None]:
         if self._model is None:
             self._model = obj.get("model")
         if self._response_id is None:
@@ -461,6 +470,10 @@ class StreamRecorder:
             content = delta.get("content")
             if content and isinstance(content, str):
                 acc.text.append(content)
+                if (
+                    len(delta) == 1
+                ):  # fast path: a plain `{"content": …}` delta carries nothing else
+                    return True, False, self._take_logprobs(acc, choice.get("logprobs"))
                 output = True
             # Some servers send both names with the same text; take one, never both.
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
@@ -481,9 +494,11 @@ class StreamRecorder:
             if text and isinstance(text, str):
                 acc.text.append(text)
                 output = True
-        logprobs = choice.get("logprobs")
-        n = self._take_logprobs(acc, logprobs) if logprobs else None
-        return output, role and finish_reason is None, n
+        return (
+            output,
+            role and finish_reason is None,
+            self._take_logprobs(acc, choice.get("logprobs")),
+        )
 
     @staticmethod
     def _merge_tool_calls(acc: _ChoiceAcc, tool_calls: list[dict[str, Any]]) -> None:
@@ -506,7 +521,9 @@ class StreamRecorder:
                 if arguments and isinstance(arguments, str):
                     tool.arguments.append(arguments)
 
-    def _take_logprobs(self, acc: _ChoiceAcc, logprobs: dict[str, Any]) -> int | None:
+    def _take_logprobs(self, acc: _ChoiceAcc, logprobs: dict[str, Any] | None) -> int | None:
+        if not logprobs:
+            return None
         entries = logprobs.get("content")  # chat: [{"token": …, "logprob": …}, …]
         if isinstance(entries, list):
             tokens = [str(e.get("token", "")) for e in entries]
@@ -540,7 +557,7 @@ class StreamRecorder:
             return
         self._events = 1
         try:
-            kind, tokens = self._on_object(obj, streaming=False)
+            kind, tokens = self._on_object(obj, False)
         except _SHAPE_ERRORS as exc:
             self._note(f"body: unexpected shape: {type(exc).__name__}: {exc}")
             kind, tokens = "other", None

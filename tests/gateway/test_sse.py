@@ -24,6 +24,18 @@ def msg(
 
 
 CASES: list[tuple[str, list[bytes], list[SSEEvent]]] = [
+    # Single-event chunks take a fast path; state left by earlier chunks must still apply.
+    ("one-event chunk after an event name", [b"event: e\n", b"data: a\n\n"], [msg("a", event="e")]),
+    ("one-event chunk after retry", [b"retry: 5\n", b"data: a\n\n"], [msg("a", retry=5)]),
+    ("one-event chunk after a data line", [b"data: a\n", b"data: b\n\n"], [msg("a\nb")]),
+    ("one-event chunk keeps the last id", [b"id: 1\n\n", b"data: a\n\n"], [msg("a", id="1")]),
+    ("one-event chunk after a partial line", [b"da", b"data: a\n\n"], []),
+    (
+        "bom after the first chunk is not stripped",
+        [b"data: a\n\n", b"\xef\xbb\xbfdata: b\n\n"],
+        [msg("a")],
+    ),
+    ("one-event chunk with empty data", [b"data: \n\n"], [msg("")]),
     ("lf", [b"data: a\n\n"], [msg("a")]),
     ("crlf", [b"data: a\r\n\r\n"], [msg("a")]),
     ("cr", [b"data: a\r\r"], [msg("a")]),
@@ -197,3 +209,11 @@ def test_decoding_is_independent_of_chunk_boundaries(
     assert whole == expected
     assert split == expected
     assert not decoder.incomplete_at_eof
+
+
+def test_raw_events_carry_undecoded_data_and_metadata() -> None:
+    decoder = SSEDecoder()
+    raw = decoder.feed_raw(
+        b"event: e\nid: 3\nretry: 10\ndata: a\ndata: \xe2\x82\xac\n\ndata: b\n\n"
+    )
+    assert raw == [("a\n€".encode(), b"e", "3", 10), (b"b", None, "3", None)]

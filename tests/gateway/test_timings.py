@@ -528,3 +528,9 @@ def test_finish_never_raises_even_when_building_fails() -> None:
     assert rec.parse_error.startswith("recorder failed: TypeError")
     assert (rec.outcome, rec.chunks, rec.output_events, rec.choices) == ("completed", 1, 1, ())
     assert recorder.finish() is rec
+
+
+def test_invalid_utf8_inside_an_event_is_replaced_like_the_spec_says() -> None:
+    rec = record([(b'data: {"choices": [{"index": 0, "delta": {"content": "a\xffb"}}]}\n\n', 10)])
+    assert rec.parse_error is None
+    assert rec.choices[0].text == "a\ufffdb"
