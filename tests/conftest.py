@@ -71,3 +71,37 @@ def gateway(servers: list[TestServer]) -> Callable[..., Awaitable[RunningGateway
         return RunningGateway(server=server, sink=sink, settings=settings)
 
     return start
+
+
+@pytest.fixture
+async def sims() -> AsyncIterator[Callable[..., Awaitable[Any]]]:
+    """Start simulators (real sockets) for the test; all stop at its end."""
+    from contextlib import AsyncExitStack
+
+    from simulator.app import run_simulator
+    from simulator.config import SimConfig
+
+    async with AsyncExitStack() as stack:
+
+        async def start(**config: Any) -> Any:
+            config.setdefault("prefill_base_s", 0.002)
+            config.setdefault("step_s", 0.001)
+            return await stack.enter_async_context(run_simulator(SimConfig(**config)))
+
+        yield start
+
+
+@pytest.fixture
+def write_policy(tmp_path: Any) -> Callable[[str], str]:
+    """Write a policy atomically (temp file + rename, as editors and ConfigMaps do)."""
+    import os
+
+    path = tmp_path / "policy.yaml"
+
+    def write(text: str) -> str:
+        tmp = tmp_path / "policy.yaml.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, path)
+        return str(path)
+
+    return write
