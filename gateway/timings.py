@@ -232,7 +232,6 @@ class StreamRecorder:
         "_body_len",
         "_broken",
         "_choices",
-        "_cont_usage",
         "_decoder",
         "_done",
         "_error",
@@ -289,7 +288,6 @@ class StreamRecorder:
         self._choices: dict[int, _ChoiceAcc] = {}
         self._usage: Mapping[str, Any] | None = None
         self._final_usage = False
-        self._cont_usage = False
         self._prev_completion_tokens = 0
         self._logprobs_seen = False
         self._logprob_tokens = 0
@@ -439,7 +437,6 @@ class StreamRecorder:
             self._usage = usage
             completion = usage.get("completion_tokens")
             if choices and streaming:  # usage on a content chunk: continuous usage stats
-                self._cont_usage = True
                 if isinstance(completion, int):
                     tokens = completion - self._prev_completion_tokens
                     self._prev_completion_tokens = completion
@@ -470,9 +467,8 @@ class StreamRecorder:
             content = delta.get("content")
             if content and isinstance(content, str):
                 acc.text.append(content)
-                if (
-                    len(delta) == 1
-                ):  # fast path: a plain `{"content": …}` delta carries nothing else
+                # Fast path: a plain `{"content": …}` delta carries nothing else to look up.
+                if len(delta) == 1:
                     return True, False, self._take_logprobs(acc, choice.get("logprobs"))
                 output = True
             # Some servers send both names with the same text; take one, never both.

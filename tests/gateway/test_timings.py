@@ -469,6 +469,9 @@ def test_live_peeks_track_the_stream() -> None:
     recorder.feed(sse(chat_chunk({"content": "a"})), T0 + 3 * MS)
     recorder.feed(sse(chat_chunk({"content": "b"})), T0 + 4 * MS)
     assert peek() == (2, 3 * MS)
+    assert not recorder.done
+    recorder.feed(DONE, T0 + 5 * MS)
+    assert recorder.done
 
 
 def test_one_output_token_has_no_tpot() -> None:
