@@ -249,6 +249,11 @@ async def _stream(
         record.outcome = stop.outcome
     except (ConnectionResetError, OSError):
         record.outcome = "client_disconnected"
+    except asyncio.CancelledError:
+        # Servers started with handler_cancellation=True (aiohttp's TestServer) cancel the
+        # handler when the client leaves instead of failing the next write.
+        record.outcome = "client_disconnected"
+        raise
     finally:
         record.finished_ns = time.perf_counter_ns()
     return response

@@ -43,7 +43,9 @@ def test_plain_and_speculative_plans_have_the_same_tokens_but_different_steps():
 
 
 def test_divergence_at_changes_speculative_tokens_from_that_index_only():
-    spec = SimConfig(mode="speculative", divergence_at=7, min_output_tokens=30, max_output_tokens=30)
+    spec = SimConfig(
+        mode="speculative", divergence_at=7, min_output_tokens=30, max_output_tokens=30
+    )
     plain = SimConfig(min_output_tokens=30, max_output_tokens=30)
     body = chat("diverge", max_tokens=64)
     p = plan_completion(plain, parse_request("chat", body, plain), "chat").tokens
@@ -58,7 +60,12 @@ SCHEMAS = [
         "properties": {
             "sentiment": {"type": "string", "enum": ["positif", "negatif", "netral"]},
             "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-            "keywords": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 5},
+            "keywords": {
+                "type": "array",
+                "items": {"type": "string"},
+                "minItems": 1,
+                "maxItems": 5,
+            },
             "count": {"type": "integer", "minimum": 3, "maximum": 9},
             "flag": {"type": "boolean"},
             "note": {"type": "string", "maxLength": 8},
@@ -67,7 +74,13 @@ SCHEMAS = [
         "required": ["sentiment", "confidence", "keywords", "count", "flag", "note"],
     },
     {
-        "$defs": {"item": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}},
+        "$defs": {
+            "item": {
+                "type": "object",
+                "properties": {"id": {"type": "integer"}},
+                "required": ["id"],
+            }
+        },
         "type": "object",
         "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/item"}}},
         "required": ["items"],
@@ -94,7 +107,9 @@ def test_json_object_mode_output_is_a_json_object():
     assert isinstance(json.loads(plan_completion(CFG, req, "structured_output").text), dict)
 
 
-@pytest.mark.parametrize("text", ['{"a": [1, 2.5, "x y"], "b": null}', "  spaced\n\ttext ", "ünï ✓"])
+@pytest.mark.parametrize(
+    "text", ['{"a": [1, 2.5, "x y"], "b": null}', "  spaced\n\ttext ", "ünï ✓"]
+)
 def test_split_pieces_concatenate_back_to_the_text(text):
     assert "".join(split_pieces(text)) == text
 
@@ -151,7 +166,13 @@ def test_max_tokens_defaults_to_64_and_aliases_are_served_models():
 
 def test_requests_are_classified_by_header_tools_schema_and_turns():
     turns = json.dumps(
-        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]}
+        {
+            "messages": [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "c"},
+            ]
+        }
     ).encode()
     assert classify(parse_request("chat", turns, CFG), None) == "multi_turn"
     assert classify(parse_request("chat", chat("x"), CFG), None) == "chat"
@@ -206,7 +227,9 @@ def test_every_step_emits_accepted_plus_one_and_the_steps_cover_the_output(seed)
 
 def test_plain_mode_and_zero_coverage_never_draft():
     for speculative, coverage in ((False, 1.0), (True, 0.0)):
-        steps = plan_steps(30, speculative=speculative, probs=(1.0,) * 4, coverage=coverage, rng=random.Random(1))
+        steps = plan_steps(
+            30, speculative=speculative, probs=(1.0,) * 4, coverage=coverage, rng=random.Random(1)
+        )
         assert len(steps) == 30 and not any(s.drafted for s in steps)
 
 
@@ -214,7 +237,13 @@ def test_empirical_step_statistics_match_expected_rates():
     cfg = SimConfig(mode="speculative", acceptance=(0.9, 0.7, 0.5, 0.3), coverage=0.6)
     exp = expected_rates(cfg)
     rng = random.Random(7)
-    drafting = [s for s in plan_steps(200_000, speculative=True, probs=cfg.acceptance_for("chat"), coverage=0.6, rng=rng) if s.drafted == 4]
+    drafting = [
+        s
+        for s in plan_steps(
+            200_000, speculative=True, probs=cfg.acceptance_for("chat"), coverage=0.6, rng=rng
+        )
+        if s.drafted == 4
+    ]
     accepted = sum(s.accepted for s in drafting)
     assert accepted / (4 * len(drafting)) == pytest.approx(exp.draft_acceptance_rate, abs=0.01)
     assert 1 + accepted / len(drafting) == pytest.approx(exp.mean_acceptance_length, abs=0.02)
@@ -223,7 +252,15 @@ def test_empirical_step_statistics_match_expected_rates():
 
 
 def test_category_overrides_change_expected_rates_and_plain_has_none():
-    cfg = SimConfig(mode="speculative", acceptance=0.5, category_acceptance={"code": 0.9}, category_coverage={"code": 0.5})
-    assert expected_rates(cfg, "code").draft_acceptance_rate > expected_rates(cfg, "chat").draft_acceptance_rate
+    cfg = SimConfig(
+        mode="speculative",
+        acceptance=0.5,
+        category_acceptance={"code": 0.9},
+        category_coverage={"code": 0.5},
+    )
+    assert (
+        expected_rates(cfg, "code").draft_acceptance_rate
+        > expected_rates(cfg, "chat").draft_acceptance_rate
+    )
     assert expected_rates(cfg, "code").coverage == 0.5
     assert expected_rates(SimConfig()).mean_acceptance_length == 1.0
