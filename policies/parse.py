@@ -188,7 +188,8 @@ def _message(err: ErrorDetails, loc: tuple[int | str, ...]) -> str:
     if template is None:
         msg = err["msg"]
         return f"{msg[:1].lower()}{msg[1:]}, got {_show(err['input'])}"
-    return template.format(got=_show(err["input"]), **ctx)
+    bounds = {k: f"{v:g}" if isinstance(v, float) else v for k, v in ctx.items()}
+    return template.format(got=_show(err["input"]), **bounds)
 
 
 def _show(value: object) -> str:
