@@ -17,6 +17,7 @@ from collections.abc import Sequence
 # ``func=callable(args) -> int``.
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "gateway.serve",
+    "gateway.demo",
     "loadgen.vllm.cli",
     "simulator.cli",
     "policies.cli",
