@@ -1,0 +1,1 @@
+"""Load generation, benchmark backends and the report side of specshadow."""

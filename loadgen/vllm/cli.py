@@ -1,0 +1,120 @@
+"""``specshadow vllm setup | serve | up``: the real-vLLM backends from the command line.
+
+- ``setup``: create vLLM's environment and the tiny models (cached; instant when done).
+- ``serve --config plain|ngram|draft --port P``: one server in the foreground; Ctrl-C stops it.
+- ``up [--base-port P]``: plain, n-gram and draft-model servers on P, P+1, P+2 for a demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from loadgen.vllm.server import (
+    SERVED_MODEL_NAME,
+    SpecConfig,
+    VllmServer,
+    VllmServerSpec,
+    start_servers,
+    stop_servers,
+)
+from loadgen.vllm.setup import setup
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = subparsers.add_parser("vllm", help="real vLLM CPU backends (setup, serve, up)")
+    sub = parser.add_subparsers(dest="vllm_command", required=True, metavar="ACTION")
+
+    p_setup = sub.add_parser("setup", help="create vLLM's venv and the tiny models (cached)")
+    p_setup.add_argument(
+        "--cache", type=Path, help="cache folder (default $SPECSHADOW_CACHE or ~/.cache/specshadow)"
+    )
+    p_setup.set_defaults(func=_cmd_setup)
+
+    p_serve = sub.add_parser("serve", help="run one vLLM server in the foreground")
+    p_serve.add_argument("--config", choices=["plain", "ngram", "draft"], default="plain")
+    p_serve.add_argument("--port", type=int, default=8100)
+    _common(p_serve)
+    p_serve.set_defaults(func=_cmd_serve)
+
+    p_up = sub.add_parser("up", help="run plain, ngram and draft servers on consecutive ports")
+    p_up.add_argument("--base-port", type=int, default=8101)
+    _common(p_up)
+    p_up.set_defaults(func=_cmd_up)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache", type=Path)
+    p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="let vLLM compile the model (slower start) instead of --enforce-eager",
+    )
+
+
+def _cmd_setup(args: argparse.Namespace) -> int:
+    env = setup(args.cache)
+    print(f"venv:   {env.venv}\ntarget: {env.target_dir}\ndraft:  {env.draft_dir}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    spec = VllmServerSpec(
+        name=args.config, config=args.config, port=args.port,
+        num_speculative_tokens=args.num_speculative_tokens, enforce_eager=not args.compile,
+    )  # fmt: skip
+    return _serve_until_interrupted([spec], args.cache)
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    configs: tuple[SpecConfig, ...] = ("plain", "ngram", "draft")
+    specs = [
+        VllmServerSpec(
+            name=config,
+            config=config,
+            port=args.base_port + i,
+            num_speculative_tokens=args.num_speculative_tokens,
+            enforce_eager=not args.compile,
+        )
+        for i, config in enumerate(configs)
+    ]
+    return _serve_until_interrupted(specs, args.cache)
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _serve_until_interrupted(specs: list[VllmServerSpec], cache: Path | None) -> int:
+    env = setup(cache)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    servers: list[VllmServer] = []
+    try:
+        servers = start_servers(specs, env)
+        for s in servers:
+            print(
+                f"{s.spec.name:6} {s.base_url}/v1  model={SERVED_MODEL_NAME}  "
+                f"metrics={s.metrics_url}  log={s.log_path}",
+                flush=True,
+            )
+        print("Ctrl-C stops the servers.", flush=True)
+        while True:
+            for s in servers:
+                if s.returncode is not None:
+                    log.error("vLLM %s exited:\n%s", s.spec.name, s.log_tail())
+                    return 1
+            time.sleep(5)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop_servers(servers)
+        sys.stdout.flush()

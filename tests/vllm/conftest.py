@@ -1,0 +1,70 @@
+"""Session fixtures for tests against real vLLM CPU servers (``@pytest.mark.vllm``).
+
+``vllm_env`` runs ``specshadow vllm setup`` (cached outside the repo; minutes when cold, instant
+when warm). ``vllm_servers`` starts a plain and an n-gram server once per session and, on teardown,
+asserts that they left no process and no work folder behind. Set ``SPECSHADOW_SKIP_VLLM=1`` to
+skip these tests on a machine that cannot host vLLM; nothing else skips them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway import jsonx
+from loadgen.vllm.server import (
+    SERVED_MODEL_NAME,
+    VllmServer,
+    VllmServerSpec,
+    session_pids,
+    start_servers,
+    stop_servers,
+)
+from loadgen.vllm.setup import VllmEnv, setup
+
+TRACES = Path(
+    os.environ.get("SPECSHADOW_TRACES", Path(__file__).resolve().parents[3] / "shared" / "traces")
+)
+
+
+@pytest.fixture(scope="session")
+def vllm_env() -> VllmEnv:
+    if os.environ.get("SPECSHADOW_SKIP_VLLM") == "1":
+        pytest.skip("SPECSHADOW_SKIP_VLLM=1")
+    return setup()
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(vllm_env: VllmEnv) -> Iterator[dict[str, VllmServer]]:
+    specs = [VllmServerSpec("plain", "plain"), VllmServerSpec("ngram", "ngram")]
+    servers = start_servers(specs, vllm_env)
+    leaders = {s.spec.name: s.pid for s in servers}
+    work_dirs = [s.work_dir for s in servers]
+    try:
+        yield {s.spec.name: s for s in servers}
+    finally:
+        stop_servers(servers)
+    stray = {name: session_pids(pid) for name, pid in leaders.items() if pid is not None}
+    assert all(not pids for pids in stray.values()), f"stray vLLM processes: {stray}"
+    assert all(d is not None and not d.exists() for d in work_dirs), work_dirs
+
+
+def trace_requests(
+    name: str, count: int, *, max_prompt_chars: int = 400
+) -> list[dict[str, object]]:
+    """The first ``count`` short requests of a shared trace, ready for the tiny model."""
+    out: list[dict[str, object]] = []
+    with (TRACES / name).open(encoding="utf-8") as fh:
+        for line in fh:
+            record = jsonx.loads(line)
+            if record["meta"]["prompt_chars"] > max_prompt_chars:
+                continue
+            body = {k: v for k, v in record.items() if k not in ("category", "meta")}
+            body.update(model=SERVED_MODEL_NAME, max_tokens=32, temperature=0)
+            out.append(body)
+            if len(out) == count:
+                break
+    return out
