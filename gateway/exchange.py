@@ -7,10 +7,12 @@ plug into. Nothing here does I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, NewType, Protocol
+from typing import Any, Literal, NewType, Protocol
 
 from gateway.timings import Recording, StreamOutcome
+from policies.compiled import CaptureSpec
 
 RequestId = NewType("RequestId", str)
 ModelName = NewType("ModelName", str)
@@ -59,6 +61,11 @@ class Exchange:
     primary: LegResult
     shadows: tuple[LegResult, ...]
     request_body: bytes | None  # only when the policy allows capturing text
+    # The parsed client payload, for off-hot-path classification and comparison (response_format,
+    # tools, messages). In memory only: records keep text from it only as ``capture`` allows.
+    request_json: Mapping[str, Any] | None = None
+    # The deciding rule's capture setting; None: the record sink's default applies.
+    capture: CaptureSpec | None = None
 
     @property
     def legs(self) -> tuple[LegResult, ...]:
