@@ -1,0 +1,22 @@
+# specshadow gateway image: the wheel built in a throwaway stage, run as a non-root user.
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY gateway ./gateway
+COPY policies ./policies
+COPY otel ./otel
+COPY loadgen ./loadgen
+COPY simulator ./simulator
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim
+RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin specshadow
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+COPY policies/examples /etc/specshadow/examples
+USER 10001
+EXPOSE 8080
+ENV PYTHONUNBUFFERED=1
+# The policy is mounted (e.g. a ConfigMap directory) and hot-reloaded; see deploy/.
+ENTRYPOINT ["specshadow", "serve"]
+CMD ["--host", "0.0.0.0", "--port", "8080", "--policy", "/etc/specshadow/policy.yaml"]

@@ -1,0 +1,206 @@
+"""`specshadow serve` as a real subprocess (uvloop): startup, SIGHUP reload, fail-fast, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+
+import aiohttp
+import openai
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@asynccontextmanager
+async def serve(
+    args: Sequence[str], env: dict[str, str] | None = None
+) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
+    port = free_port()
+    log = tempfile.TemporaryFile()  # noqa: SIM115 — closed in finally
+    proc = subprocess.Popen(  # noqa: ASYNC220 — started once per test; the loop is idle meanwhile
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "--log-level",
+            "WARNING",
+            "serve",
+            "--port",
+            str(port),
+            *args,
+        ],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        async with aiohttp.ClientSession() as session:
+            while True:
+                try:
+                    async with session.get(f"{url}/healthz") as resp:
+                        if resp.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    pass
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise AssertionError(log.read().decode())
+                assert time.monotonic() < deadline, "gateway did not start"
+                await asyncio.sleep(0.05)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+async def admin_policy(url: str) -> dict:
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/admin/policy") as resp:
+        assert resp.status == 200
+        return await resp.json()
+
+
+async def wait_until(
+    fetch: Callable[[], object], predicate: Callable[[dict], bool], timeout_s: float = 10.0
+) -> dict:
+    deadline = time.monotonic() + timeout_s
+    last: dict = {}
+    while time.monotonic() < deadline:
+        last = await fetch()  # type: ignore[misc]
+        if predicate(last):
+            return last
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"condition not met; last: {last}")
+
+
+def policy(primary: str, candidate: str, ratio: float) -> str:
+    return (
+        "version: 1\n"
+        f"backends:\n  prim: {{url: '{primary}', kind: sim}}\n  cand: {{url: '{candidate}', kind: sim}}\n"
+        "primary: prim\n"
+        f"default:\n  ratio: {ratio}\n  legs: [{{backend: cand, role: candidate}}]\n"
+    )
+
+
+async def test_serve_relays_for_the_openai_sdk_and_exits_cleanly_on_sigterm(sims):
+    sim = await sims()
+    async with serve(["--primary", sim.base_url]) as (url, proc):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        stream = await client.chat.completions.create(
+            model="sim-model",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=5,
+            stream=True,
+        )
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        await client.close()
+        assert text == "".join(next(iter(sim.state.requests.values())).tokens)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+
+
+async def test_sighup_reloads_the_policy_file(sims, tmp_path):
+    primary, candidate = await sims(), await sims(mode="speculative")
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy(primary.base_url, candidate.base_url, 0.0))
+    # Poll rarely, so only the signal can explain a prompt reload.
+    async with serve(["--policy", str(path)], env={"SPECSHADOW_POLICY_POLL_S": "3600"}) as (
+        url,
+        proc,
+    ):
+        assert (await admin_policy(url))["generation"] == 1
+        path.write_text(policy(primary.base_url, candidate.base_url, 1.0))
+        proc.send_signal(signal.SIGHUP)
+        status = await wait_until(lambda: admin_policy(url), lambda s: s["generation"] == 2)
+        assert status["last_reload"]["ok"] is True
+        path.write_text("version: 1\nrules:\n  - {name: r, ratio: 2}\n")
+        proc.send_signal(signal.SIGHUP)
+        status = await wait_until(
+            lambda: admin_policy(url), lambda s: s["last_reload"]["ok"] is False
+        )
+        assert status["generation"] == 2
+        assert "rules[0]" in status["last_reload"]["error"]
+
+
+async def test_kubernetes_configmap_symlink_swap_is_picked_up(sims, tmp_path):
+    primary, candidate = await sims(), await sims(mode="speculative")
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    first = mount / "..2026_11_30_a"
+    first.mkdir()
+    (first / "policy.yaml").write_text(policy(primary.base_url, candidate.base_url, 0.0))
+    os.symlink(first.name, mount / "..data")
+    os.symlink("..data/policy.yaml", mount / "policy.yaml")
+    async with serve(
+        ["--policy", str(mount / "policy.yaml")], env={"SPECSHADOW_POLICY_POLL_S": "0.1"}
+    ) as (url, _proc):
+        assert (await admin_policy(url))["generation"] == 1
+        second = mount / "..2026_11_30_b"
+        second.mkdir()
+        (second / "policy.yaml").write_text(policy(primary.base_url, candidate.base_url, 0.5))
+        os.symlink(second.name, mount / "..data_tmp")
+        os.replace(mount / "..data_tmp", mount / "..data")  # the atomic swap kubelet does
+        await wait_until(lambda: admin_policy(url), lambda s: s["generation"] == 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("version: 1\ndefault: {ratio: 1.5}\n", "default.ratio"),
+        ("version: 1\nbogus: 1\n", "bogus"),
+        ("version: 1\ndefault: {ratio: [\n", "line"),
+    ],
+)
+def test_an_invalid_policy_fails_startup_with_the_field_path(tmp_path, text, fragment):
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--port",
+            str(free_port()),
+            "--primary",
+            "http://127.0.0.1:9",
+            "--policy",
+            str(path),
+        ],
+        capture_output=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2
+    assert fragment in proc.stderr.decode()
+
+
+def test_serve_without_a_primary_fails_fast():
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(free_port())],
+        capture_output=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2
+    assert "primary" in proc.stderr.decode()
