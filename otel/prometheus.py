@@ -91,12 +91,17 @@ def label_name(key: str) -> str:
     return label
 
 
-def render(data: MetricsData | None) -> bytes:
-    """Render collected metrics as Prometheus text exposition format 0.0.4."""
+def render(data: MetricsData | None, *, resource: Mapping[str, Any] | None = None) -> bytes:
+    """Render collected metrics as Prometheus text exposition format 0.0.4.
+
+    ``resource`` (the provider's resource attributes) becomes ``target_info`` even before any
+    metric has been recorded; without it, the resource found in ``data`` is used.
+    """
     families: dict[str, _Family] = {}
-    target_info: dict[str, str] = {}
+    target_info: dict[str, str] = _labels(resource) if resource is not None else {}
     for resource_metrics in data.resource_metrics if data is not None else ():
-        target_info.update(_labels(resource_metrics.resource.attributes))
+        if resource is None:
+            target_info.update(_labels(resource_metrics.resource.attributes))
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
                 _add_metric(families, metric.name, metric.unit, metric.description, metric.data)

@@ -179,6 +179,7 @@ def build_telemetry(
         meter_provider=meter_provider,
         pull_reader=pull,
         max_chunk_gap_observations=settings.max_chunk_gap_observations,
+        resource_attributes=dict(resource.attributes),
     )
     relay.target = telemetry.count_telemetry_dropped
     if settings.traces is not None:

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
@@ -56,8 +56,10 @@ class Telemetry:
         meter_provider: MeterProvider | None,
         pull_reader: PullMetricReader | None,
         max_chunk_gap_observations: int = 1024,
+        resource_attributes: Mapping[str, Any] | None = None,
     ) -> None:
         self.settings = settings
+        self._resource_attributes = resource_attributes
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
         self._pull_reader = pull_reader
@@ -233,7 +235,7 @@ class Telemetry:
         """(body, content type) for ``GET /metrics``: text exposition format 0.0.4."""
         if self._pull_reader is None:
             return b"", CONTENT_TYPE
-        return render(self._pull_reader.collect_now()), CONTENT_TYPE
+        return render(self._pull_reader.collect_now(), resource=self._resource_attributes), CONTENT_TYPE
 
     def force_flush(self, timeout_s: float = 5.0) -> bool:
         """Export what is buffered; returns False if ``timeout_s`` passed first."""

@@ -1,0 +1,125 @@
+"""OTLP export against real receivers (HTTP and gRPC), and a collector that never answers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from otel import Telemetry, TelemetrySettings, build_telemetry
+from otel import semconv as sc
+from tests.otel.exchanges import make_exchange
+from tests.otel.test_record import trace_exchange
+from tests.receivers.otlp import BlackHole, OtlpGrpcReceiver, OtlpHttpReceiver, ReceivedSpan
+
+FAST = {"OTEL_METRIC_EXPORT_INTERVAL": "200", "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_SERVICE_NAME": "specshadow-test"}
+
+
+def has_trace(spans: list[ReceivedSpan]) -> bool:
+    return sum(s.kind == "CLIENT" for s in spans) >= 3 and any(s.kind == "SERVER" for s in spans)
+
+
+async def assert_delivery(telemetry: Telemetry, receiver: OtlpHttpReceiver | OtlpGrpcReceiver) -> None:
+    trace_exchange(telemetry, make_exchange())
+    telemetry.record_exchange_metrics(make_exchange())
+    spans = await receiver.collected.wait_for_spans(has_trace)
+    server = next(s for s in spans if s.kind == "SERVER")
+    clients = [s for s in spans if s.kind == "CLIENT"]
+    assert server.name == "POST /v1/chat/completions" and server.parent_span_id == ""
+    assert {s.parent_span_id for s in clients} == {server.span_id}
+    assert {s.trace_id for s in spans} == {server.trace_id}
+    assert {s.attributes[sc.LEG_ROLE] for s in clients} == {"primary", "candidate", "baseline"}
+    assert all(s.name == "chat tiny-llama" and s.attributes[sc.GEN_AI_REQUEST_MODEL] == "tiny-llama" for s in clients)
+    assert server.resource[sc.SERVICE_NAME] == "specshadow-test" and server.scope == sc.SCOPE_NAME
+    metrics = await receiver.collected.wait_for_metrics(
+        lambda ms: {sc.METRIC_TIME_TO_FIRST_CHUNK, sc.METRIC_OPERATION_DURATION} <= {m.name for m in ms}
+    )
+    ttft = next(m for m in metrics if m.name == sc.METRIC_TIME_TO_FIRST_CHUNK)
+    assert ttft.kind == "histogram" and ttft.unit == "s"
+    assert {p.attributes[sc.LEG_ROLE] for p in ttft.points} == {"primary", "candidate", "baseline"}
+    assert all(p.count == 1 for p in ttft.points)
+
+
+async def test_otlp_http_exporter_delivers_spans_and_metrics(otlp_http_receiver: OtlpHttpReceiver) -> None:
+    env = otlp_http_receiver.env(OTEL_EXPORTER_OTLP_HEADERS="x-tenant=team-a", **FAST)
+    telemetry = build_telemetry(TelemetrySettings.from_env(env))
+    try:
+        await assert_delivery(telemetry, otlp_http_receiver)
+        assert all(h.get("x-tenant") == "team-a" for h in otlp_http_receiver.collected.headers)
+    finally:
+        assert await asyncio.to_thread(telemetry.shutdown, 5.0)
+
+
+async def test_otlp_grpc_exporter_delivers_spans_and_metrics(otlp_grpc_receiver: OtlpGrpcReceiver) -> None:
+    env = otlp_grpc_receiver.env(OTEL_EXPORTER_OTLP_HEADERS="x-tenant=team-b", **FAST)
+    telemetry = build_telemetry(TelemetrySettings.from_env(env))
+    try:
+        await assert_delivery(telemetry, otlp_grpc_receiver)
+        assert all(h.get("x-tenant") == "team-b" for h in otlp_grpc_receiver.collected.headers)
+    finally:
+        assert await asyncio.to_thread(telemetry.shutdown, 5.0)
+
+
+def test_shutdown_flushes_spans_still_queued(otlp_http_receiver: OtlpHttpReceiver) -> None:
+    env = otlp_http_receiver.env(OTEL_BSP_SCHEDULE_DELAY="60000", OTEL_METRICS_EXPORTER="none")
+    telemetry = build_telemetry(TelemetrySettings.from_env(env))
+    trace_exchange(telemetry, make_exchange())
+    assert otlp_http_receiver.collected.snapshot_spans() == []  # still in the batch queue
+    assert telemetry.shutdown(5.0)  # synchronous, as an app's cleanup context calls it
+    assert len(otlp_http_receiver.collected.snapshot_spans()) == 4
+
+
+def test_a_black_holed_collector_adds_no_latency_and_shutdown_keeps_its_bound() -> None:
+    """Record calls must not wait on the collector: a blocked path would take the 10 s export timeout.
+
+    Bounds are loose on purpose (the CI machine is 2 shared cores): the median call stays in the
+    low milliseconds and no call comes near the exporter timeout.
+    """
+    with BlackHole() as hole, BlackHole() as grpc_hole:
+        for endpoint, protocol in ((hole.endpoint, "http/protobuf"), (grpc_hole.endpoint, "grpc")):
+            env = {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+                "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+                "OTEL_EXPORTER_OTLP_TIMEOUT": "10000",
+                "OTEL_BSP_SCHEDULE_DELAY": "10",
+                "OTEL_BSP_MAX_QUEUE_SIZE": "32",
+                "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "8",
+                "OTEL_METRIC_EXPORT_INTERVAL": "100",
+            }
+            telemetry = build_telemetry(TelemetrySettings.from_env(env))
+            durations_s = []
+            for _ in range(50):  # 200 spans into a 32-span queue while the exporter hangs
+                started = time.perf_counter()
+                trace_exchange(telemetry, make_exchange())
+                telemetry.record_exchange_metrics(make_exchange())
+                durations_s.append(time.perf_counter() - started)
+            durations_s.sort()
+            assert durations_s[len(durations_s) // 2] < 0.02, f"{protocol}: median {durations_s[25] * 1000:.1f} ms"
+            assert durations_s[-1] < 0.5, f"{protocol}: slowest record call took {durations_s[-1] * 1000:.1f} ms"
+            body, _ = telemetry.render_prometheus()
+            dropped = [
+                line for line in body.decode().splitlines()
+                if line.startswith("specshadow_telemetry_dropped_total") and 'specshadow_reason="queue_full"' in line
+            ]
+            assert dropped and float(dropped[0].rsplit(" ", 1)[1]) >= 100, body.decode()[-2000:]
+            started = time.perf_counter()
+            finished = telemetry.shutdown(timeout_s=0.5)
+            elapsed_s = time.perf_counter() - started
+            assert not finished and elapsed_s < 1.0, f"{protocol}: shutdown took {elapsed_s:.2f} s"
+
+
+def test_failed_exports_are_counted_as_dropped() -> None:
+    with BlackHole() as hole:
+        closed_port = hole.port
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port}", "OTEL_EXPORTER_OTLP_TIMEOUT": "500",
+           "OTEL_METRICS_EXPORTER": "prometheus", "OTEL_BSP_SCHEDULE_DELAY": "10"}
+    telemetry = build_telemetry(TelemetrySettings.from_env(env))
+    trace_exchange(telemetry, make_exchange())
+    deadline = time.monotonic() + 10
+    text = ""
+    while time.monotonic() < deadline:
+        text = telemetry.render_prometheus()[0].decode()
+        if 'specshadow_reason="export_failed",specshadow_signal="spans"} 4' in text:
+            break
+        time.sleep(0.05)
+    assert 'specshadow_reason="export_failed",specshadow_signal="spans"} 4' in text, text[-1500:]
+    assert telemetry.shutdown(5.0)
