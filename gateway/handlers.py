@@ -24,7 +24,7 @@ from gateway.headers import REQUEST_ID, upstream_request_headers
 from gateway.shadow import ShadowBatch
 from gateway.state import GATEWAY, Gateway
 from gateway.timings import StreamOutcome
-from policies.compiled import Decision, RequestFacts
+from policies.compiled import CaptureSpec, Decision, RequestFacts
 
 
 def request_id_of(request: web.Request) -> str:
@@ -202,6 +202,7 @@ class ExchangeDraft:
     """What is known about an exchange before its legs end."""
 
     __slots__ = (
+        "capture",
         "category",
         "drop_reason",
         "exchange_id",
@@ -209,6 +210,7 @@ class ExchangeDraft:
         "policy_rule",
         "request_body",
         "request_id",
+        "request_json",
         "requested_model",
         "route",
         "sampled",
@@ -243,6 +245,8 @@ class ExchangeDraft:
         self.sampled = False
         self.drop_reason: str | None = None
         self.request_body: bytes | None = None
+        self.request_json: dict[str, Any] | None = None
+        self.capture: CaptureSpec | None = None
 
     @classmethod
     def from_request(
@@ -250,7 +254,7 @@ class ExchangeDraft:
     ) -> ExchangeDraft:
         model = payload.get("model")
         seed = payload.get("seed")
-        return cls(
+        draft = cls(
             request_id=RequestId(request_id),
             route=route,
             requested_model=ModelName(model) if isinstance(model, str) else None,
@@ -259,11 +263,14 @@ class ExchangeDraft:
             seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
             category=request.headers.get("x-specshadow-category"),
         )
+        draft.request_json = payload
+        return draft
 
     def decided(self, generation: int, decision: Decision) -> None:
         self.policy_generation = generation
         self.policy_rule = decision.rule
         self.sampled = decision.sampled
+        self.capture = decision.capture
         if decision.sampled and decision.skip_reason is not None:
             self.drop_reason = decision.skip_reason
 
@@ -285,6 +292,8 @@ class ExchangeDraft:
             primary=dataclasses.replace(primary, upstream_model=self.requested_model),
             shadows=shadows,
             request_body=self.request_body,
+            request_json=self.request_json,
+            capture=self.capture,
         )
 
 
