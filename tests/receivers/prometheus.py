@@ -45,10 +45,11 @@ def promtool_check_metrics(exposition: bytes) -> tuple[bool, str]:
 def scrape_config(targets: Sequence[str], *, interval_s: float = 1.0, metrics_path: str = "/metrics") -> str:
     """A minimal ``prometheus.yml`` scraping ``targets`` (host:port) every ``interval_s``."""
     target_list = ", ".join(f'"{t}"' for t in targets)
+    interval = f"{round(interval_s * 1000)}ms"  # Prometheus durations take no decimals
     return (
         "global:\n"
-        f"  scrape_interval: {interval_s}s\n"
-        f"  evaluation_interval: {interval_s}s\n"
+        f"  scrape_interval: {interval}\n"
+        f"  evaluation_interval: {interval}\n"
         "scrape_configs:\n"
         "  - job_name: specshadow\n"
         f"    metrics_path: {metrics_path}\n"
