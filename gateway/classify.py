@@ -1,0 +1,149 @@
+"""Request classifier: which kind of prompt an exchange was (pure, cheap, off the hot path).
+
+The record sink calls :func:`categorize` in its worker thread when an exchange arrives. Order:
+
+1. the request header ``x-specshadow-category`` (already in ``Exchange.category``) — source
+   ``"header"``;
+2. a policy rule — not available yet: rules match categories but do not assign them;
+3. :func:`classify_request` over the parsed body — source ``"classifier"``.
+
+The classifier's rules, first hit wins:
+
+- ``tool_call``: the request offers ``tools`` (or legacy ``functions``) and ``tool_choice`` is
+  not ``"none"``;
+- ``structured_output``: ``response_format.type`` is ``json_object`` or ``json_schema``;
+- ``rag``: prompt text longer than :data:`RAG_MIN_CHARS`, or numbered sources (``[1]`` … at
+  least two distinct), or a ``context:`` / ``sources:`` / ``documents:`` marker line;
+- ``code``: a code fence, or at least :data:`CODE_MIN_HITS` programming keywords;
+- ``multi_turn``: more than one user message;
+- ``math``: "solve"/"calculate"/"equation"/… or a dense run of digits and operators;
+- ``chat``: everything else.
+
+Only the last :data:`SCAN_CHARS` characters of the prompt are scanned for keywords, so the cost is
+bounded whatever the prompt size.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+CategorySource = Literal["header", "policy", "classifier", "unknown"]
+CATEGORIES = (
+    "tool_call",
+    "structured_output",
+    "rag",
+    "code",
+    "multi_turn",
+    "math",
+    "chat",
+)
+
+RAG_MIN_CHARS = 8000
+SCAN_CHARS = 16_384
+CODE_MIN_HITS = 2
+
+_CODE_FENCE = re.compile(r"```")
+_CODE_WORDS = re.compile(
+    r"\b(?:def|class|import|return|function|const|let|var|public|static|void|#include|"
+    r"SELECT|FROM|WHERE|lambda|async|await|struct|impl|fn|println|printf|console\.log)\b"
+    r"|[{};]\s*$|=>|->",
+    re.MULTILINE,
+)
+_SOURCES = re.compile(r"\[(\d{1,3})\]")
+_CONTEXT_MARKER = re.compile(r"^\s*(?:context|sources?|documents?|passages?)\s*:", re.I | re.M)
+_MATH_WORDS = re.compile(
+    r"\b(?:solve|calculate|compute|equation|integral|derivative|simplify|prove)\b", re.I
+)
+_MATH_EXPR = re.compile(r"\d+\s*[-+*/^=]\s*\d+")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTraits:
+    """What the comparison and classifier need to know about a request body."""
+
+    json_mode: bool  # response_format json_object / json_schema
+    has_tools: bool
+    user_messages: int
+    prompt_chars: int
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            str(p.get("text", "")) for p in content if isinstance(p, Mapping) and "text" in p
+        )
+    return ""
+
+
+def prompt_text(payload: Mapping[str, Any]) -> str:
+    """The prompt's text: chat message contents joined by newlines, or the completion prompt."""
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        return "\n".join(
+            _content_text(m.get("content")) for m in messages if isinstance(m, Mapping)
+        )
+    prompt = payload.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        return "\n".join(p for p in prompt if isinstance(p, str))
+    return ""
+
+
+def request_traits(payload: Mapping[str, Any]) -> RequestTraits:
+    rf = payload.get("response_format")
+    json_mode = isinstance(rf, Mapping) and rf.get("type") in ("json_object", "json_schema")
+    tools = payload.get("tools") or payload.get("functions")
+    has_tools = bool(tools) and payload.get("tool_choice") != "none"
+    messages = payload.get("messages")
+    users = (
+        sum(1 for m in messages if isinstance(m, Mapping) and m.get("role") == "user")
+        if isinstance(messages, list)
+        else 1
+    )
+    return RequestTraits(json_mode, has_tools, users, len(prompt_text(payload)))
+
+
+def classify_request(payload: Mapping[str, Any]) -> str:
+    """The built-in category of a request body (rules in the module docstring)."""
+    traits = request_traits(payload)
+    if traits.has_tools:
+        return "tool_call"
+    if traits.json_mode:
+        return "structured_output"
+    text = prompt_text(payload)
+    scan = text[-SCAN_CHARS:]
+    if (
+        traits.prompt_chars > RAG_MIN_CHARS
+        or len(set(_SOURCES.findall(scan))) >= 2
+        or _CONTEXT_MARKER.search(scan)
+    ):
+        return "rag"
+    if _CODE_FENCE.search(scan) or len(_CODE_WORDS.findall(scan)) >= CODE_MIN_HITS:
+        return "code"
+    if traits.user_messages > 1:
+        return "multi_turn"
+    if _MATH_WORDS.search(scan) or len(_MATH_EXPR.findall(scan)) >= 1:
+        return "math"
+    return "chat"
+
+
+def categorize(
+    header: str | None,
+    payload: Mapping[str, Any] | None,
+    *,
+    policy_category: str | None = None,
+) -> tuple[str | None, CategorySource]:
+    """Category and where it came from: header, then policy, then the classifier."""
+    if header and header.strip():
+        return header.strip(), "header"
+    if policy_category:
+        return policy_category, "policy"
+    if payload is not None:
+        return classify_request(payload), "classifier"
+    return None, "unknown"

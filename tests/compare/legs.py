@@ -1,0 +1,75 @@
+"""Build LegResults for comparison tests by feeding SSE bytes to the real StreamRecorder."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.exchange import LegResult, Role
+from gateway.timings import StreamRecorder
+
+MS = 1_000_000
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def leg(
+    role: Role = "candidate",
+    pieces: Sequence[str] = ("Hello", " world"),
+    *,
+    logprobs: bool = False,
+    tool_calls: Sequence[tuple[str, str]] = (),
+    finish: str = "stop",
+    refusal: str | None = None,
+    gap_ms: int = 5,
+    ttft_ms: int = 20,
+    outcome: str = "completed",
+    metrics: dict[str, Any] | None = None,
+    per_event: int = 1,
+) -> LegResult:
+    """A streamed chat leg: ``pieces`` as content deltas, ``per_event`` pieces per event."""
+    t0 = 10_000 * MS
+    rec = StreamRecorder(t0_ns=t0)
+    now = t0 + ttft_ms * MS
+    rec.feed(sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}), now)
+    for start in range(0, len(pieces), per_event):
+        group = list(pieces[start : start + per_event])
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": "".join(group)}}
+        if logprobs:
+            choice["logprobs"] = {"content": [{"token": p, "logprob": -0.1} for p in group]}
+        rec.feed(sse({"choices": [choice]}), now)
+        now += gap_ms * MS
+    for i, (name, args) in enumerate(tool_calls):
+        call = {
+            "index": i,
+            "id": f"c{i}",
+            "type": "function",
+            "function": {"name": name, "arguments": args},
+        }
+        rec.feed(sse({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}), now)
+        now += gap_ms * MS
+    if refusal is not None:
+        rec.feed(sse({"choices": [{"index": 0, "delta": {"refusal": refusal}}]}), now)
+    final: dict[str, Any] = {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
+    if metrics is not None:
+        final["metrics"] = metrics
+    rec.feed(sse(final), now)
+    rec.feed(b"data: [DONE]\n\n", now)
+    recording = rec.finish(outcome=outcome, status=200)  # type: ignore[arg-type]
+    return LegResult(
+        role=role,
+        backend=role,
+        server_address="127.0.0.1:1",
+        upstream_model="m",
+        status=200,
+        outcome=recording.outcome,
+        error_type=None,
+        recording=recording,
+        started_unix_ns=1_700_000_000 * 10**9,
+        t0_ns=t0,
+        end_ns=now,
+        inflight_at_dispatch=1,
+    )

@@ -1,0 +1,112 @@
+"""The /metrics scraper: parsing vLLM's exposition, window arithmetic, and a backend that goes
+down and comes back on the same port."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from gateway.scrape import MetricsSample, MetricsScraper, parse_sample, window_stats
+from gateway.tasks import TaskSet
+from simulator.acceptance import Step
+from simulator.app import run_simulator
+from simulator.config import SimConfig
+from simulator.metrics import SimMetrics
+
+
+def sample_of(metrics: SimMetrics, t_s: float) -> MetricsSample:
+    return parse_sample(metrics.render().decode(), t_ns=int(t_s * 1e9), unix_ns=0)
+
+
+def test_counters_from_vllm_exposition_give_rates_over_a_window():
+    m = SimMetrics(SimConfig(mode="speculative", num_speculative_tokens=3))
+    first = sample_of(m, 0)
+    assert first.drafts == 0 and first.per_position == (0.0, 0.0, 0.0)
+    for step in (Step(3, 3), Step(3, 1), Step(3, 0), Step(2, 2)):
+        m.step(step, first=False, elapsed_s=0.001)
+    stats = window_stats([first, sample_of(m, 2)])
+    assert stats.window_s == 2.0 and stats.drafts == 4 and stats.draft_tokens == 11
+    assert stats.draft_acceptance_rate == pytest.approx(6 / 11)
+    assert stats.mean_acceptance_length == pytest.approx(1 + 6 / 4)
+    assert stats.per_position == pytest.approx((3 / 4, 2 / 4, 1 / 4))
+
+
+def test_a_plain_backend_has_no_spec_decode_rates():
+    m = SimMetrics(SimConfig())
+    s = sample_of(m, 0)
+    assert s.drafts is None and s.kv_cache_usage_perc == 0.0 and s.num_requests_running == 0
+    stats = window_stats([s, sample_of(m, 1)])
+    assert stats.draft_acceptance_rate is None and stats.mean_acceptance_length is None
+    assert window_stats([s]) is None
+
+
+def test_a_counter_that_drops_is_a_restart_and_counts_from_zero():
+    def s(t, drafts, tokens, acc):
+        return MetricsSample(int(t * 1e9), 0, drafts, tokens, acc, (), None, None)
+
+    stats = window_stats([s(0, 10, 40, 20), s(1, 20, 80, 40), s(2, 5, 20, 5)])
+    assert stats.drafts == 15 and stats.draft_tokens == 60 and stats.accepted == 25
+
+
+async def wait_until(predicate, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def drive(base_url: str, n: int) -> None:
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 32}
+    async with aiohttp.ClientSession() as session:
+        for i in range(n):
+            body["messages"][0]["content"] = f"hi {i}"
+            async with session.post(f"{base_url}/v1/chat/completions", json=body) as resp:
+                assert resp.status == 200
+                await resp.read()
+
+
+async def test_the_scraper_survives_a_backend_that_goes_down_and_comes_back():
+    config = SimConfig(mode="speculative", acceptance=0.6, step_s=0, prefill_base_s=0)
+    tasks = TaskSet()
+    async with run_simulator(config) as sim:
+        port = sim.port
+        scraper = MetricsScraper(
+            {"cand": f"{sim.base_url}/metrics"},
+            interval_s=0.05,
+            attempts=2,
+            retry_initial_s=0.01,
+            retry_max_s=0.02,
+            timeout_s=1.0,
+        )
+        task = tasks.spawn(scraper.run(), name="scraper")
+        await wait_until(lambda: scraper.snapshot().get("cand") and scraper.snapshot()["cand"].up)
+        await drive(sim.base_url, 10)
+        truth = sim.state.requests.values()
+        drafted = sum(r.num_draft_tokens for r in truth)
+        accepted = sum(r.num_accepted_tokens for r in truth)
+        await wait_until(
+            lambda: (
+                (w := scraper.snapshot()["cand"].window) is not None and w.draft_tokens == drafted
+            )
+        )
+        assert scraper.snapshot()["cand"].window.draft_acceptance_rate == pytest.approx(
+            accepted / drafted
+        )
+    # down: polls fail, the loop keeps going
+    await wait_until(lambda: not scraper.snapshot()["cand"].up)
+    failures = scraper.snapshot()["cand"].failures
+    await wait_until(lambda: scraper.snapshot()["cand"].failures > failures)
+    assert not task.done()
+    assert scraper.snapshot()["cand"].last_error is not None
+    # back on the same port, counters restarted from zero
+    async with run_simulator(config, port=port) as sim2:
+        await wait_until(lambda: scraper.snapshot()["cand"].up)
+        await drive(sim2.base_url, 5)
+        truth2 = sim2.state.requests.values()
+        total = drafted + sum(r.num_draft_tokens for r in truth2)
+        await wait_until(lambda: scraper.snapshot()["cand"].window.draft_tokens == total)
+    task.cancel()
+    await tasks.drain(1.0)
