@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 SpecConfig = Literal["plain", "ngram", "draft"]
 SERVED_MODEL_NAME = "tiny-llama"
 MAX_MODEL_LEN = 1024
-READY_TIMEOUT_S = 180.0
+READY_TIMEOUT_S = 300.0  # 25–50 s alone; three at once on a busy 2-core box took 150 s
 STOP_TIMEOUT_S = 20.0
 _PR_SET_PDEATHSIG = 1
 
@@ -83,13 +83,14 @@ def server_command(spec: VllmServerSpec, env: VllmEnv, port: int) -> list[str]:
         "--dtype", "float32",
         "--max-model-len", str(MAX_MODEL_LEN),
         "--enable-per-request-metrics",
-        "--per-request-spec-decode-metrics", "summary",
         "--enable-auto-tool-choice",
         "--tool-call-parser", "hermes",
     ]  # fmt: skip
     spec_config = speculative_config(spec, env.draft_dir)
     if spec_config is not None:
         cmd += ["--speculative-config", jsonx.dumps(spec_config).decode()]
+        # vLLM 0.32 refuses this flag without a speculative config (plain servers).
+        cmd += ["--per-request-spec-decode-metrics", "summary"]
     if spec.enforce_eager:
         cmd.append("--enforce-eager")
     cmd += spec.extra_args
@@ -235,20 +236,21 @@ class VllmServer:
         log.info("vLLM %s ready at %s in %.1f s", self.spec.name, self.base_url, self.started_s)
 
     def warm_up(self) -> None:
-        """One short greedy request with repetition, so the n-gram proposer's JIT runs now."""
-        body = {
+        """Two short greedy requests (plain and streamed) so first-request costs are paid now."""
+        body: dict[str, object] = {
             "model": SERVED_MODEL_NAME,
             "messages": [{"role": "user", "content": "one two three one two three one two"}],
             "max_tokens": 16,
             "temperature": 0,
         }
-        req = urllib.request.Request(
-            f"{self.base_url}/v1/chat/completions",
-            data=jsonx.dumps(body),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            resp.read()
+        for extra in ({}, {"stream": True, "stream_options": {"include_usage": True}}):
+            req = urllib.request.Request(
+                f"{self.base_url}/v1/chat/completions",
+                data=jsonx.dumps({**body, **extra}),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                resp.read()
 
     def start(self) -> None:
         """Launch, wait until ready, warm up; on failure stop and clean up before raising."""

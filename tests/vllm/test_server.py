@@ -78,12 +78,12 @@ def test_plain_server_command_has_metrics_and_tool_flags_but_no_speculative_conf
         "vllm.entrypoints.openai.api_server",
     ]
     assert "--speculative-config" not in cmd
+    assert "--per-request-spec-decode-metrics" not in cmd  # vLLM refuses it without speculation
     joined = " ".join(cmd)
     for flag in (
         "--port 8123",
         "--served-model-name tiny-llama",
         "--enable-per-request-metrics",
-        "--per-request-spec-decode-metrics summary",
         "--tool-call-parser hermes",
         "--enforce-eager",
     ):
@@ -102,6 +102,7 @@ def test_ngram_and_draft_commands_carry_their_speculative_config(tmp_path: Path)
     assert ngram_config["num_speculative_tokens"] == 3
     assert draft_config == {"model": str(tmp_path / "draft"), "num_speculative_tokens": 4}
     assert "--enforce-eager" not in draft
+    assert ngram[ngram.index("--per-request-spec-decode-metrics") + 1] == "summary"
     assert draft[-2:] == ["--seed", "7"]
 
 
