@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.exchange import LegResult, Role
 from gateway.timings import StreamRecorder
@@ -73,3 +73,12 @@ def leg(
         end_ns=now,
         inflight_at_dispatch=1,
     )
+
+
+T = TypeVar("T")
+
+
+def some(value: T | None) -> T:
+    """``value``, asserting it is known (narrows Optional for mypy)."""
+    assert value is not None
+    return value

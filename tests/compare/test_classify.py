@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gateway.classify import RAG_MIN_CHARS, categorize, classify_request, request_traits
 
 
-def chat(*contents: str, **extra):
+def chat(*contents: object, **extra: object) -> dict[str, Any]:
     roles = ["user", "assistant"]
     return {
         "messages": [{"role": roles[i % 2], "content": c} for i, c in enumerate(contents)],

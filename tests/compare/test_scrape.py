@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import pytest
@@ -15,6 +17,7 @@ from simulator.acceptance import Step
 from simulator.app import run_simulator
 from simulator.config import SimConfig
 from simulator.metrics import SimMetrics
+from tests.compare.legs import some
 
 
 def sample_of(metrics: SimMetrics, t_s: float) -> MetricsSample:
@@ -27,7 +30,7 @@ def test_counters_from_vllm_exposition_give_rates_over_a_window():
     assert first.drafts == 0 and first.per_position == (0.0, 0.0, 0.0)
     for step in (Step(3, 3), Step(3, 1), Step(3, 0), Step(2, 2)):
         m.step(step, first=False, elapsed_s=0.001)
-    stats = window_stats([first, sample_of(m, 2)])
+    stats = some(window_stats([first, sample_of(m, 2)]))
     assert stats.window_s == 2.0 and stats.drafts == 4 and stats.draft_tokens == 11
     assert stats.draft_acceptance_rate == pytest.approx(6 / 11)
     assert stats.mean_acceptance_length == pytest.approx(1 + 6 / 4)
@@ -38,20 +41,20 @@ def test_a_plain_backend_has_no_spec_decode_rates():
     m = SimMetrics(SimConfig())
     s = sample_of(m, 0)
     assert s.drafts is None and s.kv_cache_usage_perc == 0.0 and s.num_requests_running == 0
-    stats = window_stats([s, sample_of(m, 1)])
+    stats = some(window_stats([s, sample_of(m, 1)]))
     assert stats.draft_acceptance_rate is None and stats.mean_acceptance_length is None
     assert window_stats([s]) is None
 
 
 def test_a_counter_that_drops_is_a_restart_and_counts_from_zero():
-    def s(t, drafts, tokens, acc):
+    def s(t: float, drafts: float, tokens: float, acc: float) -> MetricsSample:
         return MetricsSample(int(t * 1e9), 0, drafts, tokens, acc, (), None, None)
 
-    stats = window_stats([s(0, 10, 40, 20), s(1, 20, 80, 40), s(2, 5, 20, 5)])
+    stats = some(window_stats([s(0, 10, 40, 20), s(1, 20, 80, 40), s(2, 5, 20, 5)]))
     assert stats.drafts == 15 and stats.draft_tokens == 60 and stats.accepted == 25
 
 
-async def wait_until(predicate, timeout_s=10.0):
+async def wait_until(predicate: Callable[[], object], timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"
@@ -59,7 +62,11 @@ async def wait_until(predicate, timeout_s=10.0):
 
 
 async def drive(base_url: str, n: int) -> None:
-    body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 32}
+    body: dict[str, Any] = {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 32,
+    }
     async with aiohttp.ClientSession() as session:
         for i in range(n):
             body["messages"][0]["content"] = f"hi {i}"
@@ -92,7 +99,7 @@ async def test_the_scraper_survives_a_backend_that_goes_down_and_comes_back():
                 (w := scraper.snapshot()["cand"].window) is not None and w.draft_tokens == drafted
             )
         )
-        assert scraper.snapshot()["cand"].window.draft_acceptance_rate == pytest.approx(
+        assert some(scraper.snapshot()["cand"].window).draft_acceptance_rate == pytest.approx(
             accepted / drafted
         )
     # down: polls fail, the loop keeps going
@@ -107,6 +114,6 @@ async def test_the_scraper_survives_a_backend_that_goes_down_and_comes_back():
         await drive(sim2.base_url, 5)
         truth2 = sim2.state.requests.values()
         total = drafted + sum(r.num_draft_tokens for r in truth2)
-        await wait_until(lambda: scraper.snapshot()["cand"].window.draft_tokens == total)
+        await wait_until(lambda: some(scraper.snapshot()["cand"].window).draft_tokens == total)
     task.cancel()
     await tasks.drain(1.0)
