@@ -45,7 +45,9 @@ class _QueueMirror:
 class CountingSpanExporter(SpanExporter):
     """Wraps a span exporter: counts failed exports as dropped spans; never raises."""
 
-    def __init__(self, inner: SpanExporter, on_drop: DropCallback, mirror: _QueueMirror | None = None) -> None:
+    def __init__(
+        self, inner: SpanExporter, on_drop: DropCallback, mirror: _QueueMirror | None = None
+    ) -> None:
         self._inner = inner
         self._on_drop = on_drop
         self._mirror = mirror

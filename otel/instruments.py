@@ -98,6 +98,20 @@ def time_per_output_chunk(meter: Meter) -> Histogram:
     )
 
 
+def time_per_output_token(meter: Meter) -> Histogram:
+    """``specshadow.time_per_output_token`` (s), one observation per leg with ≥ 2 output tokens.
+
+    Measured as (e2e − ttft) / (output_tokens − 1): from the first output-bearing event to the last,
+    divided over the tokens after the first (vLLM bench TPOT; GuideLLM calls it ITL).
+    """
+    return meter.create_histogram(
+        sc.METRIC_TIME_PER_OUTPUT_TOKEN,
+        unit="s",
+        description="(e2e - ttft) / (output_tokens - 1) of one leg.",
+        explicit_bucket_boundaries_advisory=CHUNK_GAP_BUCKETS_S,
+    )
+
+
 def token_usage(meter: Meter) -> Histogram:
     """``gen_ai.client.token.usage`` ({token}), per leg and ``gen_ai.token.type`` (input|output).
 
@@ -181,7 +195,9 @@ def breaker_state(meter: Meter) -> Gauge:
     )
 
 
-def policy_generation(meter: Meter, callback: Callable[[CallbackOptions], Iterable[Observation]]) -> ObservableGauge:
+def policy_generation(
+    meter: Meter, callback: Callable[[CallbackOptions], Iterable[Observation]]
+) -> ObservableGauge:
     """``specshadow.policy.generation`` (dimensionless): the active policy's generation, read at collection."""
     return meter.create_observable_gauge(
         sc.METRIC_POLICY_GENERATION,
@@ -190,7 +206,9 @@ def policy_generation(meter: Meter, callback: Callable[[CallbackOptions], Iterab
     )
 
 
-def policy_last_reload_success(meter: Meter, callback: Callable[[CallbackOptions], Iterable[Observation]]) -> ObservableGauge:
+def policy_last_reload_success(
+    meter: Meter, callback: Callable[[CallbackOptions], Iterable[Observation]]
+) -> ObservableGauge:
     """``specshadow.policy.last_reload_success`` (dimensionless): 1 if the last reload attempt succeeded, else 0.
 
     Read at collection time from the callable the gateway bound.
@@ -247,6 +265,7 @@ class Instruments:
     operation_duration: Histogram
     time_to_first_chunk: Histogram
     time_per_output_chunk: Histogram
+    time_per_output_token: Histogram
     token_usage: Histogram
     gateway_overhead: Histogram
     tokens_per_event: Histogram
@@ -264,6 +283,7 @@ def create_instruments(meter: Meter) -> Instruments:
         operation_duration=operation_duration(meter),
         time_to_first_chunk=time_to_first_chunk(meter),
         time_per_output_chunk=time_per_output_chunk(meter),
+        time_per_output_token=time_per_output_token(meter),
         token_usage=token_usage(meter),
         gateway_overhead=gateway_overhead(meter),
         tokens_per_event=tokens_per_event(meter),
@@ -274,4 +294,3 @@ def create_instruments(meter: Meter) -> Instruments:
         telemetry_dropped=telemetry_dropped(meter),
         compare_results=compare_results(meter),
     )
-

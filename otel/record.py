@@ -208,10 +208,17 @@ def output_messages_json(rec: Recording) -> str:
         if choice.text:
             parts.append({"type": "text", "content": choice.text[:MAX_CAPTURED_CHARS]})
         parts.extend(
-            {"type": "tool_call", "id": call.id, "name": call.name, "arguments": call.arguments[:MAX_CAPTURED_CHARS]}
+            {
+                "type": "tool_call",
+                "id": call.id,
+                "name": call.name,
+                "arguments": call.arguments[:MAX_CAPTURED_CHARS],
+            }
             for call in choice.tool_calls
         )
-        messages.append({"role": "assistant", "parts": parts, "finish_reason": choice.finish_reason})
+        messages.append(
+            {"role": "assistant", "parts": parts, "finish_reason": choice.finish_reason}
+        )
     return jsonx.dumps(messages).decode()
 
 
@@ -229,12 +236,17 @@ def input_messages_json(body: bytes) -> str | None:
             content = message.get("content")
             text = content if isinstance(content, str) else jsonx.dumps(content).decode()
             messages.append(
-                {"role": str(message.get("role")), "parts": [{"type": "text", "content": text[:MAX_CAPTURED_CHARS]}]}
+                {
+                    "role": str(message.get("role")),
+                    "parts": [{"type": "text", "content": text[:MAX_CAPTURED_CHARS]}],
+                }
             )
     elif "prompt" in request:
         prompt = request["prompt"]
         text = prompt if isinstance(prompt, str) else jsonx.dumps(prompt).decode()
-        messages.append({"role": "user", "parts": [{"type": "text", "content": text[:MAX_CAPTURED_CHARS]}]})
+        messages.append(
+            {"role": "user", "parts": [{"type": "text", "content": text[:MAX_CAPTURED_CHARS]}]}
+        )
     return jsonx.dumps(messages).decode()
 
 
@@ -284,7 +296,9 @@ def _add_chunk_events(span: Span, leg: LegResult, limit: int) -> None:
         attributes: Attributes = {sc.CHUNK_INDEX: index}
         _put(attributes, sc.CHUNK_TOKENS, stamp.tokens)
         span.add_event(
-            sc.EVENT_CHUNK, attributes, timestamp=leg.started_unix_ns + (stamp.received_ns - leg.t0_ns)
+            sc.EVENT_CHUNK,
+            attributes,
+            timestamp=leg.started_unix_ns + (stamp.received_ns - leg.t0_ns),
         )
         index += 1
 
@@ -303,7 +317,11 @@ def annotate_request_span(span: Span, exchange: Exchange, *, capture_text: bool 
 
 @safe(nothing)
 def end_request_span(
-    span: Span, *, status_code: int | None, error_type: str | None = None, end_unix_ns: int | None = None
+    span: Span,
+    *,
+    status_code: int | None,
+    error_type: str | None = None,
+    end_unix_ns: int | None = None,
 ) -> None:
     """Set the response status (error status for 5xx or an error type, per HTTP semconv) and end."""
     try:
@@ -335,7 +353,7 @@ def record_exchange_metrics(
     """Record every histogram and counter an exchange feeds, for every leg.
 
     Per leg: operation duration (e2e, or leg end for legs without output), time to first chunk,
-    each chunk gap (at most ``max_chunk_gap_observations``), input/output token usage, tokens per
+    time per output token, each chunk gap (at most ``max_chunk_gap_observations``), input/output token usage, tokens per
     event, vLLM acceptance length. Per primary leg: gateway overhead — the recorder keeps only the
     per-chunk p50/p99/max, so those three values are recorded under ``specshadow.overhead.stat``.
     Per shadow leg: ``specshadow.shadow.requests`` ``completed`` or ``failed`` (reason = outcome);
@@ -345,7 +363,9 @@ def record_exchange_metrics(
         _record_leg(instruments, exchange, leg, max_chunk_gap_observations)
 
 
-def _record_leg(instruments: Instruments, exchange: Exchange, leg: LegResult, max_gaps: int) -> None:
+def _record_leg(
+    instruments: Instruments, exchange: Exchange, leg: LegResult, max_gaps: int
+) -> None:
     base = leg_metric_attributes(exchange, leg)
     category = {sc.CATEGORY: exchange.category or "none"}
     duration_attributes = dict(base)
@@ -366,18 +386,28 @@ def _record_leg(instruments: Instruments, exchange: Exchange, leg: LegResult, ma
     t = rec.timings
     if t.ttft_s is not None:
         instruments.time_to_first_chunk.record(t.ttft_s, base)
+    if t.tpot_s is not None:
+        instruments.time_per_output_token.record(t.tpot_s, base)
     for gap_s in t.chunk_gaps_s[:max_gaps]:
         instruments.time_per_output_chunk.record(gap_s, base)
     if rec.prompt_tokens is not None:
-        instruments.token_usage.record(rec.prompt_tokens, {**base, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_INPUT})
+        instruments.token_usage.record(
+            rec.prompt_tokens, {**base, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_INPUT}
+        )
     if rec.output_tokens is not None:
-        instruments.token_usage.record(rec.output_tokens, {**base, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_OUTPUT})
+        instruments.token_usage.record(
+            rec.output_tokens, {**base, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_OUTPUT}
+        )
     if t.tokens_per_event is not None:
         instruments.tokens_per_event.record(t.tokens_per_event, {**base, **category})
     mean_length, _rate = vllm_acceptance(rec)
     if mean_length is not None:
         instruments.acceptance_length.record(mean_length, {**base, **category})
-    for stat, value in (("p50", t.overhead_p50_s), ("p99", t.overhead_p99_s), ("max", t.overhead_max_s)):
+    for stat, value in (
+        ("p50", t.overhead_p50_s),
+        ("p99", t.overhead_p99_s),
+        ("max", t.overhead_max_s),
+    ):
         if value is not None:
             instruments.gateway_overhead.record(value, {**base, sc.OVERHEAD_STAT: stat})
 

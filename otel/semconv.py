@@ -97,6 +97,8 @@ METRIC_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"  # spec
 METRIC_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.time_to_first_chunk"  # spec
 METRIC_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.operation.time_per_output_chunk"  # spec
 METRIC_TOKEN_USAGE: Final = "gen_ai.client.token.usage"  # spec
+# local: semconv has only the server-side gen_ai.server.time_per_output_token
+METRIC_TIME_PER_OUTPUT_TOKEN: Final = "specshadow.time_per_output_token"
 METRIC_GATEWAY_OVERHEAD: Final = "specshadow.gateway.overhead"  # local
 METRIC_TOKENS_PER_EVENT: Final = "specshadow.tokens_per_event"  # local
 METRIC_SHADOW_REQUESTS: Final = "specshadow.shadow.requests"  # local

@@ -86,7 +86,9 @@ class TelemetrySettings:
     metric_export_timeout_s: float = 5.0
     span_queue_size: int = 2048  # OTEL_BSP_MAX_QUEUE_SIZE: spans held while the collector is slow
     span_batch_size: int = 512  # OTEL_BSP_MAX_EXPORT_BATCH_SIZE
-    span_schedule_delay_s: float = 1.0  # OTEL_BSP_SCHEDULE_DELAY (spec default 5 s; 1 s is livelier)
+    span_schedule_delay_s: float = (
+        1.0  # OTEL_BSP_SCHEDULE_DELAY (spec default 5 s; 1 s is livelier)
+    )
     max_chunk_gap_observations: int = 1024  # per leg, for time_per_output_chunk
 
     @classmethod
@@ -102,18 +104,24 @@ class TelemetrySettings:
             or env.get("SPECSHADOW_TELEMETRY", "on").lower() in {"off", "false", "0", "no"}
         )
         resource = _parse_pairs(env.get("OTEL_RESOURCE_ATTRIBUTES", ""), "OTEL_RESOURCE_ATTRIBUTES")
-        service_name = env.get("OTEL_SERVICE_NAME") or resource.pop(sc.SERVICE_NAME, sc.DEFAULT_SERVICE_NAME)
+        service_name = env.get("OTEL_SERVICE_NAME") or resource.pop(
+            sc.SERVICE_NAME, sc.DEFAULT_SERVICE_NAME
+        )
         resource.pop(sc.SERVICE_NAME, None)
         timeout_s = _ms(env, "OTEL_EXPORTER_OTLP_TIMEOUT", 3000.0)
 
         sampler = env.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").lower()
         if sampler not in _SAMPLERS:
-            raise ValueError(f"OTEL_TRACES_SAMPLER: expected one of {', '.join(_SAMPLERS)}, got {sampler!r}")
+            raise ValueError(
+                f"OTEL_TRACES_SAMPLER: expected one of {', '.join(_SAMPLERS)}, got {sampler!r}"
+            )
         sampler_arg: float | None = None
         if "traceidratio" in sampler:
             sampler_arg = _float(env, "OTEL_TRACES_SAMPLER_ARG", 1.0)
             if not 0.0 <= sampler_arg <= 1.0:
-                raise ValueError(f"OTEL_TRACES_SAMPLER_ARG: expected 0 <= ratio <= 1, got {sampler_arg}")
+                raise ValueError(
+                    f"OTEL_TRACES_SAMPLER_ARG: expected 0 <= ratio <= 1, got {sampler_arg}"
+                )
 
         return cls(
             enabled=enabled,
@@ -197,7 +205,6 @@ def build_telemetry(
     return telemetry
 
 
-
 class _DropRelay:
     """Forwards exporter drop reports to a Telemetry's counter once it exists."""
 
@@ -240,7 +247,9 @@ def _span_exporter(target: OtlpTarget) -> SpanExporter:
         OTLPSpanExporter as HttpSpanExporter,
     )
 
-    return HttpSpanExporter(endpoint=target.endpoint, headers=dict(target.headers), timeout=target.timeout_s)
+    return HttpSpanExporter(
+        endpoint=target.endpoint, headers=dict(target.headers), timeout=target.timeout_s
+    )
 
 
 def _metric_exporter(target: OtlpTarget) -> MetricExporter:
@@ -259,14 +268,18 @@ def _metric_exporter(target: OtlpTarget) -> MetricExporter:
         OTLPMetricExporter as HttpMetricExporter,
     )
 
-    return HttpMetricExporter(endpoint=target.endpoint, headers=dict(target.headers), timeout=target.timeout_s)
+    return HttpMetricExporter(
+        endpoint=target.endpoint, headers=dict(target.headers), timeout=target.timeout_s
+    )
 
 
 def _insecure(endpoint: str) -> bool:
     return urlsplit(endpoint).scheme != "https"
 
 
-def _target(env: Mapping[str, str], signal: str, http_path: str, timeout_s: float) -> OtlpTarget | None:
+def _target(
+    env: Mapping[str, str], signal: str, http_path: str, timeout_s: float
+) -> OtlpTarget | None:
     """The OTLP target of one signal, or None when that signal's OTLP export is off."""
     exporters = _exporters(env, f"OTEL_{signal}_EXPORTER")
     specific = env.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
@@ -284,7 +297,9 @@ def _target(env: Mapping[str, str], signal: str, http_path: str, timeout_s: floa
     )
     protocol = next((p for p in _PROTOCOLS if p == raw_protocol), None)
     if protocol is None:
-        raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL: expected grpc or http/protobuf, got {raw_protocol!r}")
+        raise ValueError(
+            f"OTEL_EXPORTER_OTLP_PROTOCOL: expected grpc or http/protobuf, got {raw_protocol!r}"
+        )
     if specific is not None:
         endpoint = specific  # signal-specific endpoints are used as given (spec)
     elif protocol == "grpc":
@@ -292,7 +307,9 @@ def _target(env: Mapping[str, str], signal: str, http_path: str, timeout_s: floa
     else:
         endpoint = (generic or "http://localhost:4318").rstrip("/") + http_path
     headers = _parse_pairs(env.get("OTEL_EXPORTER_OTLP_HEADERS", ""), "OTEL_EXPORTER_OTLP_HEADERS")
-    headers |= _parse_pairs(env.get(f"OTEL_EXPORTER_OTLP_{signal}_HEADERS", ""), f"OTEL_EXPORTER_OTLP_{signal}_HEADERS")
+    headers |= _parse_pairs(
+        env.get(f"OTEL_EXPORTER_OTLP_{signal}_HEADERS", ""), f"OTEL_EXPORTER_OTLP_{signal}_HEADERS"
+    )
     timeout_s = _ms(env, f"OTEL_EXPORTER_OTLP_{signal}_TIMEOUT", timeout_s * 1000.0)
     return OtlpTarget(endpoint=endpoint, protocol=protocol, headers=headers, timeout_s=timeout_s)
 
@@ -309,7 +326,9 @@ def _parse_pairs(raw: str, name: str) -> dict[str, str]:
             continue
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"{name}: expected key=value pairs separated by commas, got {item.strip()!r}")
+            raise ValueError(
+                f"{name}: expected key=value pairs separated by commas, got {item.strip()!r}"
+            )
         pairs[unquote(key.strip())] = unquote(value.strip())
     return pairs
 

@@ -149,24 +149,41 @@ class Telemetry:
 
     @staticmethod
     def finish_leg_span(
-        span: Span, leg: LegResult, *, end_unix_ns: int, capture_text: bool, max_chunk_events: int = 0
+        span: Span,
+        leg: LegResult,
+        *,
+        end_unix_ns: int,
+        capture_text: bool,
+        max_chunk_events: int = 0,
     ) -> None:
         """See :func:`otel.record.finish_leg_span`."""
         record.finish_leg_span(
-            span, leg, end_unix_ns=end_unix_ns, capture_text=capture_text, max_chunk_events=max_chunk_events
+            span,
+            leg,
+            end_unix_ns=end_unix_ns,
+            capture_text=capture_text,
+            max_chunk_events=max_chunk_events,
         )
 
     @staticmethod
-    def annotate_request_span(span: Span, exchange: Exchange, *, capture_text: bool = False) -> None:
+    def annotate_request_span(
+        span: Span, exchange: Exchange, *, capture_text: bool = False
+    ) -> None:
         """See :func:`otel.record.annotate_request_span`."""
         record.annotate_request_span(span, exchange, capture_text=capture_text)
 
     @staticmethod
     def end_request_span(
-        span: Span, *, status_code: int | None, error_type: str | None = None, end_unix_ns: int | None = None
+        span: Span,
+        *,
+        status_code: int | None,
+        error_type: str | None = None,
+        end_unix_ns: int | None = None,
     ) -> None:
         """See :func:`otel.record.end_request_span`."""
-        record.end_request_span(span, status_code=status_code, error_type=error_type, end_unix_ns=end_unix_ns)
+        record.end_request_span(
+            span, status_code=status_code, error_type=error_type, end_unix_ns=end_unix_ns
+        )
 
     @staticmethod
     def add_evaluation_events(span: Span, results: Sequence[EvaluationResult]) -> None:
@@ -177,10 +194,14 @@ class Telemetry:
 
     def record_exchange_metrics(self, exchange: Exchange) -> None:
         """See :func:`otel.record.record_exchange_metrics`."""
-        record.record_exchange_metrics(self.instruments, exchange, max_chunk_gap_observations=self._max_gaps)
+        record.record_exchange_metrics(
+            self.instruments, exchange, max_chunk_gap_observations=self._max_gaps
+        )
 
     @safe(nothing)
-    def count_shadow(self, outcome: str, *, role: str, backend: str, reason: str | None = None) -> None:
+    def count_shadow(
+        self, outcome: str, *, role: str, backend: str, reason: str | None = None
+    ) -> None:
         """Count one shadow leg event: sampled | sent | completed | failed | dropped (with reason)."""
         attributes = {sc.OUTCOME: outcome, sc.LEG_ROLE: role, sc.BACKEND: backend}
         if reason is not None:
@@ -235,7 +256,9 @@ class Telemetry:
         """(body, content type) for ``GET /metrics``: text exposition format 0.0.4."""
         if self._pull_reader is None:
             return b"", CONTENT_TYPE
-        return render(self._pull_reader.collect_now(), resource=self._resource_attributes), CONTENT_TYPE
+        return render(
+            self._pull_reader.collect_now(), resource=self._resource_attributes
+        ), CONTENT_TYPE
 
     def force_flush(self, timeout_s: float = 5.0) -> bool:
         """Export what is buffered; returns False if ``timeout_s`` passed first."""

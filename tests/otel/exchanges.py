@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.exchange import Exchange, LegResult, ModelName, RequestId, Role
-from gateway.timings import ChoiceOutput, EventStamp, Recording, StreamOutcome, StreamTimings
+from gateway.timings import (
+    ChoiceOutput,
+    EventKind,
+    EventStamp,
+    Recording,
+    StreamOutcome,
+    StreamTimings,
+)
 
 T0_NS = 1_000_000_000
 STARTED_UNIX_NS = 1_700_000_000_000_000_000
@@ -39,9 +46,17 @@ def make_recording(
     output_tokens: int | None = 10,
     prompt_tokens: int | None = 7,
 ) -> Recording:
+    events: tuple[tuple[int, EventKind, int | None], ...] = (
+        (5, "role", None),
+        (20, "output", 3),
+        (22, "output", 2),
+        (26, "output", 3),
+        (50, "output", 2),
+        (51, "usage", None),
+    )
     stamps = tuple(
         EventStamp(received_ns=T0_NS + ms * 1_000_000, kind=kind, tokens=tokens)
-        for ms, kind, tokens in ((5, "role", None), (20, "output", 3), (22, "output", 2), (26, "output", 3), (50, "output", 2), (51, "usage", None))
+        for ms, kind, tokens in events
     )
     return Recording(
         streaming=True,
@@ -77,7 +92,11 @@ def make_leg(
     recording: Recording | None = None,
     with_recording: bool = True,
 ) -> LegResult:
-    rec = recording if recording is not None else (make_recording(outcome=outcome) if with_recording else None)
+    rec = (
+        recording
+        if recording is not None
+        else (make_recording(outcome=outcome) if with_recording else None)
+    )
     return LegResult(
         role=role,
         backend=backend or role,
@@ -95,14 +114,24 @@ def make_leg(
 
 
 SPEC_METRICS = {
-    "speculative_decoding": {"mean_acceptance_length": 3.9, "draft_acceptance_rate": 0.61, "num_drafts": 12}
+    "speculative_decoding": {
+        "mean_acceptance_length": 3.9,
+        "draft_acceptance_rate": 0.61,
+        "num_drafts": 12,
+    }
 }
 
 
-def make_exchange(*, shadows: tuple[LegResult, ...] | None = None, category: str | None = "chat") -> Exchange:
+def make_exchange(
+    *, shadows: tuple[LegResult, ...] | None = None, category: str | None = "chat"
+) -> Exchange:
     if shadows is None:
         shadows = (
-            make_leg("candidate", backend="vllm-ngram", recording=make_recording(vllm_metrics=SPEC_METRICS)),
+            make_leg(
+                "candidate",
+                backend="vllm-ngram",
+                recording=make_recording(vllm_metrics=SPEC_METRICS),
+            ),
             make_leg("baseline", backend="vllm-plain"),
         )
     return Exchange(

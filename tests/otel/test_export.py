@@ -5,20 +5,25 @@ from __future__ import annotations
 import asyncio
 import time
 
-from otel import Telemetry, TelemetrySettings, build_telemetry
-from otel import semconv as sc
+from otel import Telemetry, TelemetrySettings, build_telemetry, semconv as sc
 from tests.otel.exchanges import make_exchange
 from tests.otel.test_record import trace_exchange
 from tests.receivers.otlp import BlackHole, OtlpGrpcReceiver, OtlpHttpReceiver, ReceivedSpan
 
-FAST = {"OTEL_METRIC_EXPORT_INTERVAL": "200", "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_SERVICE_NAME": "specshadow-test"}
+FAST = {
+    "OTEL_METRIC_EXPORT_INTERVAL": "200",
+    "OTEL_BSP_SCHEDULE_DELAY": "50",
+    "OTEL_SERVICE_NAME": "specshadow-test",
+}
 
 
 def has_trace(spans: list[ReceivedSpan]) -> bool:
     return sum(s.kind == "CLIENT" for s in spans) >= 3 and any(s.kind == "SERVER" for s in spans)
 
 
-async def assert_delivery(telemetry: Telemetry, receiver: OtlpHttpReceiver | OtlpGrpcReceiver) -> None:
+async def assert_delivery(
+    telemetry: Telemetry, receiver: OtlpHttpReceiver | OtlpGrpcReceiver
+) -> None:
     trace_exchange(telemetry, make_exchange())
     telemetry.record_exchange_metrics(make_exchange())
     spans = await receiver.collected.wait_for_spans(has_trace)
@@ -28,10 +33,15 @@ async def assert_delivery(telemetry: Telemetry, receiver: OtlpHttpReceiver | Otl
     assert {s.parent_span_id for s in clients} == {server.span_id}
     assert {s.trace_id for s in spans} == {server.trace_id}
     assert {s.attributes[sc.LEG_ROLE] for s in clients} == {"primary", "candidate", "baseline"}
-    assert all(s.name == "chat tiny-llama" and s.attributes[sc.GEN_AI_REQUEST_MODEL] == "tiny-llama" for s in clients)
+    assert all(
+        s.name == "chat tiny-llama" and s.attributes[sc.GEN_AI_REQUEST_MODEL] == "tiny-llama"
+        for s in clients
+    )
     assert server.resource[sc.SERVICE_NAME] == "specshadow-test" and server.scope == sc.SCOPE_NAME
     metrics = await receiver.collected.wait_for_metrics(
-        lambda ms: {sc.METRIC_TIME_TO_FIRST_CHUNK, sc.METRIC_OPERATION_DURATION} <= {m.name for m in ms}
+        lambda ms: (
+            {sc.METRIC_TIME_TO_FIRST_CHUNK, sc.METRIC_OPERATION_DURATION} <= {m.name for m in ms}
+        )
     )
     ttft = next(m for m in metrics if m.name == sc.METRIC_TIME_TO_FIRST_CHUNK)
     assert ttft.kind == "histogram" and ttft.unit == "s"
@@ -39,7 +49,9 @@ async def assert_delivery(telemetry: Telemetry, receiver: OtlpHttpReceiver | Otl
     assert all(p.count == 1 for p in ttft.points)
 
 
-async def test_otlp_http_exporter_delivers_spans_and_metrics(otlp_http_receiver: OtlpHttpReceiver) -> None:
+async def test_otlp_http_exporter_delivers_spans_and_metrics(
+    otlp_http_receiver: OtlpHttpReceiver,
+) -> None:
     env = otlp_http_receiver.env(OTEL_EXPORTER_OTLP_HEADERS="x-tenant=team-a", **FAST)
     telemetry = build_telemetry(TelemetrySettings.from_env(env))
     try:
@@ -49,7 +61,9 @@ async def test_otlp_http_exporter_delivers_spans_and_metrics(otlp_http_receiver:
         assert await asyncio.to_thread(telemetry.shutdown, 5.0)
 
 
-async def test_otlp_grpc_exporter_delivers_spans_and_metrics(otlp_grpc_receiver: OtlpGrpcReceiver) -> None:
+async def test_otlp_grpc_exporter_delivers_spans_and_metrics(
+    otlp_grpc_receiver: OtlpGrpcReceiver,
+) -> None:
     env = otlp_grpc_receiver.env(OTEL_EXPORTER_OTLP_HEADERS="x-tenant=team-b", **FAST)
     telemetry = build_telemetry(TelemetrySettings.from_env(env))
     try:
@@ -93,12 +107,18 @@ def test_a_black_holed_collector_adds_no_latency_and_shutdown_keeps_its_bound() 
                 telemetry.record_exchange_metrics(make_exchange())
                 durations_s.append(time.perf_counter() - started)
             durations_s.sort()
-            assert durations_s[len(durations_s) // 2] < 0.02, f"{protocol}: median {durations_s[25] * 1000:.1f} ms"
-            assert durations_s[-1] < 0.5, f"{protocol}: slowest record call took {durations_s[-1] * 1000:.1f} ms"
+            assert durations_s[len(durations_s) // 2] < 0.02, (
+                f"{protocol}: median {durations_s[25] * 1000:.1f} ms"
+            )
+            assert durations_s[-1] < 0.5, (
+                f"{protocol}: slowest record call took {durations_s[-1] * 1000:.1f} ms"
+            )
             body, _ = telemetry.render_prometheus()
             dropped = [
-                line for line in body.decode().splitlines()
-                if line.startswith("specshadow_telemetry_dropped_total") and 'specshadow_reason="queue_full"' in line
+                line
+                for line in body.decode().splitlines()
+                if line.startswith("specshadow_telemetry_dropped_total")
+                and 'specshadow_reason="queue_full"' in line
             ]
             assert dropped and float(dropped[0].rsplit(" ", 1)[1]) >= 100, body.decode()[-2000:]
             started = time.perf_counter()
@@ -110,8 +130,12 @@ def test_a_black_holed_collector_adds_no_latency_and_shutdown_keeps_its_bound() 
 def test_failed_exports_are_counted_as_dropped() -> None:
     with BlackHole() as hole:
         closed_port = hole.port
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port}", "OTEL_EXPORTER_OTLP_TIMEOUT": "500",
-           "OTEL_METRICS_EXPORTER": "prometheus", "OTEL_BSP_SCHEDULE_DELAY": "10"}
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port}",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "500",
+        "OTEL_METRICS_EXPORTER": "prometheus",
+        "OTEL_BSP_SCHEDULE_DELAY": "10",
+    }
     telemetry = build_telemetry(TelemetrySettings.from_env(env))
     trace_exchange(telemetry, make_exchange())
     deadline = time.monotonic() + 10

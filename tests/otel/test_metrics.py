@@ -13,6 +13,7 @@ from otel.instruments import CHUNK_GAP_BUCKETS_S, OVERHEAD_BUCKETS_S
 from tests.otel.conftest import InMemoryTelemetry
 from tests.otel.exchanges import make_exchange, make_leg, make_recording, make_timings
 
+
 def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
     data = reader.get_metrics_data()
     found: dict[str, list[Any]] = {}
@@ -25,7 +26,9 @@ def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
 
 
 def only(found: dict[str, list[Any]], name: str, **attrs: str) -> Any:
-    matching = [p for p in found.get(name, []) if all(p.attributes.get(k) == v for k, v in attrs.items())]
+    matching = [
+        p for p in found.get(name, []) if all(p.attributes.get(k) == v for k, v in attrs.items())
+    ]
     assert len(matching) == 1, (name, attrs, [p.attributes for p in found.get(name, [])])
     return matching[0]
 
@@ -44,13 +47,24 @@ def test_every_leg_feeds_the_genai_client_histograms(mem: InMemoryTelemetry) -> 
             sc.GEN_AI_OPERATION_NAME: "chat",
             sc.GEN_AI_REQUEST_MODEL: "tiny-llama",
             sc.LEG_ROLE: leg_role,
-            sc.BACKEND: {"primary": "primary", "candidate": "vllm-ngram", "baseline": "vllm-plain"}[leg_role],
+            sc.BACKEND: {"primary": "primary", "candidate": "vllm-ngram", "baseline": "vllm-plain"}[
+                leg_role
+            ],
         }
-        assert only(found, sc.METRIC_TIME_TO_FIRST_CHUNK, **{sc.LEG_ROLE: leg_role}).sum == pytest.approx(0.02)
+        assert only(
+            found, sc.METRIC_TIME_TO_FIRST_CHUNK, **{sc.LEG_ROLE: leg_role}
+        ).sum == pytest.approx(0.02)
+        assert only(
+            found, sc.METRIC_TIME_PER_OUTPUT_TOKEN, **{sc.LEG_ROLE: leg_role}
+        ).sum == pytest.approx(0.003)
         gaps = only(found, sc.METRIC_TIME_PER_OUTPUT_CHUNK, **{sc.LEG_ROLE: leg_role})
         assert gaps.count == 3 and gaps.sum == pytest.approx(0.012)  # one observation per chunk gap
-        tokens_in = only(found, sc.METRIC_TOKEN_USAGE, **{sc.LEG_ROLE: leg_role, sc.GEN_AI_TOKEN_TYPE: "input"})
-        tokens_out = only(found, sc.METRIC_TOKEN_USAGE, **{sc.LEG_ROLE: leg_role, sc.GEN_AI_TOKEN_TYPE: "output"})
+        tokens_in = only(
+            found, sc.METRIC_TOKEN_USAGE, **{sc.LEG_ROLE: leg_role, sc.GEN_AI_TOKEN_TYPE: "input"}
+        )
+        tokens_out = only(
+            found, sc.METRIC_TOKEN_USAGE, **{sc.LEG_ROLE: leg_role, sc.GEN_AI_TOKEN_TYPE: "output"}
+        )
         assert (tokens_in.sum, tokens_out.sum) == (7, 10)
         tpe = only(found, sc.METRIC_TOKENS_PER_EVENT, **{sc.LEG_ROLE: leg_role})
         assert tpe.sum == pytest.approx(2.5) and tpe.attributes[sc.CATEGORY] == "chat"
@@ -58,7 +72,9 @@ def test_every_leg_feeds_the_genai_client_histograms(mem: InMemoryTelemetry) -> 
 
 def test_chunk_gap_buckets_resolve_milliseconds_and_overhead_buckets_microseconds() -> None:
     assert sum(1 for b in CHUNK_GAP_BUCKETS_S if 0.001 <= b <= 0.01) >= 8
-    assert OVERHEAD_BUCKETS_S[0] <= 0.000025 and sum(1 for b in OVERHEAD_BUCKETS_S if b < 0.001) >= 5
+    assert (
+        OVERHEAD_BUCKETS_S[0] <= 0.000025 and sum(1 for b in OVERHEAD_BUCKETS_S if b < 0.001) >= 5
+    )
 
 
 def test_chunk_gap_observations_are_bounded_per_leg(mem: InMemoryTelemetry) -> None:
@@ -69,12 +85,17 @@ def test_chunk_gap_observations_are_bounded_per_leg(mem: InMemoryTelemetry) -> N
     assert gaps.count == 1024
 
 
-def test_acceptance_length_is_recorded_by_category_for_legs_that_report_it(mem: InMemoryTelemetry) -> None:
+def test_acceptance_length_is_recorded_by_category_for_legs_that_report_it(
+    mem: InMemoryTelemetry,
+) -> None:
     mem.telemetry.record_exchange_metrics(make_exchange(category="code"))
     found = points(mem.reader)
     accepted = only(found, sc.METRIC_ACCEPTANCE_LENGTH)
     assert accepted.sum == pytest.approx(3.9)
-    assert accepted.attributes[sc.LEG_ROLE] == "candidate" and accepted.attributes[sc.CATEGORY] == "code"
+    assert (
+        accepted.attributes[sc.LEG_ROLE] == "candidate"
+        and accepted.attributes[sc.CATEGORY] == "code"
+    )
 
 
 def test_overhead_records_the_recorders_p50_p99_and_max(mem: InMemoryTelemetry) -> None:
@@ -84,26 +105,52 @@ def test_overhead_records_the_recorders_p50_p99_and_max(mem: InMemoryTelemetry) 
     assert stats == pytest.approx({"p50": 0.00004, "p99": 0.0002, "max": 0.0003})
 
 
-def test_failed_legs_count_as_failed_shadows_with_error_type_on_duration(mem: InMemoryTelemetry) -> None:
-    failed = make_leg("candidate", outcome="upstream_timeout", error_type="UpstreamTimeout", status=None, with_recording=False)
+def test_failed_legs_count_as_failed_shadows_with_error_type_on_duration(
+    mem: InMemoryTelemetry,
+) -> None:
+    failed = make_leg(
+        "candidate",
+        outcome="upstream_timeout",
+        error_type="UpstreamTimeout",
+        status=None,
+        with_recording=False,
+    )
     mem.telemetry.record_exchange_metrics(make_exchange(shadows=(failed, make_leg("baseline"))))
     found = points(mem.reader)
     duration = only(found, sc.METRIC_OPERATION_DURATION, **role("candidate"))
     assert duration.attributes[sc.ERROR_TYPE] == "UpstreamTimeout"
     assert duration.sum == pytest.approx(0.06)  # no output: t0 → leg end
-    assert only(found, sc.METRIC_SHADOW_REQUESTS, **{sc.OUTCOME: "failed"}).attributes[sc.REASON] == "upstream_timeout"
-    assert only(found, sc.METRIC_SHADOW_REQUESTS, **{sc.OUTCOME: "completed"}).attributes[sc.LEG_ROLE] == "baseline"
-    assert sc.METRIC_TIME_TO_FIRST_CHUNK not in [n for n, ps in found.items() if any(p.attributes.get(sc.LEG_ROLE) == "candidate" for p in ps)]
+    assert (
+        only(found, sc.METRIC_SHADOW_REQUESTS, **{sc.OUTCOME: "failed"}).attributes[sc.REASON]
+        == "upstream_timeout"
+    )
+    assert (
+        only(found, sc.METRIC_SHADOW_REQUESTS, **{sc.OUTCOME: "completed"}).attributes[sc.LEG_ROLE]
+        == "baseline"
+    )
+    assert sc.METRIC_TIME_TO_FIRST_CHUNK not in [
+        n
+        for n, ps in found.items()
+        if any(p.attributes.get(sc.LEG_ROLE) == "candidate" for p in ps)
+    ]
 
 
 def test_metric_attributes_never_carry_ids_or_text(mem: InMemoryTelemetry) -> None:
     mem.telemetry.record_exchange_metrics(make_exchange())
     mem.telemetry.count_comparison("diverge", role="candidate", category="chat")
-    forbidden = {sc.REQUEST_ID, sc.EXCHANGE_ID, sc.GEN_AI_RESPONSE_ID, sc.GEN_AI_OUTPUT_MESSAGES, sc.GEN_AI_INPUT_MESSAGES}
+    forbidden = {
+        sc.REQUEST_ID,
+        sc.EXCHANGE_ID,
+        sc.GEN_AI_RESPONSE_ID,
+        sc.GEN_AI_OUTPUT_MESSAGES,
+        sc.GEN_AI_INPUT_MESSAGES,
+    }
     for name, ps in points(mem.reader).items():
         for p in ps:
             assert not forbidden & set(p.attributes), name
-            assert not any(v in ("req-1", "ex-1", "Hello world") for v in p.attributes.values()), name
+            assert not any(v in ("req-1", "ex-1", "Hello world") for v in p.attributes.values()), (
+                name
+            )
 
 
 def test_shadow_breaker_policy_and_comparison_counters(mem: InMemoryTelemetry) -> None:
@@ -126,10 +173,14 @@ def test_shadow_breaker_policy_and_comparison_counters(mem: InMemoryTelemetry) -
     assert only(found, sc.METRIC_POLICY_GENERATION).value == 4
     assert only(found, sc.METRIC_POLICY_LAST_RELOAD_SUCCESS).value == 0
     generation["value"] = 5
-    assert only(points(mem.reader), sc.METRIC_POLICY_GENERATION).value == 5  # read at collection time
+    assert (
+        only(points(mem.reader), sc.METRIC_POLICY_GENERATION).value == 5
+    )  # read at collection time
 
 
-def test_a_policy_status_callable_that_raises_yields_no_gauge_and_no_error(mem: InMemoryTelemetry) -> None:
+def test_a_policy_status_callable_that_raises_yields_no_gauge_and_no_error(
+    mem: InMemoryTelemetry,
+) -> None:
     def broken() -> tuple[int, bool]:
         raise RuntimeError("policy holder not ready")
 

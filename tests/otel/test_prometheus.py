@@ -18,6 +18,7 @@ EXPECTED_FAMILIES = {
     "gen_ai_client_operation_time_to_first_chunk_seconds": "histogram",
     "gen_ai_client_operation_time_per_output_chunk_seconds": "histogram",
     "gen_ai_client_token_usage": "histogram",
+    "specshadow_time_per_output_token_seconds": "histogram",
     "specshadow_gateway_overhead_seconds": "histogram",
     "specshadow_tokens_per_event": "histogram",
     "specshadow_acceptance_length": "histogram",
@@ -44,7 +45,12 @@ def populate(mem: InMemoryTelemetry) -> None:
 @pytest.mark.parametrize(
     ("name", "unit", "counter", "expected"),
     [
-        ("gen_ai.client.operation.duration", "s", False, "gen_ai_client_operation_duration_seconds"),
+        (
+            "gen_ai.client.operation.duration",
+            "s",
+            False,
+            "gen_ai_client_operation_duration_seconds",
+        ),
         ("gen_ai.client.token.usage", "{token}", False, "gen_ai_client_token_usage"),
         ("specshadow.shadow.requests", "{request}", True, "specshadow_shadow_requests_total"),
         ("already_total", "", True, "already_total"),
@@ -52,7 +58,9 @@ def populate(mem: InMemoryTelemetry) -> None:
         ("ratio", "1", False, "ratio"),
     ],
 )
-def test_metric_names_follow_the_otel_to_prometheus_rules(name: str, unit: str, counter: bool, expected: str) -> None:
+def test_metric_names_follow_the_otel_to_prometheus_rules(
+    name: str, unit: str, counter: bool, expected: str
+) -> None:
     assert metric_name(name, unit, counter=counter) == expected
 
 
@@ -72,18 +80,26 @@ def test_exposition_has_every_family_with_the_right_type(mem: InMemoryTelemetry)
 def test_histogram_buckets_are_cumulative_and_end_at_count(mem: InMemoryTelemetry) -> None:
     populate(mem)
     body, _ = mem.telemetry.render_prometheus()
-    (ttft,) = [f for f in text_string_to_metric_families(body.decode()) if f.name == "gen_ai_client_operation_time_to_first_chunk_seconds"]
+    (ttft,) = [
+        f
+        for f in text_string_to_metric_families(body.decode())
+        if f.name == "gen_ai_client_operation_time_to_first_chunk_seconds"
+    ]
     primary = [s for s in ttft.samples if s.labels.get("specshadow_leg_role") == "primary"]
     buckets = [(float(s.labels["le"]), s.value) for s in primary if s.name.endswith("_bucket")]
     counts = [v for _, v in buckets]
     assert counts == sorted(counts) and buckets[-1] == (math.inf, 1.0)
-    assert [v for le, v in buckets if le == 0.02] == [1.0] and [v for le, v in buckets if le == 0.015] == [0.0]
+    assert [v for le, v in buckets if le == 0.02] == [1.0] and [
+        v for le, v in buckets if le == 0.015
+    ] == [0.0]
     (total,) = [s.value for s in primary if s.name.endswith("_count")]
     assert total == 1.0
 
 
 def test_label_values_are_escaped() -> None:
-    telemetry = build_telemetry(TelemetrySettings(resource_attributes={"note": 'a "quoted"\\ line\nbreak'}))
+    telemetry = build_telemetry(
+        TelemetrySettings(resource_attributes={"note": 'a "quoted"\\ line\nbreak'})
+    )
     body, _ = telemetry.render_prometheus()
     (info,) = [f for f in text_string_to_metric_families(body.decode()) if f.name == "target_info"]
     assert info.samples[0].labels["note"] == 'a "quoted"\\ line\nbreak'

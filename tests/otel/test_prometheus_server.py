@@ -51,7 +51,10 @@ async def test_prometheus_scrapes_metrics_and_answers_ttft_quantile_by_role(
         assert all(0.015 <= v <= 0.02 for v in by_role.values()), by_role
         up = await prometheus.query('up{job="specshadow"}')
         assert [float(r["value"][1]) for r in up] == [1.0]
-        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{server.port}/metrics") as resp:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{server.port}/metrics") as resp,
+        ):
             passed, output = promtool_check_metrics(await resp.read())
         assert passed, output
     finally:

@@ -17,8 +17,13 @@ def test_defaults_export_nothing_over_otlp_but_serve_prometheus() -> None:
 
 def test_generic_endpoint_gets_signal_paths_for_http_protobuf() -> None:
     settings = TelemetrySettings.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/"})
-    assert settings.traces == OtlpTarget("http://collector:4318/v1/traces", "http/protobuf", {}, 3.0)
-    assert settings.metrics is not None and settings.metrics.endpoint == "http://collector:4318/v1/metrics"
+    assert settings.traces == OtlpTarget(
+        "http://collector:4318/v1/traces", "http/protobuf", {}, 3.0
+    )
+    assert (
+        settings.metrics is not None
+        and settings.metrics.endpoint == "http://collector:4318/v1/metrics"
+    )
 
 
 def test_signal_specific_endpoint_protocol_and_headers_win() -> None:
@@ -40,7 +45,9 @@ def test_signal_specific_endpoint_protocol_and_headers_win() -> None:
 
 
 def test_grpc_endpoint_is_used_as_given_and_defaults_to_4317() -> None:
-    settings = TelemetrySettings.from_env({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    settings = TelemetrySettings.from_env(
+        {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    )
     assert settings.traces is not None and settings.traces.endpoint == "http://localhost:4317"
     assert settings.metrics is None  # OTEL_METRICS_EXPORTER unset and no endpoint
 
@@ -59,24 +66,34 @@ def test_telemetry_can_be_switched_off(environ: dict[str, str], enabled: bool) -
 
 
 def test_metrics_exporter_prometheus_serves_metrics_without_otlp() -> None:
-    settings = TelemetrySettings.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_METRICS_EXPORTER": "prometheus"})
+    settings = TelemetrySettings.from_env(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_METRICS_EXPORTER": "prometheus"}
+    )
     assert settings.prometheus and settings.metrics is None and settings.traces is not None
 
 
 def test_exporter_none_turns_a_signal_off_even_with_an_endpoint() -> None:
     settings = TelemetrySettings.from_env(
-        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318",
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_METRICS_EXPORTER": "none",
+        }
     )
     assert settings.traces is None and settings.metrics is None and not settings.prometheus
 
 
 def test_service_name_and_resource_attributes() -> None:
     settings = TelemetrySettings.from_env(
-        {"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attrs,deployment.environment=prod,team=ml%2Cinfra"}
+        {
+            "OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attrs,deployment.environment=prod,team=ml%2Cinfra"
+        }
     )
     assert settings.service_name == "from-attrs"
     assert settings.resource_attributes == {"deployment.environment": "prod", "team": "ml,infra"}
-    named = TelemetrySettings.from_env({"OTEL_SERVICE_NAME": "gw", "OTEL_RESOURCE_ATTRIBUTES": "service.name=x"})
+    named = TelemetrySettings.from_env(
+        {"OTEL_SERVICE_NAME": "gw", "OTEL_RESOURCE_ATTRIBUTES": "service.name=x"}
+    )
     assert named.service_name == "gw"
 
 
@@ -97,14 +114,25 @@ def test_sampler_ratio_and_intervals() -> None:
     ("environ", "message"),
     [
         ({"OTEL_TRACES_SAMPLER": "sometimes"}, "OTEL_TRACES_SAMPLER"),
-        ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"}, "OTEL_TRACES_SAMPLER_ARG"),
-        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "OTEL_EXPORTER_OTLP_PROTOCOL"),
+        (
+            {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"},
+            "OTEL_TRACES_SAMPLER_ARG",
+        ),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ),
         ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
-        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_EXPORTER_OTLP_HEADERS": "novalue"}, "OTEL_EXPORTER_OTLP_HEADERS"),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_EXPORTER_OTLP_HEADERS": "novalue"},
+            "OTEL_EXPORTER_OTLP_HEADERS",
+        ),
         ({"OTEL_METRIC_EXPORT_INTERVAL": "soon"}, "OTEL_METRIC_EXPORT_INTERVAL"),
     ],
 )
-def test_invalid_values_are_rejected_naming_the_variable(environ: dict[str, str], message: str) -> None:
+def test_invalid_values_are_rejected_naming_the_variable(
+    environ: dict[str, str], message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         TelemetrySettings.from_env(environ)
 

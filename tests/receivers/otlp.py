@@ -28,14 +28,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
+import grpc  # type: ignore[import-untyped]  # grpcio ships no stubs (types-grpcio would)
 import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-KIND_NAMES = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
+KIND_NAMES = {
+    0: "UNSPECIFIED",
+    1: "INTERNAL",
+    2: "SERVER",
+    3: "CLIENT",
+    4: "PRODUCER",
+    5: "CONSUMER",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +110,9 @@ class Collected:
     headers: list[dict[str, str]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add_traces(self, request: trace_service_pb2.ExportTraceServiceRequest, headers: Mapping[str, str]) -> None:
+    def add_traces(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, headers: Mapping[str, str]
+    ) -> None:
         decoded = [
             ReceivedSpan(
                 name=span.name,
@@ -115,7 +124,8 @@ class Collected:
                 end_unix_ns=span.end_time_unix_nano,
                 attributes=attributes_of(span.attributes),
                 events=tuple(
-                    ReceivedEvent(e.name, e.time_unix_nano, attributes_of(e.attributes)) for e in span.events
+                    ReceivedEvent(e.name, e.time_unix_nano, attributes_of(e.attributes))
+                    for e in span.events
                 ),
                 status_code=span.status.code,
                 resource=attributes_of(rs.resource.attributes),
@@ -129,7 +139,9 @@ class Collected:
             self.spans.extend(decoded)
             self.headers.append(dict(headers))
 
-    def add_metrics(self, request: metrics_service_pb2.ExportMetricsServiceRequest, headers: Mapping[str, str]) -> None:
+    def add_metrics(
+        self, request: metrics_service_pb2.ExportMetricsServiceRequest, headers: Mapping[str, str]
+    ) -> None:
         decoded = []
         for rm in request.resource_metrics:
             resource = attributes_of(rm.resource.attributes)
@@ -140,7 +152,11 @@ class Collected:
                     points = tuple(
                         ReceivedPoint(
                             attributes=attributes_of(p.attributes),
-                            value=(p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int))
+                            value=(
+                                p.as_double
+                                if p.WhichOneof("value") == "as_double"
+                                else float(p.as_int)
+                            )
                             if kind in ("sum", "gauge")
                             else None,
                             count=p.count if kind.endswith("histogram") else None,
@@ -174,14 +190,21 @@ class Collected:
         return await _wait(self.snapshot_metrics, predicate, timeout_s, "metrics")
 
 
-async def _wait(snapshot: Callable[[], list[Any]], predicate: Callable[[list[Any]], bool], timeout_s: float, what: str) -> list[Any]:
+async def _wait(
+    snapshot: Callable[[], list[Any]],
+    predicate: Callable[[list[Any]], bool],
+    timeout_s: float,
+    what: str,
+) -> list[Any]:
     deadline = time.monotonic() + timeout_s
     while True:
         items = snapshot()
         if predicate(items):
             return items
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}; have {len(items)}: {items[:5]!r}")
+            pytest.fail(
+                f"timed out after {timeout_s} s waiting for {what}; have {len(items)}: {items[:5]!r}"
+            )
         await asyncio.sleep(0.02)
 
 
@@ -236,9 +259,7 @@ class OtlpHttpReceiver:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
-        server = site._server
-        assert server is not None and server.sockets
-        self.port = server.sockets[0].getsockname()[1]
+        self.port = self._runner.addresses[0][1]
         self._stop = asyncio.Event()
         self._ready.set()
         await self._stop.wait()
@@ -270,7 +291,7 @@ class _TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, collected: Collected) -> None:
         self._collected = collected
 
-    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 — gRPC method name
+    def Export(self, request: Any, context: Any) -> Any:
         self._collected.add_traces(request, dict(context.invocation_metadata()))
         return trace_service_pb2.ExportTraceServiceResponse()
 
@@ -279,7 +300,7 @@ class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self, collected: Collected) -> None:
         self._collected = collected
 
-    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 — gRPC method name
+    def Export(self, request: Any, context: Any) -> Any:
         self._collected.add_metrics(request, dict(context.invocation_metadata()))
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
@@ -298,12 +319,22 @@ class OtlpGrpcReceiver:
 
     def env(self, **extra: str) -> dict[str, str]:
         """Environment that points an exporter here over grpc (insecure, from the http scheme)."""
-        return {"OTEL_EXPORTER_OTLP_ENDPOINT": self.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", **extra}
+        return {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": self.endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            **extra,
+        }
 
     def __enter__(self) -> OtlpGrpcReceiver:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="otlp-grpc-rx"))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceServicer(self.collected), server)
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsServicer(self.collected), server)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="otlp-grpc-rx")
+        )
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            _TraceServicer(self.collected), server
+        )
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            _MetricsServicer(self.collected), server
+        )
         self.port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         self._server = server

@@ -24,8 +24,12 @@ import pytest
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 
-requires_prometheus = pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is not installed")
-requires_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian's prometheus) is not installed")
+requires_prometheus = pytest.mark.skipif(
+    PROMETHEUS is None, reason="Debian's prometheus is not installed"
+)
+requires_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool (Debian's prometheus) is not installed"
+)
 
 
 def free_port() -> int:
@@ -38,11 +42,19 @@ def free_port() -> int:
 def promtool_check_metrics(exposition: bytes) -> tuple[bool, str]:
     """Run ``promtool check metrics`` on an exposition; (passed, promtool's output)."""
     assert PROMTOOL is not None
-    proc = subprocess.run([PROMTOOL, "check", "metrics"], input=exposition, capture_output=True, timeout=30, check=False)
+    proc = subprocess.run(
+        [PROMTOOL, "check", "metrics"],
+        input=exposition,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
     return proc.returncode == 0, (proc.stdout + proc.stderr).decode()
 
 
-def scrape_config(targets: Sequence[str], *, interval_s: float = 1.0, metrics_path: str = "/metrics") -> str:
+def scrape_config(
+    targets: Sequence[str], *, interval_s: float = 1.0, metrics_path: str = "/metrics"
+) -> str:
     """A minimal ``prometheus.yml`` scraping ``targets`` (host:port) every ``interval_s``."""
     target_list = ", ".join(f'"{t}"' for t in targets)
     interval = f"{round(interval_s * 1000)}ms"  # Prometheus durations take no decimals
@@ -92,7 +104,9 @@ class PrometheusServer:
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:
                 if self._proc.poll() is not None:
-                    pytest.fail(f"prometheus exited with {self._proc.returncode}:\n{self.log_text()}")
+                    pytest.fail(
+                        f"prometheus exited with {self._proc.returncode}:\n{self.log_text()}"
+                    )
                 try:
                     async with session.get(f"{self.url}/-/ready") as resp:
                         if resp.status == 200:
@@ -113,7 +127,9 @@ class PrometheusServer:
         result: list[dict[str, Any]] = payload["data"]["result"]
         return result
 
-    async def wait_for_number(self, promql: str, timeout_s: float = 30.0) -> list[tuple[dict[str, str], float]]:
+    async def wait_for_number(
+        self, promql: str, timeout_s: float = 30.0
+    ) -> list[tuple[dict[str, str], float]]:
         """Poll ``promql`` until it returns at least one finite number; return (labels, value) pairs."""
         deadline = time.monotonic() + timeout_s
         last: list[dict[str, Any]] = []
@@ -124,7 +140,9 @@ class PrometheusServer:
             if finite:
                 return finite
             await asyncio.sleep(0.25)
-        pytest.fail(f"{promql!r} gave no finite number within {timeout_s} s; last result {last!r}\n{self.log_text()}")
+        pytest.fail(
+            f"{promql!r} gave no finite number within {timeout_s} s; last result {last!r}\n{self.log_text()}"
+        )
 
     def stop(self) -> None:
         if self._proc.poll() is None:
