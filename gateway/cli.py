@@ -21,6 +21,9 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "loadgen.vllm.cli",
     "simulator.cli",
     "policies.cli",
+    "gateway.records.cli",
+    "loadgen.cli",
+    "loadgen.report.cli",
 )
 
 

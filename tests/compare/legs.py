@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from gateway.exchange import LegResult, Role
+from gateway.exchange import Exchange, LegResult, ModelName, RequestId, Role
 from gateway.timings import StreamRecorder
+from policies.compiled import CaptureSpec
 
 MS = 1_000_000
 
@@ -82,3 +84,37 @@ def some(value: T | None) -> T:
     """``value``, asserting it is known (narrows Optional for mypy)."""
     assert value is not None
     return value
+
+
+def exchange(
+    i: int = 0,
+    *,
+    category: str | None = "chat",
+    primary: LegResult | None = None,
+    shadows: Sequence[LegResult] | None = None,
+    capture: CaptureSpec | None = None,
+    request_json: Mapping[str, Any] | None = None,
+    started_unix_ns: int | None = None,
+    temperature: float | None = 0.0,
+) -> Exchange:
+    """An Exchange of real recorder output: primary + candidate by default."""
+    return Exchange(
+        exchange_id=f"ex-{i:06d}",
+        request_id=RequestId(f"req-{i:06d}"),
+        route="chat",
+        requested_model=ModelName("m"),
+        stream=True,
+        started_unix_ns=started_unix_ns if started_unix_ns is not None else time.time_ns(),
+        temperature=temperature,
+        seed=None,
+        category=category,
+        policy_generation=1,
+        policy_rule="default",
+        sampled=True,
+        drop_reason=None,
+        primary=primary if primary is not None else leg("primary"),
+        shadows=tuple(shadows) if shadows is not None else (leg("candidate"),),
+        request_body=None,
+        request_json=request_json,
+        capture=capture,
+    )

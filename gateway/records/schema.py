@@ -1,0 +1,235 @@
+"""Comparison records: one versioned JSON object per exchange (pure). Documented in docs/records.md.
+
+:func:`build_record` turns an :class:`~gateway.exchange.Exchange` and its comparisons into a plain
+dict with schema :data:`SCHEMA`. Unknown values are ``None`` (JSON ``null``), never invented.
+Text leaves only as the capture setting allows (:func:`captured_text`):
+
+- ``off`` — SHA-256 and length only (no text);
+- ``hashes`` — the same: SHA-256 and length;
+- ``redacted`` — text with the ``redact`` classes masked (``emails``, ``secrets``), plus hash;
+- ``full`` — text as is, plus hash.
+
+The hash is over the UTF-8 of the original text, so equal outputs have equal hashes whatever the
+mode. Schema changes that remove or retype a field bump the version; adding fields does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.acceptance import concurrency_bucket, leg_acceptance, output_length_bucket
+from gateway.classify import prompt_text
+from gateway.compare import Comparison
+from gateway.exchange import Exchange, LegResult
+from gateway.jsonx import loads
+from gateway.scrape import BackendSnapshot
+from policies.compiled import CaptureSpec
+
+SCHEMA = "specshadow.record/1"
+
+_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
+_SECRETS = re.compile(
+    r"\b(?:sk|pk|rk)-[A-Za-z0-9_-]{8,}"  # OpenAI-style keys
+    r"|\bAKIA[0-9A-Z]{16}\b"  # AWS access key ids
+    r"|\bgh[pousr]_[A-Za-z0-9]{20,}"  # GitHub tokens
+    r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"  # Slack tokens
+    r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"  # JWTs
+    r"|(?i:\bbearer\s+)[A-Za-z0-9._~+/=-]{8,}"
+    r"|(?i:\b(?:api[_-]?key|secret|token|password|passwd)\b\s*[:=]\s*)\S{6,}"
+)
+REDACTIONS: Mapping[str, tuple[re.Pattern[str], str]] = {
+    "emails": (_EMAIL, "[REDACTED_EMAIL]"),
+    "secrets": (_SECRETS, "[REDACTED_SECRET]"),
+}
+
+
+def redact(text: str, classes: frozenset[str]) -> str:
+    for name in sorted(classes):
+        entry = REDACTIONS.get(name)
+        if entry is not None:
+            text = entry[0].sub(entry[1], text)
+    return text
+
+
+def captured_text(text: str | None, capture: CaptureSpec) -> dict[str, Any] | None:
+    """``{sha256, chars, text?}`` for ``text`` under ``capture``; None when there is no text."""
+    if text is None:
+        return None
+    out: dict[str, Any] = {
+        "sha256": hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(),
+        "chars": len(text),
+    }
+    if capture.text == "full":
+        out["text"] = text
+    elif capture.text == "redacted":
+        out["text"] = redact(text, capture.redact)
+    return out
+
+
+def _iso(unix_ns: int) -> str:
+    return datetime.fromtimestamp(unix_ns / 1e9, tz=UTC).isoformat(timespec="microseconds")
+
+
+def _output_text(leg: LegResult) -> str | None:
+    rec = leg.recording
+    if rec is None or not rec.choices:
+        return None
+    parts: list[str] = []
+    for c in rec.choices:
+        parts.append(c.text)
+        parts.extend(f"{t.name or ''}({t.arguments})" for t in c.tool_calls)
+        if c.refusal:
+            parts.append(c.refusal)
+    return "".join(parts)
+
+
+def _request_text(exchange: Exchange) -> str | None:
+    if exchange.request_json is not None:
+        return prompt_text(exchange.request_json)
+    if exchange.request_body is not None:
+        try:
+            payload = loads(exchange.request_body)
+        except ValueError:
+            return exchange.request_body.decode("utf-8", "replace")
+        if isinstance(payload, Mapping):
+            return prompt_text(payload)
+    return None
+
+
+def _backend_window(snap: BackendSnapshot | None) -> dict[str, Any] | None:
+    if snap is None or snap.window is None:
+        return None
+    w = snap.window
+    return {
+        "source": "prometheus",
+        "window_s": w.window_s,
+        "draft_acceptance_rate": w.draft_acceptance_rate,
+        "mean_acceptance_length": w.mean_acceptance_length,
+        "per_position": list(w.per_position),
+        "kv_cache_usage_perc": snap.kv_cache_usage_perc,
+        "num_requests_running": snap.num_requests_running,
+    }
+
+
+def leg_record(
+    leg: LegResult, capture: CaptureSpec, scraped: Mapping[str, BackendSnapshot] | None
+) -> dict[str, Any]:
+    rec = leg.recording
+    t = rec.timings if rec is not None else None
+    acc = leg_acceptance(rec)
+    choice = rec.choices[0] if rec is not None and rec.choices else None
+    return {
+        "role": leg.role,
+        "backend": leg.backend,
+        "server_address": leg.server_address,
+        "upstream_model": leg.upstream_model,
+        "response_model": rec.response_model if rec else None,
+        "status": leg.status,
+        "outcome": leg.outcome,
+        "error_type": leg.error_type,
+        "started_unix_ns": leg.started_unix_ns,
+        "ttft_s": t.ttft_s if t else None,
+        "tpot_s": t.tpot_s if t else None,
+        "e2e_s": t.e2e_s if t else None,
+        "chunk_gap_p50_s": t.chunk_gap_p50_s if t else None,
+        "chunk_gap_p99_s": t.chunk_gap_p99_s if t else None,
+        "output_tokens": rec.output_tokens if rec else None,
+        "tokens_source": rec.tokens_source if rec else None,
+        "prompt_tokens": rec.prompt_tokens if rec else None,
+        "events": rec.output_events if rec else None,
+        "tokens_per_event": t.tokens_per_event if t else None,
+        "streaming": rec.streaming if rec else None,
+        "finish_reason": choice.finish_reason if choice else None,
+        "inflight_at_dispatch": leg.inflight_at_dispatch,
+        "concurrency_bucket": concurrency_bucket(leg.inflight_at_dispatch),
+        "output_length_bucket": output_length_bucket(rec.output_tokens if rec else None),
+        "acceptance": {
+            "mean_acceptance_length": acc.mean_acceptance_length,
+            "draft_acceptance_rate": acc.draft_acceptance_rate,
+            "source": acc.source,
+            "num_drafts": acc.num_drafts,
+            "num_draft_tokens": acc.num_draft_tokens,
+            "num_accepted_tokens": acc.num_accepted_tokens,
+            "tokens_per_pass": acc.tokens_per_pass,
+            "tokens_per_pass_source": acc.tokens_per_pass_source,
+            "coverage": acc.coverage,
+            "backend_window": _backend_window(scraped.get(leg.backend) if scraped else None),
+        },
+        "output": captured_text(_output_text(leg), capture),
+        "parse_error": rec.parse_error if rec else None,
+    }
+
+
+def comparison_record(c: Comparison) -> dict[str, Any]:
+    return {
+        "a": c.a,
+        "b": c.b,
+        "comparable": c.comparable,
+        "greedy": c.greedy,
+        "flag": c.flag,
+        "exact_match": c.exact_match,
+        "first_divergence": c.first_divergence,
+        "divergence_unit": c.divergence_unit,
+        "divergence_fraction": c.divergence_fraction,
+        "similarity": c.similarity,
+        "similarity_capped": c.similarity_capped,
+        "finish_reason_equal": c.finish_reason_equal,
+        "length_ratio": c.length_ratio,
+        "json_expected": c.json_expected,
+        "json_valid_a": c.json_valid_a,
+        "json_valid_b": c.json_valid_b,
+        "json_equal": c.json_equal,
+        "tool_names_equal": c.tool_names_equal,
+        "tool_arguments_equal": c.tool_arguments_equal,
+        "refusal_a": c.refusal_a,
+        "refusal_b": c.refusal_b,
+        "one_sided_refusal": c.one_sided_refusal,
+        "citations_a": list(c.citations_a) if c.citations_a is not None else None,
+        "citations_b": list(c.citations_b) if c.citations_b is not None else None,
+        "citations_equal": c.citations_equal,
+        "latency": {
+            d.name: {"a": d.a, "b": d.b, "delta": d.delta, "ratio": d.ratio} for d in c.latency
+        },
+    }
+
+
+def build_record(
+    exchange: Exchange,
+    *,
+    category: str | None,
+    category_source: str,
+    capture: CaptureSpec,
+    comparisons: Sequence[Comparison],
+    greedy: bool,
+    scraped: Mapping[str, BackendSnapshot] | None = None,
+) -> dict[str, Any]:
+    """The record of one exchange (schema :data:`SCHEMA`)."""
+    primary = exchange.primary.recording
+    return {
+        "schema": SCHEMA,
+        "exchange_id": exchange.exchange_id,
+        "request_id": exchange.request_id,
+        "time": _iso(exchange.started_unix_ns),
+        "started_unix_ns": exchange.started_unix_ns,
+        "route": exchange.route,
+        "requested_model": exchange.requested_model,
+        "stream": exchange.stream,
+        "category": category,
+        "category_source": category_source,
+        "greedy": greedy,
+        "temperature": exchange.temperature,
+        "seed": exchange.seed,
+        "policy": {"generation": exchange.policy_generation, "rule": exchange.policy_rule},
+        "sampling": {"sampled": exchange.sampled, "drop_reason": exchange.drop_reason},
+        "capture": capture.text,
+        "output_length_bucket": output_length_bucket(primary.output_tokens if primary else None),
+        "concurrency": exchange.primary.inflight_at_dispatch,
+        "concurrency_bucket": concurrency_bucket(exchange.primary.inflight_at_dispatch),
+        "request": captured_text(_request_text(exchange), capture),
+        "legs": [leg_record(leg, capture, scraped) for leg in exchange.legs],
+        "comparisons": [comparison_record(c) for c in comparisons],
+    }

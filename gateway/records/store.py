@@ -1,0 +1,161 @@
+"""The embedded record store: one SQLite file (stdlib ``sqlite3``), synchronous, one writer.
+
+Why SQLite rather than rotated JSONL files: a crash mid-write can leave a torn JSONL line and
+rotation needs its own bookkeeping, while SQLite's journal makes every committed batch atomic and
+durable against a killed process (WAL mode, ``synchronous=NORMAL``: a power loss may lose the
+last commits but never corrupts the file), readers never block the writer, and time/category
+filters use indexes instead of scanning files. It ships with Python: no server to run.
+
+Layout: one table ``records`` with indexed columns ``time_unix_ns``, ``category`` and
+``exchange_id`` and the record as JSON text. Retention: ``max_rows`` (oldest deleted first) and
+``max_age_s``, enforced by :meth:`RecordStore.prune`, which the writer calls periodically.
+
+A :class:`RecordStore` belongs to the thread that opened it (the sink's writer thread);
+:func:`query_records` opens its own read-only connection and may run in any process.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+from gateway import jsonx
+
+_DDL = (
+    "CREATE TABLE IF NOT EXISTS records ("
+    " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+    " time_unix_ns INTEGER NOT NULL,"
+    " category TEXT,"
+    " exchange_id TEXT NOT NULL,"
+    " schema TEXT NOT NULL,"
+    " record TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS records_time ON records (time_unix_ns)",
+    "CREATE INDEX IF NOT EXISTS records_category ON records (category, time_unix_ns)",
+    "CREATE INDEX IF NOT EXISTS records_exchange ON records (exchange_id)",
+)
+_INSERT = (
+    "INSERT INTO records (time_unix_ns, category, exchange_id, schema, record)"
+    " VALUES (?, ?, ?, ?, ?)"
+)
+
+
+def _row(record: Mapping[str, Any]) -> tuple[int, str | None, str, str, str]:
+    return (
+        int(record["started_unix_ns"]),
+        record.get("category"),
+        str(record["exchange_id"]),
+        str(record["schema"]),
+        jsonx.dumps(record).decode(),
+    )
+
+
+class RecordStore:
+    """Appends records in transactions and enforces retention."""
+
+    def __init__(
+        self, path: str | Path, *, max_rows: int | None = None, max_age_s: float | None = None
+    ) -> None:
+        self.path = Path(path)
+        self.max_rows = max_rows
+        self.max_age_s = max_age_s
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        for statement in _DDL:
+            self._db.execute(statement)
+
+    def append(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Write ``records`` in one transaction: after return they survive a killed process."""
+        if not records:
+            return
+        rows = [_row(r) for r in records]
+        with self._transaction():
+            self._db.executemany(_INSERT, rows)
+
+    def prune(self, now_unix_ns: int | None = None) -> int:
+        """Apply retention; returns how many rows were deleted."""
+        deleted = 0
+        with self._transaction():
+            if self.max_age_s is not None:
+                now = time.time_ns() if now_unix_ns is None else now_unix_ns
+                cutoff = now - int(self.max_age_s * 1e9)
+                deleted += self._db.execute(
+                    "DELETE FROM records WHERE time_unix_ns < ?", (cutoff,)
+                ).rowcount
+            if self.max_rows is not None:
+                deleted += self._db.execute(
+                    "DELETE FROM records WHERE id <= (SELECT id FROM records"
+                    " ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                    (self.max_rows,),
+                ).rowcount
+        return deleted
+
+    def count(self) -> int:
+        row = self._db.execute("SELECT count(*) FROM records").fetchone()
+        return int(row[0])
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _transaction(self) -> _Tx:
+        return _Tx(self._db)
+
+
+class _Tx:
+    """BEGIN IMMEDIATE … COMMIT, ROLLBACK on error (autocommit connection)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+def query_records(
+    path: str | Path,
+    *,
+    since_unix_ns: int | None = None,
+    until_unix_ns: int | None = None,
+    category: str | None = None,
+    limit: int | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Records matching the filters, oldest first; ``limit`` keeps the newest ``limit`` of them.
+
+    Raises FileNotFoundError when ``path`` does not exist (a read never creates a store).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(str(p))
+    where: list[str] = []
+    args: list[Any] = []
+    if since_unix_ns is not None:
+        where.append("time_unix_ns >= ?")
+        args.append(since_unix_ns)
+    if until_unix_ns is not None:
+        where.append("time_unix_ns < ?")
+        args.append(until_unix_ns)
+    if category is not None:
+        where.append("category = ?")
+        args.append(category)
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    if limit is not None:
+        sql = (
+            "SELECT record FROM (SELECT record, time_unix_ns, id FROM records"
+            f"{clause} ORDER BY time_unix_ns DESC, id DESC LIMIT ?) ORDER BY time_unix_ns, id"
+        )
+        args.append(limit)
+    else:
+        sql = f"SELECT record FROM records{clause} ORDER BY time_unix_ns, id"
+    # Not ``mode=ro``: a read-only connection cannot create the WAL index of a store whose
+    # writer has exited; queries here never write.
+    with closing(sqlite3.connect(p, timeout=30.0)) as db:
+        for (text,) in db.execute(sql, args):
+            yield jsonx.loads(text)
