@@ -7,8 +7,17 @@ import argparse
 import asyncio
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
+from loadgen.matrix import (
+    MatrixError,
+    format_table,
+    load_matrix,
+    run_matrix,
+    stable_regions,
+    write_table,
+)
 from loadgen.progress import Progress
 from loadgen.results import (
     SloError,
@@ -108,8 +117,6 @@ def _add_loadgen(sub: Any) -> None:
 
 def _run_loadgen(args: argparse.Namespace) -> int:
     if args.matrix:
-        from loadgen.matrix import run_matrix_file
-
         return run_matrix_file(args.matrix, out=args.out, progress=not args.no_progress)
     if not args.base_url:
         print("specshadow loadgen: --base-url is required (or --matrix FILE)", file=sys.stderr)
@@ -188,9 +195,32 @@ def _add_matrix(sub: Any) -> None:
 
 
 def _run_matrix(args: argparse.Namespace) -> int:
-    from loadgen.matrix import run_matrix_file
-
     return run_matrix_file(args.file, out=args.out, progress=not args.no_progress)
+
+
+def run_matrix_file(path: str | Path, *, out: str | None = None, progress: bool = True) -> int:
+    """``specshadow matrix FILE``: run, write the table, print it and the stable region."""
+    try:
+        config = load_matrix(path)
+        base = Path(path).resolve().parent
+        records = read_trace(base / config.trace) if config.trace else bundled_trace()
+    except (MatrixError, ValueError, OSError) as exc:
+        print(f"specshadow matrix: {exc}", file=sys.stderr)
+        return 2
+    target = Path(out) if out else (base / (config.out or "matrix_results.jsonl"))
+    try:
+        rows = asyncio.run(run_matrix(config, records, progress=progress))
+    except MatrixError as exc:
+        print(f"specshadow matrix: {exc}", file=sys.stderr)
+        return 1
+    write_table(target, rows)
+    print(format_table(rows))
+    regions = stable_regions(rows)
+    print("\nstable operating region:" if regions else "\nno stable operating region found")
+    for line in regions:
+        print(f"  {line}")
+    print(f"\nresults table: {target}")
+    return 0
 
 
 def register(subparsers: Any) -> None:

@@ -1,0 +1,49 @@
+"""The adoption report: comparison records (and loadgen/matrix results) → one self-contained HTML
+page with embedded figures plus a Markdown summary, answering "adopt speculative decoding, for
+which traffic, and how do we roll back?".
+
+Layout: ``inputs`` (read the store and result files), ``analysis`` (pure numbers and verdicts),
+``plots`` (matplotlib Agg → PNG data URIs), ``render`` (HTML and Markdown, pure), ``cli``
+(``specshadow report``). :func:`build_report` is the one entry point for code (the demo).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadgen.report.analysis import Analysis, analyze
+from loadgen.report.inputs import read_records, read_results
+from loadgen.report.plots import figures
+from loadgen.report.render import render_html, render_markdown
+
+__all__ = ["Analysis", "ReportPaths", "analyze", "build_report", "read_records", "read_results"]
+
+TITLE = "Speculative decoding: adoption report"
+
+
+@dataclass(frozen=True, slots=True)
+class ReportPaths:
+    html: Path
+    markdown: Path
+    analysis: Analysis
+
+
+def build_report(
+    records: Iterable[Mapping[str, Any]],
+    results: Iterable[Mapping[str, Any]] | None,
+    out_dir: str | Path,
+    *,
+    title: str = TITLE,
+    sources: Sequence[str] = (),
+) -> ReportPaths:
+    """Write ``report.html`` and ``report.md`` into ``out_dir`` (created if missing)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    a = analyze(records, results)
+    html_path, md_path = out / "report.html", out / "report.md"
+    html_path.write_text(render_html(a, figures(a), title=title, sources=sources), "utf-8")
+    md_path.write_text(render_markdown(a, title=title, html_name=html_path.name), "utf-8")
+    return ReportPaths(html=html_path, markdown=md_path, analysis=a)

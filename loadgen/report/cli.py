@@ -1,0 +1,45 @@
+"""``specshadow report --store PATH --out DIR [--results FILE]``: build the adoption report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from loadgen.report import build_report, read_records, read_results
+
+__all__ = ["register"]
+
+
+def _run(args: argparse.Namespace) -> int:
+    if not args.store and not args.results:
+        print("specshadow report: give --store and/or --results", file=sys.stderr)
+        return 2
+    try:
+        records = read_records(args.store) if args.store else []
+        results = [r for path in args.results for r in read_results(path)]
+    except (OSError, ValueError) as exc:
+        print(f"specshadow report: {exc}", file=sys.stderr)
+        return 2
+    sources = ([f"store {args.store}"] if args.store else []) + [
+        f"results {p}" for p in args.results
+    ]
+    paths = build_report(records, results, args.out, sources=sources)
+    for v in paths.analysis.verdicts:
+        print(f"{v.category:<20} {v.decision}")
+    print(f"report: {paths.html}\nsummary: {paths.markdown}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``report`` to the ``specshadow`` parser."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "report",
+        help="build the adoption report (HTML + Markdown) from records and/or matrix results",
+    )
+    p.add_argument("--store", default=None, help="record store (SQLite) or records JSONL")
+    p.add_argument(
+        "--results", action="append", default=[], help="loadgen/matrix results JSONL (repeatable)"
+    )
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=_run)

@@ -1,0 +1,46 @@
+"""Report inputs: comparison records from the gateway's store, and loadgen/matrix result files.
+
+Records: the embedded SQLite store (read through :func:`gateway.records.query_records`), or JSON
+lines as ``specshadow records --store PATH`` prints them (``.jsonl``), or a folder of ``.jsonl``.
+Results: JSONL, one object per line — matrix cells (``schema specshadow.matrix/1``) and/or
+per-request loadgen results; :func:`loadgen.report.analysis.analyze` tells them apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gateway import jsonx
+
+__all__ = ["read_jsonl", "read_records", "read_results"]
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = jsonx.loads(line)
+            except jsonx.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: invalid JSON: {exc}") from exc
+            if isinstance(obj, dict):
+                yield obj
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """All records at ``path`` (SQLite store, JSONL file, or a folder of JSONL files)."""
+    p = Path(path)
+    if p.is_dir():
+        return [r for f in sorted(p.glob("*.jsonl")) for r in read_jsonl(f)]
+    if p.suffix in (".jsonl", ".json", ".ndjson"):
+        return list(read_jsonl(p))
+    from gateway.records import query_records
+
+    return list(query_records(p))
+
+
+def read_results(path: str | Path) -> list[dict[str, Any]]:
+    return list(read_jsonl(path))

@@ -1,0 +1,294 @@
+"""Report figures: matplotlib (Agg, no pyplot global state) rendered to base64 PNG data URIs.
+
+Each function takes the :class:`~loadgen.report.analysis.Analysis` and returns a ``data:`` URI,
+or ``None`` when there is nothing to draw (the report then says so in words).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from loadgen.report.analysis import ALL, Analysis, bucket_order
+
+__all__ = ["figures"]
+
+ROLE_COLORS = {"primary": "#3b6ea5", "candidate": "#e07b39", "baseline": "#9a9a9a"}
+DECISION_COLORS = {"adopt": "#2e7d32", "do not adopt": "#c62828", "not enough data": "#757575"}
+_DPI = 110
+
+
+def _figure(width_in: float = 8.0, height_in: float = 3.4) -> Figure:
+    fig = Figure(figsize=(width_in, height_in), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _style(ax: Any) -> None:
+    ax.spines["top"].set_visible(False)
+    ax.spines["right"].set_visible(False)
+    ax.grid(axis="y", alpha=0.25)
+
+
+def _uri(fig: Figure) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def speedup_forest(a: Analysis) -> str | None:
+    """Per category: e2e and tpot speedup with 95 % CI; a line at 1 (no change)."""
+    cats = [c for c in [*a.categories, ALL] if a.speedups.get(c, {}).get("e2e") is not None]
+    if not cats:
+        return None
+    verdict = {v.category: v.decision for v in a.verdicts}
+    fig = _figure(8.0, 0.9 + 0.55 * len(cats))
+    ax = fig.add_subplot()
+    for i, cat in enumerate(reversed(cats)):
+        for dy, metric, marker in ((0.13, "e2e", "o"), (-0.13, "tpot", "s")):
+            s = a.speedups[cat].get(metric)
+            if s is None:
+                continue
+            color = DECISION_COLORS[verdict.get(cat, "not enough data")]
+            ax.errorbar(
+                s.point, i + dy, xerr=[[s.point - s.ci_low], [s.ci_high - s.point]],
+                fmt=marker, color=color, ecolor=color, capsize=3, ms=6,
+                mfc=color if metric == "e2e" else "white",
+            )  # fmt: skip
+    ax.axvline(1.0, color="#333", lw=1, ls="--")
+    ax.set_yticks(range(len(cats)), [f"{c} (n={a.speedups[c]['e2e'].n})" for c in reversed(cats)])  # type: ignore[union-attr]
+    ax.set_xlabel("speedup = primary / candidate  (● e2e, □ tpot; > 1 = candidate faster)")
+    ax.spines["top"].set_visible(False)
+    ax.spines["right"].set_visible(False)
+    ax.grid(axis="x", alpha=0.25)
+    return _uri(fig)
+
+
+def latency_bars(a: Analysis) -> str | None:
+    """p50 bars with p99 ticks per category and role, for e2e and tpot."""
+    cats = [c for c in [*a.categories, ALL] if ("primary", c) in a.latency]
+    roles = [r for r in ROLE_COLORS if any((r, c) in a.latency for c in cats)]
+    if not cats or not roles:
+        return None
+    fig = _figure(9.0, 3.4)
+    axes = fig.subplots(1, 2)
+    width = 0.8 / len(roles)
+    for ax, metric, title in zip(axes, ("e2e_s", "tpot_s"), ("e2e", "tpot"), strict=True):
+        for j, role in enumerate(roles):
+            xs, p50s, p99s = [], [], []
+            for i, cat in enumerate(cats):
+                row = a.latency.get((role, cat), {}).get(metric)
+                if row is None or row[0] is None:
+                    continue
+                xs.append(i + (j - (len(roles) - 1) / 2) * width)
+                p50s.append(row[0] * 1e3)
+                p99s.append((row[2] or row[0]) * 1e3)
+            ax.bar(xs, p50s, width * 0.95, color=ROLE_COLORS[role], label=role)
+            ax.scatter(xs, p99s, marker="_", s=120, color="#222", zorder=3)
+        ax.set_xticks(range(len(cats)), cats, rotation=15)
+        ax.set_title(f"{title} (ms): bar p50, tick p99", fontsize=10)
+        _style(ax)
+    axes[0].legend(frameon=False, fontsize=8)
+    return _uri(fig)
+
+
+def _boxes(ax: Any, groups: Mapping[str, Sequence[float]], color: str) -> None:
+    keys = [k for k, v in groups.items() if v]
+    if not keys:
+        return
+    bp = ax.boxplot([groups[k] for k in keys], patch_artist=True, widths=0.55)
+    for patch in bp["boxes"]:
+        patch.set_facecolor(color)
+        patch.set_alpha(0.55)
+    ax.set_xticks(range(1, len(keys) + 1), keys, rotation=15)
+    _style(ax)
+
+
+def acceptance_panels(a: Analysis) -> str | None:
+    """Candidate tokens per event by category, output length and concurrency; acceptance length."""
+    dims = [
+        ("category", "by category"),
+        ("output_length", "by output length (tokens)"),
+        ("concurrency", "by concurrency"),
+    ]
+    present = [
+        (d, t) for d, t in dims if any(v["tokens_per_event"] for v in a.acceptance[d].values())
+    ]
+    if not present:
+        return None
+    fig = _figure(3.3 * len(present), 3.2)
+    axes = fig.subplots(1, len(present), squeeze=False)[0]
+    for ax, (dim, title) in zip(axes, present, strict=True):
+        groups = {
+            k: v["tokens_per_event"]
+            for k, v in sorted(a.acceptance[dim].items(), key=lambda kv: bucket_order(kv[0]))
+        }
+        _boxes(ax, groups, ROLE_COLORS["candidate"])
+        keys = [k for k, v in groups.items() if v]
+        mal = [a.acceptance[dim][k]["mean_acceptance_length"] for k in keys]
+        xs = [i + 1 for i, v in enumerate(mal) if v]
+        ys = [sum(v) / len(v) for v in mal if v]
+        if xs:
+            ax.scatter(
+                xs, ys, marker="D", color="#6a3d9a", zorder=3, label="mean acceptance length"
+            )
+            ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22))
+        ax.set_title(f"tokens per event {title}", fontsize=10)
+        ax.axhline(1.0, color="#333", lw=0.8, ls=":")
+    return _uri(fig)
+
+
+def quality_bars(a: Analysis) -> str | None:
+    """Divergence rate, candidate vs baseline (the noise floor), per category, Wilson 95 % CI."""
+    cats = [
+        c for c in [*a.categories, ALL] if c in a.quality and a.quality[c].candidate_divergence.n
+    ]
+    if not cats:
+        return None
+    fig = _figure(8.0, 3.0)
+    ax = fig.add_subplot()
+    for j, (attr, role) in enumerate(
+        (("baseline_divergence", "baseline"), ("candidate_divergence", "candidate"))
+    ):
+        xs, ys, lo, hi = [], [], [], []
+        for i, cat in enumerate(cats):
+            rate = getattr(a.quality[cat], attr)
+            if not rate.n:
+                continue
+            ci = rate.interval
+            xs.append(i + (j - 0.5) * 0.38)
+            ys.append(rate.value * 100)
+            lo.append((rate.value - ci[0]) * 100)
+            hi.append((ci[1] - rate.value) * 100)
+        label = (
+            "baseline vs primary (noise floor)" if role == "baseline" else "candidate vs primary"
+        )
+        ax.bar(xs, ys, 0.36, color=ROLE_COLORS[role], label=label, yerr=[lo, hi], capsize=3)
+    ax.set_xticks(range(len(cats)), cats)
+    ax.set_ylabel("% not exactly equal")
+    ax.legend(frameon=False, fontsize=8)
+    _style(ax)
+    return _uri(fig)
+
+
+def gate_bars(a: Analysis) -> str | None:
+    """Median share of e2e spent before the first token vs generating, per category."""
+    cats = [c for c in [*a.categories, ALL] if a.gate.get(c) is not None]
+    if not cats:
+        return None
+    fig = _figure(8.0, 0.8 + 0.42 * len(cats))
+    ax = fig.add_subplot()
+    gen = [a.gate[c] or 0.0 for c in reversed(cats)]
+    ys = range(len(cats))
+    ax.barh(ys, [1 - g for g in gen], color="#b9c7d8", label="waiting for the first token (ttft)")
+    ax.barh(ys, gen, left=[1 - g for g in gen], color=ROLE_COLORS["primary"], label="generating")
+    ax.axvline(0.5, color="#333", lw=1, ls="--")
+    ax.set_yticks(list(ys), list(reversed(cats)))
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of primary response time (median)")
+    ax.legend(frameon=False, fontsize=8, loc="lower left", bbox_to_anchor=(0, 1), ncols=2)
+    ax.spines["top"].set_visible(False)
+    ax.spines["right"].set_visible(False)
+    return _uri(fig)
+
+
+def matrix_speedup(a: Analysis) -> str | None:
+    """Per output-length bucket: e2e speedup vs concurrency per backend with CI; stable points
+    filled."""
+    rows = [r for r in a.matrix if r.get("speedup_e2e") is not None]
+    if not rows:
+        return None
+    buckets = sorted(
+        {str(r["bucket"]) for r in rows},
+        key=lambda b: min(int(r["max_tokens"]) for r in rows if r["bucket"] == b),
+    )
+    fig = _figure(max(4.2, 3.6 * len(buckets)), 3.3)
+    axes = fig.subplots(1, len(buckets), squeeze=False, sharey=True)[0]
+    palette = ["#e07b39", "#2e7d32", "#6a3d9a", "#c62828", "#00838f", "#8d6e63"]
+    backends = sorted({str(r["backend"]) for r in rows})
+    for ax, bucket in zip(axes, buckets, strict=True):
+        for k, backend in enumerate(backends):
+            cells = sorted(
+                (r for r in rows if r["bucket"] == bucket and r["backend"] == backend),
+                key=lambda r: r["concurrency"],
+            )
+            if not cells:
+                continue
+            color = palette[k % len(palette)]
+            xs = [r["concurrency"] for r in cells]
+            ax.fill_between(
+                xs,
+                [r["speedup_e2e_ci_low"] for r in cells],
+                [r["speedup_e2e_ci_high"] for r in cells],
+                color=color,
+                alpha=0.18,
+            )
+            ax.plot(xs, [r["speedup_e2e"] for r in cells], color=color, label=backend, lw=1.5)
+            for r in cells:
+                ax.scatter(
+                    [r["concurrency"]],
+                    [r["speedup_e2e"]],
+                    color=color,
+                    zorder=3,
+                    s=30,
+                    facecolors=color if r.get("stable") else "white",
+                )
+        ax.axhline(1.0, color="#333", lw=1, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(
+            sorted({r["concurrency"] for r in rows}),
+            [str(c) for c in sorted({r["concurrency"] for r in rows})],
+        )
+        ax.set_title(f"output bucket {bucket}", fontsize=10)
+        ax.set_xlabel("concurrency")
+        _style(ax)
+    axes[0].set_ylabel("e2e speedup vs reference")
+    axes[0].legend(frameon=False, fontsize=8)
+    return _uri(fig)
+
+
+def matrix_acceptance(a: Analysis) -> str | None:
+    """Tokens per event vs concurrency per backend (and bucket), from the matrix."""
+    rows = [r for r in a.matrix if r.get("tokens_per_event_mean") is not None]
+    if not rows:
+        return None
+    fig = _figure(6.0, 3.0)
+    ax = fig.add_subplot()
+    keys = sorted({(str(r["backend"]), str(r["bucket"])) for r in rows})
+    for backend, bucket in keys:
+        cells = sorted(
+            (r for r in rows if r["backend"] == backend and r["bucket"] == bucket),
+            key=lambda r: r["concurrency"],
+        )
+        ax.plot(
+            [r["concurrency"] for r in cells],
+            [r["tokens_per_event_mean"] for r in cells],
+            marker="o",
+            label=f"{backend} · {bucket}",
+        )
+    ax.set_xscale("log", base=2)
+    concs = sorted({r["concurrency"] for r in rows})
+    ax.set_xticks(concs, [str(c) for c in concs])
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("tokens per event (mean)")
+    ax.legend(frameon=False, fontsize=7, ncols=2)
+    _style(ax)
+    return _uri(fig)
+
+
+def figures(a: Analysis) -> dict[str, str | None]:
+    """Every figure by name (``None`` where there was nothing to draw)."""
+    return {
+        "speedup": speedup_forest(a),
+        "latency": latency_bars(a),
+        "acceptance": acceptance_panels(a),
+        "quality": quality_bars(a),
+        "gate": gate_bars(a),
+        "matrix_speedup": matrix_speedup(a),
+        "matrix_acceptance": matrix_acceptance(a),
+    }

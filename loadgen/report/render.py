@@ -1,0 +1,351 @@
+"""Report rendering: :class:`~loadgen.report.analysis.Analysis` + figures → one self-contained
+HTML page (inline CSS, images as data URIs, no scripts, no network) and a Markdown summary (pure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from html import escape
+from typing import Any
+
+from loadgen.report.analysis import ALL, GATE_SHARE, Analysis, Rate, Verdict, bucket_order
+from loadgen.speedup import Speedup
+
+__all__ = ["render_html", "render_markdown"]
+
+_CSS = """
+:root{--ink:#1d2330;--muted:#5b6472;--line:#e3e6ea;--bg:#f7f8fa;--adopt:#2e7d32;--no:#c62828;--nd:#757575}
+*{box-sizing:border-box}body{margin:0;font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--ink);background:var(--bg)}
+main{max-width:1080px;margin:0 auto;padding:28px 28px 60px}
+h1{font-size:26px;margin:0 0 4px}h2{font-size:19px;margin:34px 0 10px;padding-top:10px;border-top:1px solid var(--line)}
+h3{font-size:15px;margin:18px 0 6px}.sub{color:var(--muted);margin:0 0 18px}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(235px,1fr));gap:12px}
+.card{background:#fff;border:1px solid var(--line);border-left:6px solid var(--nd);border-radius:8px;padding:12px 14px}
+.card.adopt{border-left-color:var(--adopt)}.card.no{border-left-color:var(--no)}
+.card .cat{font-weight:600}.card .dec{font-size:18px;font-weight:700;margin:2px 0}
+.adopt .dec{color:var(--adopt)}.no .dec{color:var(--no)}.nd .dec{color:var(--nd)}
+.card ul{margin:6px 0 0;padding-left:18px;color:var(--muted);font-size:13px}
+.callout{background:#fff;border:1px solid var(--line);border-radius:8px;padding:12px 16px;margin:10px 0}
+.callout.warn{border-left:6px solid #f2a900}.callout.ok{border-left:6px solid var(--adopt)}
+figure{margin:10px 0;background:#fff;border:1px solid var(--line);border-radius:8px;padding:8px;text-align:center}
+figure img{max-width:100%;height:auto}figcaption{color:var(--muted);font-size:13px}
+div.scroll{overflow-x:auto;margin:8px 0}table{border-collapse:collapse;width:100%;background:#fff;border:1px solid var(--line);font-size:13px;margin:8px 0}
+th,td{padding:5px 8px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap}
+th:first-child,td:first-child,th.l,td.l{text-align:left}th{background:#eef1f5;font-weight:600}
+ol.check li{margin:4px 0}.muted{color:var(--muted)}code{background:#eef1f5;padding:0 4px;border-radius:3px}
+pre{white-space:pre-wrap;background:#fff;border:1px solid var(--line);padding:8px;border-radius:6px;font-size:12px;max-height:160px;overflow:auto}
+"""
+
+_CLASS = {"adopt": "adopt", "do not adopt": "no", "not enough data": "nd"}
+
+
+def _ms(v: float | None) -> str:
+    return "—" if v is None else f"{v * 1e3:.1f}"
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1%}"
+
+
+def _rate(r: Rate) -> str:
+    return f"{_pct(r.value)} ({r.k}/{r.n})" if r.n else "—"
+
+
+def _sp(s: Speedup | None) -> str:
+    return "—" if s is None else f"{s.point:.2f}× [{s.ci_low:.2f}, {s.ci_high:.2f}]"
+
+
+def _figure(uri: str | None, caption: str, empty: str) -> str:
+    if uri is None:
+        return f'<p class="muted">{escape(empty)}</p>'
+    return f'<figure><img src="{uri}" alt="{escape(caption)}"><figcaption>{escape(caption)}</figcaption></figure>'
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    th = "".join(f"<th>{escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<div class="scroll"><table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _card(v: Verdict) -> str:
+    label = "All traffic (one switch)" if v.category == ALL else v.category
+    reasons = "".join(f"<li>{escape(r)}</li>" for r in v.reasons)
+    needed = (
+        f"<li>sample size needed: about {v.pairs_needed} paired requests</li>"
+        if v.decision == "not enough data" and v.pairs_needed
+        else ""
+    )
+    return (
+        f'<div class="card {_CLASS[v.decision]}"><div class="cat">{escape(label)}</div>'
+        f'<div class="dec">{escape(v.decision.capitalize())}</div><ul>{reasons}{needed}</ul></div>'
+    )
+
+
+def _gate_text(a: Analysis) -> tuple[str, str]:
+    share = a.gate_overall
+    if share is None:
+        return (
+            "warn",
+            "No primary timings with both ttft and e2e: the decision gate cannot be computed.",
+        )
+    if share < GATE_SHARE:
+        return "warn", (
+            f"Only {share:.0%} of the primary's response time is spent generating (median). "
+            "Speculative decoding speeds up generation only, so it is rarely the first optimisation "
+            "here: look at queueing, prefill and time to first token first."
+        )
+    return "ok", (
+        f"{share:.0%} of the primary's response time is spent generating (median): generation "
+        "dominates, so faster decoding moves end-to-end latency."
+    )
+
+
+def _latency_rows(a: Analysis) -> list[list[str]]:
+    rows = []
+    for cat in [*a.categories, ALL]:
+        for role in ("primary", "candidate", "baseline"):
+            lat = a.latency.get((role, cat))
+            if lat is None:
+                continue
+            cells = [cat, role, str(a.latency_n.get((role, cat), 0))]
+            for m in ("ttft_s", "tpot_s", "chunk_gap_p50_s", "e2e_s"):
+                cells += [_ms(v) for v in lat[m]]
+            err = a.errors.get((role, cat))
+            cells.append(_pct(err.value) if err is not None else "—")
+            rows.append(cells)
+    return rows
+
+
+_LAT_HEAD = [
+    "category", "role", "n",
+    "ttft p50", "p95", "p99", "tpot p50", "p95", "p99",
+    "chunk gap p50", "p95", "p99", "e2e p50", "p95", "p99", "errors",
+]  # fmt: skip
+
+
+def _acceptance_rows(a: Analysis) -> list[list[str]]:
+    rows = []
+    for dim, label in (
+        ("category", "category"),
+        ("output_length", "output length"),
+        ("concurrency", "concurrency"),
+    ):
+        for key, v in sorted(a.acceptance[dim].items(), key=lambda kv: bucket_order(kv[0])):
+
+            def m(vals: list[float]) -> str:
+                return f"{sum(vals) / len(vals):.2f}" if vals else "—"
+
+            rows.append([
+                f"{label}: {key}", str(len(v["tokens_per_event"])), m(v["tokens_per_event"]),
+                m(v["mean_acceptance_length"]), m(v["draft_acceptance_rate"]), m(v["coverage"]),
+            ])  # fmt: skip
+    return rows
+
+
+def _quality_rows(a: Analysis) -> list[list[str]]:
+    rows = []
+    for cat in [*a.categories, ALL]:
+        q = a.quality.get(cat)
+        if q is None:
+            continue
+        worse = q.worse_than_noise
+        rows.append([
+            cat, _rate(q.candidate_divergence), _rate(q.baseline_divergence),
+            "—" if worse is None else ("worse" if worse else "within"),
+            str(q.flagged), _rate(q.json_valid), _rate(q.json_equal), _rate(q.tools_equal),
+            str(q.one_sided_refusals),
+            "—" if q.similarity_p50 is None else f"{q.similarity_p50:.3f}",
+        ])  # fmt: skip
+    return rows
+
+
+def _matrix_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    out = []
+    for r in rows:
+        sp = "reference" if r.get("backend") == r.get("reference") else "—"
+        if r.get("speedup_e2e") is not None:
+            sp = f"{r['speedup_e2e']:.2f}× [{r['speedup_e2e_ci_low']:.2f}, {r['speedup_e2e_ci_high']:.2f}]"
+        tpe = r.get("tokens_per_event_mean")
+        gp = r.get("goodput_share")
+        out.append([
+            str(r.get("backend")), str(r.get("proposer")), str(r.get("depth")), str(r.get("bucket")),
+            str(r.get("concurrency")), f"{r.get('succeeded')}/{r.get('requests')}",
+            _ms(r.get("ttft_s_p50")), _ms(r.get("tpot_s_p50")), _ms(r.get("e2e_s_p99")),
+            "—" if tpe is None else f"{tpe:.2f}", "—" if gp is None else f"{gp:.0%}",
+            sp, "yes" if r.get("stable") else ("" if r.get("stable") is None else "no"),
+        ])  # fmt: skip
+    return out
+
+
+def _loadgen_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    from gateway.stats import percentiles
+
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(str(r.get("category") or "uncategorized"), []).append(r)
+        groups.setdefault(ALL, []).append(r)
+    out = []
+    for cat, rs in groups.items():
+        ok = [r for r in rs if r.get("error") is None]
+        cells = [cat, f"{len(ok)}/{len(rs)}"]
+        for m in ("ttft_s", "tpot_s", "e2e_s"):
+            p50, p99 = percentiles([r[m] for r in ok if r.get(m) is not None], (50.0, 99.0))
+            cells += [_ms(p50), _ms(p99)]
+        out.append(cells)
+    return out
+
+
+def render_html(
+    a: Analysis, figs: Mapping[str, str | None], *, title: str, sources: Sequence[str]
+) -> str:
+    generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    cls, gate = _gate_text(a)
+    parts = [
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>',
+        f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{_CSS}</style></head><body><main>',
+        f"<h1>{escape(title)}</h1>",
+        f'<p class="sub">Generated {generated} from {escape(", ".join(sources) or "no inputs")} · '
+        f"{a.records} comparison records · categories: {escape(', '.join(a.categories) or '—')}</p>",
+    ]
+    if a.verdicts:
+        parts += [
+            "<h2>Bottom line</h2>",
+            '<div class="cards">',
+            *(_card(v) for v in a.verdicts),
+            "</div>",
+        ]
+    parts += [
+        "<h2>Decision gate: is generation the bottleneck?</h2>",
+        f'<div class="callout {cls}">{escape(gate)}</div>',
+        _figure(figs.get("gate"), "Median split of primary response time: waiting for the first token vs generating; dashed line at 50 %", "No timing data for the gate."),
+    ]  # fmt: skip
+    if a.records:
+        sp_rows = [
+            [c, str((a.speedups.get(c, {}).get("e2e") or Speedup(0, 0, 0, 0, 0)).n), _sp(a.speedups.get(c, {}).get("e2e")),
+             _sp(a.speedups.get(c, {}).get("tpot")), _sp(a.speedups.get(c, {}).get("ttft")), _sp(a.speedups.get(c, {}).get("baseline_e2e"))]
+            for c in [*a.categories, ALL] if c in a.speedups
+        ]  # fmt: skip
+        parts += [
+            "<h2>Speed: paired candidate-vs-primary speedups</h2>",
+            '<p class="muted">Per exchange ratio primary / candidate on the same request; geometric mean with a bootstrap 95 % interval. '
+            "Above 1 means the candidate is faster. The baseline column is the same comparison for a plain copy of the primary: it should sit at 1.</p>",
+            _figure(figs.get("speedup"), "Speedup per category with 95 % CI (colour = verdict)", "No paired primary/candidate exchanges."),
+            _table(["category", "pairs", "e2e", "tpot", "ttft", "baseline e2e (noise)"], sp_rows),
+            "<h3>Latency per role and category (ms)</h3>",
+            _figure(figs.get("latency"), "p50 (bars) and p99 (ticks) per role", "No latency data."),
+            _table(_LAT_HEAD, _latency_rows(a)),
+            "<h2>Speculation: acceptance</h2>",
+            '<p class="muted"><b>Tokens per event</b> (from the stream shape) ≈ tokens per target pass — what buys latency. '
+            "<b>Mean acceptance length</b> (vLLM) counts only the steps where the proposer drafted; <b>coverage</b> is the share of passes that drafted at all. "
+            "They are different quantities.</p>",
+            _figure(figs.get("acceptance"), "Candidate tokens per event (boxes) and mean acceptance length (diamonds)", "No candidate acceptance data."),
+            _table(["group", "n", "tokens/event", "mean acceptance length", "draft acceptance rate", "coverage"], _acceptance_rows(a)),
+            "<h2>Quality: equivalence against the noise floor</h2>",
+            '<p class="muted">A candidate divergence rate means something only next to the baseline\'s (two plain copies of the primary also diverge: batching, kernels, numerics).</p>',
+            _figure(figs.get("quality"), "Share of exchanges not exactly equal to the primary, with Wilson 95 % CI", "No comparisons recorded."),
+            _table(["category", "candidate diverges", "baseline diverges (noise)", "vs noise", "flagged (greedy)", "JSON valid", "JSON equal", "tool calls equal", "one-sided refusals", "similarity p50"], _quality_rows(a)),
+        ]  # fmt: skip
+        if a.examples:
+            parts.append("<h3>Worst examples</h3>")
+            for ex in a.examples:
+                sim = "—" if ex.similarity is None else f"{ex.similarity:.3f}"
+                parts.append(
+                    f"<p><b>{escape(ex.category)}</b> · exchange <code>{escape(ex.exchange_id)}</code> · similarity {sim} · "
+                    f"first divergence at {escape(str(ex.first_divergence))} {escape(str(ex.divergence_unit or ''))}</p>"
+                )
+                if ex.primary_text is not None or ex.candidate_text is not None:
+                    parts.append(
+                        f"<pre>primary:   {escape((ex.primary_text or '')[:600])}\ncandidate: {escape((ex.candidate_text or '')[:600])}</pre>"
+                    )
+                else:
+                    parts.append(
+                        '<p class="muted">Text was not captured (capture policy off/hashes).</p>'
+                    )
+    parts.append("<h2>Memory and utilisation</h2>")
+    if a.resources:
+        parts.append(_table(["backend", "KV-cache usage peak", "mean", "samples"], [
+            [b, _pct(r["kv_cache_usage_max"]), _pct(r["kv_cache_usage_mean"]), str(int(r["samples"]))] for b, r in sorted(a.resources.items())
+        ]))  # fmt: skip
+    else:
+        parts.append(
+            '<p class="muted">No backend exposed memory or utilisation (e.g. <code>vllm:kv_cache_usage_perc</code>).</p>'
+        )
+    if a.matrix:
+        regions = (
+            "".join(f"<li>{escape(line)}</li>" for line in a.stable_regions)
+            or "<li>none: no backend's speedup CI stays above 1 across neighbouring concurrencies</li>"
+        )
+        parts += [
+            "<h2>Benchmark matrix: the stable operating region</h2>",
+            f"<div class=\"callout\"><b>Stable region</b> (speedup CI &gt; 1 here and at the neighbouring concurrencies):<ul>{regions}</ul></div>",
+            _figure(figs.get("matrix_speedup"), "e2e speedup vs concurrency per backend (band: 95 % CI; filled: stable)", "No paired matrix cells."),
+            _figure(figs.get("matrix_acceptance"), "Tokens per event vs concurrency", "No tokens-per-event data in the matrix."),
+            _table(["backend", "proposer", "depth", "bucket", "conc.", "ok", "ttft p50", "tpot p50", "e2e p99", "tok/event", "goodput", "e2e speedup [95 % CI]", "stable"], _matrix_rows(a.matrix)),
+        ]  # fmt: skip
+    if a.loadgen:
+        parts += [
+            "<h2>Client-side load test</h2>",
+            _table(
+                ["category", "ok", "ttft p50", "p99", "tpot p50", "p99", "e2e p50", "p99"],
+                _loadgen_rows(a.loadgen),
+            ),
+        ]
+    if a.checklist:
+        items = "".join(f"<li>{escape(i)}</li>" for i in a.checklist)
+        parts += [
+            "<h2>Release checklist and rollback triggers</h2>",
+            f'<ol class="check">{items}</ol>',
+        ]
+    parts.append(
+        '<h2>Definitions</h2><p class="muted">ttft: request sent → first output-bearing event. '
+        "tpot: (e2e − ttft)/(output tokens − 1) = vLLM TPOT = AIPerf/GuideLLM ITL. chunk gap: gaps between output-bearing events = vLLM ITL = AIPerf ICL. "
+        "e2e: request sent → last output-bearing event = vLLM E2EL. tokens per event: output tokens / output-bearing events (no peer reports it).</p>"
+    )
+    parts.append("</main></body></html>")
+    return "\n".join(parts)
+
+
+def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
+    lines = [
+        f"# {title}",
+        "",
+        f"Full report with figures: `{html_name}`. {a.records} comparison records.",
+        "",
+    ]
+    if a.verdicts:
+        lines += [
+            "## Bottom line",
+            "",
+            "| category | verdict | e2e speedup [95 % CI] | tpot speedup | why |",
+            "|---|---|---|---|---|",
+        ]
+        for v in a.verdicts:
+            why = "; ".join(v.reasons)
+            if v.decision == "not enough data" and v.pairs_needed:
+                why += f"; need ≈{v.pairs_needed} pairs"
+            lines.append(
+                f"| {v.category} | **{v.decision}** | {_sp(v.e2e)} | {_sp(v.tpot)} | {why} |"
+            )
+        lines.append("")
+    _, gate = _gate_text(a)
+    lines += ["## Decision gate", "", gate, ""]
+    if a.quality:
+        lines += [
+            "## Quality vs noise floor",
+            "",
+            "| category | candidate diverges | baseline diverges | verdict |",
+            "|---|---|---|---|",
+        ]
+        for row in _quality_rows(a):
+            lines.append(f"| {row[0]} | {row[1]} | {row[2]} | {row[3]} |")
+        lines.append("")
+    if a.matrix:
+        lines += ["## Stable operating region", ""]
+        lines += [f"- {line}" for line in a.stable_regions] or ["- none found"]
+        lines.append("")
+    if a.checklist:
+        lines += ["## Release checklist", ""]
+        lines += [f"{i}. {item}" for i, item in enumerate(a.checklist, start=1)]
+        lines.append("")
+    return "\n".join(lines)

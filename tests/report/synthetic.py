@@ -1,0 +1,86 @@
+"""Synthetic comparison records with known truth (speedups, divergence rates, acceptance)."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+
+def leg(role: str, *, ttft: float, e2e: float, tokens: int, tpe: float | None, mal: float | None = None,
+        status: int = 200, outcome: str = "completed", kv: float | None = None) -> dict[str, Any]:
+    events = max(1, round(tokens / tpe)) if tpe else tokens
+    return {
+        "role": role,
+        "backend": f"{role}-backend",
+        "status": status,
+        "outcome": outcome,
+        "error_type": None if status < 400 else "UpstreamStatusError",
+        "ttft_s": ttft,
+        "tpot_s": (e2e - ttft) / (tokens - 1),
+        "e2e_s": e2e,
+        "chunk_gap_p50_s": (e2e - ttft) / max(1, events - 1),
+        "chunk_gap_p99_s": 2 * (e2e - ttft) / max(1, events - 1),
+        "output_tokens": tokens,
+        "tokens_source": "usage",
+        "events": events,
+        "tokens_per_event": tokens / events,
+        "output_length_bucket": "<64" if tokens < 64 else "64-256",
+        "concurrency_bucket": "1" if tokens % 2 else "2-4",
+        "acceptance": {
+            "mean_acceptance_length": mal,
+            "draft_acceptance_rate": None if mal is None else (mal - 1) / 4,
+            "source": "vllm_metrics" if mal else None,
+            "coverage": None,
+            "backend_window": {"kv_cache_usage_perc": kv} if kv is not None else None,
+        },
+        "output": {"sha256": "x", "chars": 10, "text": f"{role} text"},
+    }
+
+
+def comparison(a: str, b: str, exact: bool) -> dict[str, Any]:
+    return {
+        "a": a, "b": b, "comparable": True, "greedy": True, "flag": not exact,
+        "exact_match": exact, "first_divergence": None if exact else 7,
+        "divergence_unit": None if exact else "chars", "similarity": 1.0 if exact else 0.8,
+    }  # fmt: skip
+
+
+def records(
+    *,
+    speedups: dict[str, float],
+    n: int = 60,
+    noise: float = 0.08,
+    candidate_divergence: dict[str, float] | None = None,
+    baseline_divergence: float = 0.02,
+    ttft_s: float = 0.05,
+    seed: int = 1,
+) -> list[dict[str, Any]]:
+    """``n`` records per category; candidate e2e = primary e2e / speedup × lognormal(0, noise)."""
+    rng = random.Random(seed)
+    out = []
+    for cat, true_speedup in speedups.items():
+        div = (candidate_divergence or {}).get(cat, baseline_divergence)
+        for i in range(n):
+            tokens = rng.randint(20, 200)
+            e2e = ttft_s + tokens * 0.01 * math.exp(rng.gauss(0, 0.2))
+            cand_e2e = e2e / true_speedup * math.exp(rng.gauss(0, noise))
+            base_e2e = e2e * math.exp(rng.gauss(0, noise))
+            tpe = 1 + 1.6 * true_speedup / 1.5 if true_speedup > 1 else 1.05
+            out.append({
+                "schema": "specshadow.record/1",
+                "exchange_id": f"{cat}-{i}",
+                "request_id": f"req-{cat}-{i}",
+                "category": cat,
+                "started_unix_ns": 1_700_000_000_000_000_000 + i,
+                "legs": [
+                    leg("primary", ttft=ttft_s, e2e=e2e, tokens=tokens, tpe=1.0, kv=0.3),
+                    leg("candidate", ttft=min(ttft_s, cand_e2e / 2), e2e=cand_e2e, tokens=tokens, tpe=tpe, mal=tpe + 0.8, kv=0.45),
+                    leg("baseline", ttft=ttft_s, e2e=base_e2e, tokens=tokens, tpe=1.0),
+                ],
+                "comparisons": [
+                    comparison("primary", "candidate", rng.random() >= div),
+                    comparison("primary", "baseline", rng.random() >= baseline_divergence),
+                ],
+            })  # fmt: skip
+    return out
