@@ -10,14 +10,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadgen.matrix import (
-    MatrixError,
-    format_table,
-    load_matrix,
-    run_matrix,
-    stable_regions,
-    write_table,
-)
 from loadgen.progress import Progress
 from loadgen.results import (
     SloError,
@@ -200,6 +192,16 @@ def _run_matrix(args: argparse.Namespace) -> int:
 
 def run_matrix_file(path: str | Path, *, out: str | None = None, progress: bool = True) -> int:
     """``specshadow matrix FILE``: run, write the table, print it and the stable region."""
+    # Imported here: numpy (paired bootstrap) loads only for matrix runs.
+    from loadgen.matrix import (
+        MatrixError,
+        format_table,
+        load_matrix,
+        run_matrix,
+        stable_regions,
+        write_table,
+    )
+
     try:
         config = load_matrix(path)
         base = Path(path).resolve().parent

@@ -6,12 +6,13 @@ import argparse
 import sys
 from typing import Any
 
-from loadgen.report import build_report, read_records, read_results
-
 __all__ = ["register"]
 
 
 def _run(args: argparse.Namespace) -> int:
+    # Imported here: numpy and matplotlib load only when a report is built, not for every command.
+    from loadgen.report import build_report, read_records, read_results
+
     if not args.store and not args.results:
         print("specshadow report: give --store and/or --results", file=sys.stderr)
         return 2
