@@ -11,7 +11,8 @@ __all__ = ["register"]
 
 def _run(args: argparse.Namespace) -> int:
     # Imported here: numpy and matplotlib load only when a report is built, not for every command.
-    from loadgen.report import build_report, read_records, read_results
+    from loadgen.report import build_report
+    from loadgen.report.inputs import read_records, read_results
 
     if not args.store and not args.results:
         print("specshadow report: give --store and/or --results", file=sys.stderr)
