@@ -13,7 +13,7 @@ Deviation from the OTel SDK's autoconfiguration, on purpose: with no ``OTEL_TRAC
 ``OTEL_METRICS_EXPORTER`` set, OTLP export is on only when an endpoint variable is set (a gateway
 without a collector should not retry ``localhost:4318`` forever); set the exporter variable to
 ``otlp`` to use the spec's default endpoint. ``/metrics`` (Prometheus) is served whenever telemetry
-is enabled.
+is enabled, unless ``OTEL_METRICS_EXPORTER`` is exactly ``none``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
@@ -26,6 +26,9 @@ from gateway.exchange import Exchange, LegResult
 from otel import instruments as inst, record, semconv as sc
 from otel.prometheus import CONTENT_TYPE, PullMetricReader, render
 from otel.record import EvaluationResult, nothing, safe
+
+if TYPE_CHECKING:
+    from otel.setup import TelemetrySettings
 
 _log = logging.getLogger(__name__)
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -51,7 +54,7 @@ class Telemetry:
     def __init__(
         self,
         *,
-        settings: object,
+        settings: TelemetrySettings,
         tracer_provider: TracerProvider | None,
         meter_provider: MeterProvider | None,
         pull_reader: PullMetricReader | None,
@@ -79,7 +82,7 @@ class Telemetry:
         )
 
     @classmethod
-    def disabled(cls, settings: object) -> Telemetry:
+    def disabled(cls, settings: TelemetrySettings) -> Telemetry:
         """A Telemetry whose every call is a no-op (``OTEL_SDK_DISABLED=true``)."""
         return cls(settings=settings, tracer_provider=None, meter_provider=None, pull_reader=None)
 
