@@ -29,7 +29,7 @@ class Progress:
         self._interval_ns = int(min_interval_s * 1e9)
         self._start_ns = time.perf_counter_ns()
         self._last_ns = 0
-        self._last_decile = -1
+        self._last_decile = 0
 
     def __call__(self, result: RequestResult) -> None:
         self.done += 1

@@ -257,7 +257,7 @@ def matrix_acceptance(a: Analysis) -> str | None:
     rows = [r for r in a.matrix if r.get("tokens_per_event_mean") is not None]
     if not rows:
         return None
-    fig = _figure(6.0, 3.0)
+    fig = _figure(7.5, 3.0)
     ax = fig.add_subplot()
     keys = sorted({(str(r["backend"]), str(r["bucket"])) for r in rows})
     for backend, bucket in keys:
@@ -276,7 +276,7 @@ def matrix_acceptance(a: Analysis) -> str | None:
     ax.set_xticks(concs, [str(c) for c in concs])
     ax.set_xlabel("concurrency")
     ax.set_ylabel("tokens per event (mean)")
-    ax.legend(frameon=False, fontsize=7, ncols=2)
+    ax.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     _style(ax)
     return _uri(fig)
 

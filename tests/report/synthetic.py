@@ -7,8 +7,18 @@ import random
 from typing import Any
 
 
-def leg(role: str, *, ttft: float, e2e: float, tokens: int, tpe: float | None, mal: float | None = None,
-        status: int = 200, outcome: str = "completed", kv: float | None = None) -> dict[str, Any]:
+def leg(
+    role: str,
+    *,
+    ttft: float,
+    e2e: float,
+    tokens: int,
+    tpe: float | None,
+    mal: float | None = None,
+    status: int = 200,
+    outcome: str = "completed",
+    kv: float | None = None,
+) -> dict[str, Any]:
     events = max(1, round(tokens / tpe)) if tpe else tokens
     return {
         "role": role,

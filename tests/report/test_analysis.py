@@ -1,0 +1,131 @@
+"""Report analysis on synthetic records with known truth: speedup CIs contain the true ratio,
+verdicts follow speed and quality, the gate and the checklist use the measured numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from loadgen.report.analysis import ALL, analyze, bucket_order, wilson
+from loadgen.speedup import paired_speedup, samples_needed
+from tests.report.synthetic import records
+
+
+@pytest.mark.parametrize("true_speedup", [0.8, 1.25, 1.6])
+def test_the_e2e_speedup_ci_contains_the_true_ratio(true_speedup):
+    a = analyze(records(speedups={"chat": true_speedup}, n=80, seed=11))
+    s = a.speedups["chat"]["e2e"]
+    assert s is not None and s.n == 80
+    assert s.ci_low <= true_speedup <= s.ci_high
+    assert s.ci_high - s.ci_low < 0.15 * true_speedup  # and it is informative
+    base = a.speedups["chat"]["baseline_e2e"]
+    assert base is not None and base.ci_low <= 1.0 <= base.ci_high * 1.02  # noise sits at 1
+
+
+def test_the_bootstrap_is_seeded_and_drops_unusable_pairs():
+    pairs = [(2.0, 1.0), (4.0, 2.0), (3.0, 1.5), (None, 1.0), (1.0, 0.0), (1.0, None)]
+    a, b = paired_speedup(pairs), paired_speedup(pairs)
+    assert a == b and a is not None and a.n == 3 and a.point == pytest.approx(2.0)
+    assert paired_speedup([(1.0, 1.0)]) is None
+
+
+def test_samples_needed_shrinks_the_ci_below_the_effect():
+    wide = paired_speedup([(1.1, 1.0), (0.95, 1.0), (1.2, 1.0), (0.9, 1.0), (1.15, 1.0)])
+    assert wide is not None and wide.ci_low < 1.0 < wide.ci_high
+    needed = samples_needed(wide)
+    assert needed is not None and needed > wide.n
+    flat = paired_speedup([(1.0, 1.0), (1.0, 1.0)])
+    assert flat is not None and samples_needed(flat) is None
+
+
+def test_verdicts_follow_speed_quality_and_sample_size():
+    recs = records(
+        speedups={"chat": 1.5, "json": 1.5, "slow": 0.8, "flat": 1.0},
+        n=60, noise=0.01, candidate_divergence={"json": 0.4}, seed=5,
+    ) + records(speedups={"rare": 1.4}, n=5, seed=6)  # fmt: skip
+    a = analyze(recs)
+    verdict = {v.category: v for v in a.verdicts}
+    assert verdict["chat"].decision == "adopt"
+    assert verdict["json"].decision == "do not adopt" and "diverges" in verdict["json"].reasons[0]
+    assert verdict["slow"].decision == "do not adopt" and "slower" in verdict["slow"].reasons[-1]
+    assert (
+        verdict["flat"].decision == "do not adopt"
+        and "no material gain" in verdict["flat"].reasons[-1]
+    )
+    assert verdict["rare"].decision == "not enough data" and verdict["rare"].pairs_needed == 10
+    assert a.quality["json"].worse_than_noise and not a.quality["chat"].worse_than_noise
+    assert ALL in verdict
+
+
+def test_an_uncertain_speedup_asks_for_a_sample_size():
+    a = analyze(records(speedups={"chat": 1.04}, n=12, noise=0.25, seed=2))
+    v = a.verdicts[0]
+    assert v.decision == "not enough data"
+    assert v.pairs_needed is not None and v.pairs_needed > 12
+    assert any(f"Before deciding chat: shadow about {v.pairs_needed}" in i for i in a.checklist)
+
+
+def test_the_gate_measures_the_share_of_e2e_spent_generating():
+    a = analyze(records(speedups={"chat": 1.5}, n=20, ttft_s=0.05))
+    assert a.gate["chat"] is not None and a.gate["chat"] > 0.9
+    slow_start = analyze(records(speedups={"chat": 1.5}, n=20, ttft_s=10.0))
+    assert slow_start.gate_overall is not None and slow_start.gate_overall < 0.5
+
+
+def test_rollback_triggers_come_from_the_adopted_categories_numbers():
+    a = analyze(records(speedups={"chat": 1.5, "slow": 0.8}, n=40, seed=4))
+    c_tpot = a.latency[("candidate", "chat")]["tpot_s"][2]
+    p_tpot = a.latency[("primary", "chat")]["tpot_s"][2]
+    assert c_tpot is not None and p_tpot is not None
+    limit = min(c_tpot * 1.2, p_tpot)
+    text = "\n".join(a.checklist)
+    assert a.checklist[0].startswith("Enable speculative decoding for: chat.")
+    assert f"Roll back chat if candidate p99 tpot > {limit * 1e3:.1f} ms" in text
+    assert "Roll back chat if its divergence rate exceeds the noise floor" in text
+    assert "slow" not in a.checklist[0]
+
+
+def test_acceptance_is_grouped_by_category_output_length_and_concurrency():
+    a = analyze(records(speedups={"chat": 1.5, "code": 1.2}, n=30))
+    assert set(a.acceptance["category"]) == {"chat", "code"}
+    assert set(a.acceptance["output_length"]) <= {"<64", "64-256"}
+    assert set(a.acceptance["concurrency"]) == {"1", "2-4"}
+    chat = a.acceptance["category"]["chat"]
+    assert len(chat["tokens_per_event"]) == 30 and min(chat["tokens_per_event"]) > 2
+    assert a.resources["candidate-backend"]["kv_cache_usage_max"] == pytest.approx(0.45)
+
+
+def test_failed_legs_count_as_errors_and_leave_the_timings():
+    recs = records(speedups={"chat": 1.5}, n=12)
+    recs[0]["legs"][1] |= {"status": 503, "outcome": "upstream_status", "e2e_s": 99.0}
+    a = analyze(recs)
+    assert a.errors[("candidate", "chat")].k == 1
+    assert a.speedups["chat"]["e2e"].n == 11  # type: ignore[union-attr]
+    assert (a.latency[("candidate", "chat")]["e2e_s"][2] or 0.0) < 99.0
+
+
+def test_no_records_means_no_verdicts():
+    a = analyze([], [{"schema": "specshadow.matrix/1", "backend": "b", "bucket": "s",
+                      "concurrency": 1, "stable": True}])  # fmt: skip
+    assert (
+        a.verdicts == []
+        and a.checklist == []
+        and a.stable_regions == ["b × s: speedup CI > 1 at concurrency 1"]
+    )
+
+
+def test_helpers_wilson_and_bucket_order():
+    lo, hi = wilson(5, 10) or (0, 0)
+    assert lo < 0.5 < hi and wilson(0, 0) is None
+    labels = [">=1024", "64-256", "<64", "256-1024", "2-4", "1", "x"]
+    assert sorted(labels, key=bucket_order) == [
+        "1",
+        "2-4",
+        "<64",
+        "64-256",
+        "256-1024",
+        ">=1024",
+        "x",
+    ]
+    assert math.isinf(bucket_order("x")[0])

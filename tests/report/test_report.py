@@ -1,0 +1,158 @@
+"""``specshadow report`` end to end: a SQLite record store plus matrix and loadgen results in,
+a self-contained HTML page and a Markdown summary out; the page checked in headless Chromium."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from gateway.records import RecordStore
+from loadgen.matrix import mark_stable
+from loadgen.report import build_report
+from tests.report.synthetic import records
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+MATRIX_ROWS = [
+    {"schema": "specshadow.matrix/1", "backend": b, "proposer": p, "depth": d, "bucket": k,
+     "max_tokens": m, "concurrency": c, "requests": 20, "succeeded": 20, "reference": "plain",
+     "ttft_s_p50": 0.02, "tpot_s_p50": 0.01 / s, "e2e_s_p99": 0.5 / s,
+     "tokens_per_event_mean": 1.0 if b == "plain" else 1 + s - c / 16,
+     "goodput_share": 1.0, "kv_cache_usage_peak": 0.05 * c,
+     "speedup_e2e": None if b == "plain" else s / (1 + c / 16),
+     "speedup_e2e_ci_low": None if b == "plain" else s / (1 + c / 16) - 0.1,
+     "speedup_e2e_ci_high": None if b == "plain" else s / (1 + c / 16) + 0.1}
+    for b, p, d, s in (("plain", "none", 0, 1.0), ("ngram-k4", "ngram", 4, 1.4), ("draft-k2", "draft_model", 2, 1.2))
+    for k, m in (("short", 32), ("long", 256))
+    for c in (1, 4, 16)
+]  # fmt: skip
+mark_stable(MATRIX_ROWS)
+LOADGEN_ROWS = [
+    {"index": i, "warmup": False, "category": "chat", "error": None, "ttft_s": 0.02,
+     "tpot_s": 0.01, "e2e_s": 0.3 + i / 100}
+    for i in range(5)
+]  # fmt: skip
+
+
+def sample_records() -> list[dict]:
+    return records(
+        speedups={"chat": 1.5, "structured_output": 1.03, "multi_turn": 0.85},
+        n=50, candidate_divergence={"structured_output": 0.3},
+    ) + records(speedups={"code": 1.3}, n=6, seed=9)  # fmt: skip
+
+
+def test_report_command_reads_the_store_and_results_and_writes_html_and_markdown(tmp_path, capsys):
+    store = RecordStore(tmp_path / "records.db")
+    store.append(sample_records())
+    store.close()
+    results = tmp_path / "results.jsonl"
+    import json
+
+    results.write_text("".join(json.dumps(r) + "\n" for r in MATRIX_ROWS + LOADGEN_ROWS))
+    out = tmp_path / "report"
+    code = main(
+        [
+            "report",
+            "--store",
+            str(tmp_path / "records.db"),
+            "--results",
+            str(results),
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "chat                 adopt" in printed and str(out / "report.html") in printed
+    html = (out / "report.html").read_text()
+    md = (out / "report.md").read_text()
+    # Self-contained: no scripts, no stylesheets or images fetched from anywhere.
+    assert "<script" not in html and "<link" not in html
+    assert not re.search(r'(src|href)="(?!data:)', html)
+    assert html.count('<img src="data:image/png;base64,') == 7
+    for heading in ("Bottom line", "Decision gate", "paired candidate-vs-primary speedups",
+                    "acceptance", "noise floor", "Memory and utilisation", "stable operating region",
+                    "Client-side load test", "Release checklist"):  # fmt: skip
+        assert heading in html
+    assert "| chat | **adopt** |" in md and "| structured_output | **do not adopt** |" in md
+    assert "ngram-k4 × long: speedup CI > 1 at concurrency 1" in md
+    assert "Roll back chat if candidate p99 tpot" in md
+
+
+def test_report_command_needs_an_input(tmp_path, capsys):
+    assert main(["report", "--out", str(tmp_path)]) == 2
+    assert main(["report", "--store", str(tmp_path / "missing.db"), "--out", str(tmp_path)]) == 2
+    assert "specshadow report:" in capsys.readouterr().err
+
+
+def test_records_as_json_lines_work_too_and_an_empty_report_still_renders(tmp_path):
+    import json
+
+    lines = tmp_path / "records.jsonl"
+    lines.write_text("".join(json.dumps(r) + "\n" for r in sample_records()[:30]))
+    assert main(["report", "--store", str(lines), "--out", str(tmp_path / "a")]) == 0
+    empty = build_report([], None, tmp_path / "b")
+    html = empty.html.read_text()
+    assert "No paired" not in html and "cannot be computed" in html
+
+
+HARNESS = """<script>
+window.onerror = function (message) {
+  document.documentElement.setAttribute("data-js-error", String(message));
+};
+window.addEventListener("load", function () {
+  var images = Array.prototype.slice.call(document.images);
+  var drawn = images.filter(function (i) { return i.complete && i.naturalWidth > 0; });
+  var marker = document.createElement("div");
+  marker.id = "render-check";
+  marker.textContent = "images " + drawn.length + "/" + images.length;
+  document.body.appendChild(marker);
+});
+</script>"""
+
+
+JS_ERROR = re.compile(r"<html[^>]*data-js-error=")
+
+
+def chromium(*args: str, profile: Path) -> str:
+    assert CHROMIUM is not None
+    cmd = [
+        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+        f"--user-data-dir={profile}", "--virtual-time-budget=5000", *args,
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def with_harness(html: str, extra: str = "") -> str:
+    return html.replace("<head>", "<head>" + HARNESS + extra, 1)
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_the_report_renders_every_plot_without_errors_in_headless_chromium(tmp_path):
+    paths = build_report(sample_records(), MATRIX_ROWS, tmp_path / "report")
+    page = tmp_path / "checked.html"
+    page.write_text(with_harness(paths.html.read_text()))
+    dom = chromium("--dump-dom", page.as_uri(), profile=tmp_path / "profile")
+    assert 'id="render-check">images 7/7<' in dom
+    assert not JS_ERROR.search(dom)
+    # The hook really catches errors: the same page with a failing script says so.
+    broken = tmp_path / "broken.html"
+    broken.write_text(with_harness(paths.html.read_text(), "<script>null.boom()</script>"))
+    assert JS_ERROR.search(chromium("--dump-dom", broken.as_uri(), profile=tmp_path / "profile"))
+    shot = tmp_path / "report.png"
+    chromium(
+        f"--screenshot={shot}",
+        "--window-size=1200,2400",
+        paths.html.as_uri(),
+        profile=tmp_path / "profile",
+    )
+    assert shot.stat().st_size > 50_000
