@@ -66,6 +66,9 @@ class Exchange:
     request_json: Mapping[str, Any] | None = None
     # The deciding rule's capture setting; None: the record sink's default applies.
     capture: CaptureSpec | None = None
+    # W3C traceparent of the request's SERVER span: comparison spans made later (off the event
+    # loop, after the request span ended) join the same trace.
+    traceparent: str | None = None
 
     @property
     def legs(self) -> tuple[LegResult, ...]:

@@ -15,16 +15,31 @@ import uuid
 from typing import Any
 
 from aiohttp import web
+from opentelemetry.trace import Span
 
 from gateway import jsonx
-from gateway.errors import BodyTooLargeError, ClientRequestError, UpstreamError, error_response
-from gateway.exchange import ROUTE_PATHS, Exchange, LegResult, ModelName, RequestId, Route
+from gateway.errors import (
+    BodyTooLargeError,
+    ClientRequestError,
+    GatewayError,
+    UpstreamError,
+    error_response,
+)
+from gateway.exchange import (
+    OPERATION_NAMES,
+    ROUTE_PATHS,
+    Exchange,
+    LegResult,
+    ModelName,
+    RequestId,
+    Route,
+)
 from gateway.forward import RecorderTee, recorder_for, relay
 from gateway.headers import REQUEST_ID, upstream_request_headers
 from gateway.shadow import ShadowBatch
 from gateway.state import GATEWAY, Gateway
 from gateway.timings import StreamOutcome
-from policies.compiled import CaptureSpec, Decision, RequestFacts
+from policies.compiled import CaptureSpec, CompiledPolicy, Decision, RequestFacts
 
 
 def request_id_of(request: web.Request) -> str:
@@ -62,11 +77,18 @@ def _number(value: object) -> float | None:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
+    tel = gw.telemetry
     route: Route = ROUTE_PATHS[request.path]
+    span = tel.start_request_span(route=request.path, method="POST", carrier=request.headers)
     request_id = request_id_of(request)
-    body = await read_body(request, gw.settings.max_body_bytes)
-    payload = parse_payload(body)
+    try:
+        body = await read_body(request, gw.settings.max_body_bytes)
+        payload = parse_payload(body)
+    except GatewayError as exc:
+        tel.end_request_span(span, status_code=exc.status, error_type=type(exc).__name__)
+        raise
     draft = ExchangeDraft.from_request(request, payload, route=route, request_id=request_id)
+    draft.traceparent = tel.traceparent_headers(span).get("traceparent")
     policy = gw.policy.current
     decision = policy.decide(
         RequestFacts(
@@ -93,46 +115,36 @@ async def completions(request: web.Request) -> web.StreamResponse:
             payload=payload,
             client_headers=request.headers,
             request_id=request_id,
+            parent_span=span,
+            stream=draft.stream,
         )
         draft.drop_reason = draft.drop_reason or drop_reason
 
     if decision.legs and policy.mirror.timing == "with_primary":
         mirror()
-    headers = upstream_request_headers(request.headers, request_id=request_id)
+    leg = PrimaryLeg(gw, span, draft)
+    headers = upstream_request_headers(
+        request.headers, request_id=request_id, extra=leg.trace_headers()
+    )
     gw.in_flight += 1
-    inflight = gw.in_flight
-    started_unix_ns = time.time_ns()
-    t0_ns = time.perf_counter_ns()
-    tee: RecorderTee | None = None
-    status: int | None = None
+    leg.start(gw.in_flight)
     try:
         async with gw.primary.open("POST", request.path_qs, headers=headers, data=body) as up:
-            status = up.status
-            tee = recorder_for(up, t0_ns)
+            leg.status = up.status
+            leg.tee = recorder_for(up, leg.t0_ns)
             downstream, outcome, error_type = await relay(
-                request, up, request_id=request_id, tee=tee
+                request, up, request_id=request_id, tee=leg.tee
             )
     except UpstreamError as exc:
         outcome = "upstream_timeout" if exc.status == 504 else "upstream_error"
-        leg = _primary_leg(
-            gw, status, outcome, type(exc).__name__, tee, started_unix_ns, t0_ns, inflight
-        )
-        _finish(gw, draft, leg, shadows, policy.timeouts.total_s)
+        done = leg.finish(outcome, type(exc).__name__, None, response_status=exc.status)
+        _finish(gw, draft, done, shadows, policy)
         return error_response(exc, headers={REQUEST_ID: request_id})
     except asyncio.CancelledError:
-        leg = _primary_leg(
-            gw,
-            status,
-            "client_disconnected",
-            "CancelledError",
-            tee,
-            started_unix_ns,
-            t0_ns,
-            inflight,
-        )
         if shadows is not None and policy.mirror.on_client_disconnect == "cancel":
             shadows.cancel("cancelled")
-        _finish(gw, draft, leg, shadows, policy.timeouts.total_s)
+        done = leg.finish("client_disconnected", "CancelledError", leg.status)
+        _finish(gw, draft, done, shadows, policy)
         raise
     finally:
         gw.in_flight -= 1
@@ -141,8 +153,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     disconnected = outcome == "client_disconnected"
     if disconnected and shadows is not None and policy.mirror.on_client_disconnect == "cancel":
         shadows.cancel("cancelled")
-    leg = _primary_leg(gw, status, outcome, error_type, tee, started_unix_ns, t0_ns, inflight)
-    _finish(gw, draft, leg, shadows, policy.timeouts.total_s)
+    _finish(gw, draft, leg.finish(outcome, error_type, leg.status), shadows, policy)
     return downstream
 
 
@@ -156,7 +167,7 @@ def _finish(
     draft: ExchangeDraft,
     primary: LegResult,
     shadows: ShadowBatch | None,
-    deadline_s: float,
+    policy: CompiledPolicy,
 ) -> None:
     """Submit the exchange now, or once its shadow legs end (a tracked task) — never blocking."""
     if shadows is None or not shadows.tasks:
@@ -165,37 +176,101 @@ def _finish(
 
     async def assemble() -> None:
         elapsed_s = (time.time_ns() - draft.started_unix_ns) / 1e9
-        results = await shadows.results(deadline_s - elapsed_s)
+        results = await shadows.results(policy.timeouts.total_s - elapsed_s)
         gw.submit(draft.build(primary, results))
 
     _task = gw.tasks.spawn(assemble(), name=f"exchange:{draft.request_id}")
 
 
-def _primary_leg(
-    gw: Gateway,
-    status: int | None,
-    outcome: StreamOutcome,
-    error_type: str | None,
-    tee: RecorderTee | None,
-    started_unix_ns: int,
-    t0_ns: int,
-    inflight: int,
-) -> LegResult:
-    recording = tee.recorder.finish(outcome=outcome, status=status) if tee is not None else None
-    return LegResult(
-        role="primary",
-        backend=gw.primary.target.name,
-        server_address=gw.primary.target.server_address,
-        upstream_model=None,
-        status=status,
-        outcome=outcome,
-        error_type=error_type,
-        recording=recording,
-        started_unix_ns=started_unix_ns,
-        t0_ns=t0_ns,
-        end_ns=time.perf_counter_ns(),
-        inflight_at_dispatch=inflight,
+class PrimaryLeg:
+    """The primary leg in flight: its spans, its recorder tee, and its end as a LegResult.
+
+    The request span (SERVER) ends with the primary, when the client's response ends; shadow leg
+    spans may end later in the same trace.
+    """
+
+    __slots__ = (
+        "draft",
+        "gw",
+        "inflight",
+        "request_span",
+        "span",
+        "started_unix_ns",
+        "status",
+        "t0_ns",
+        "tee",
     )
+
+    def __init__(self, gw: Gateway, request_span: Span, draft: ExchangeDraft) -> None:
+        self.gw = gw
+        self.draft = draft
+        self.request_span = request_span
+        self.started_unix_ns = time.time_ns()
+        self.t0_ns = time.perf_counter_ns()
+        self.inflight = 0
+        self.status: int | None = None
+        self.tee: RecorderTee | None = None
+        target = gw.primary.target
+        self.span = gw.telemetry.start_leg_span(
+            request_span,
+            operation=OPERATION_NAMES[draft.route],
+            model=draft.requested_model,
+            role="primary",
+            backend=target.name,
+            server_address=target.server_address,
+            stream=draft.stream,
+        )
+
+    def trace_headers(self) -> list[tuple[str, str]]:
+        return list(self.gw.telemetry.traceparent_headers(self.span).items())
+
+    def start(self, inflight: int) -> None:
+        self.inflight = inflight
+        self.started_unix_ns, self.t0_ns = time.time_ns(), time.perf_counter_ns()
+
+    def finish(
+        self,
+        outcome: StreamOutcome,
+        error_type: str | None,
+        status: int | None,
+        *,
+        response_status: int | None = None,
+    ) -> LegResult:
+        """End the leg: its LegResult, its CLIENT span, and the request's SERVER span.
+
+        ``status`` is the upstream's; ``response_status`` what the client got when the gateway
+        answered itself (502/504).
+        """
+        tee = self.tee
+        recording = tee.recorder.finish(outcome=outcome, status=status) if tee is not None else None
+        end_ns = time.perf_counter_ns()
+        target = self.gw.primary.target
+        leg = LegResult(
+            role="primary",
+            backend=target.name,
+            server_address=target.server_address,
+            upstream_model=self.draft.requested_model,
+            status=status,
+            outcome=outcome,
+            error_type=error_type,
+            recording=recording,
+            started_unix_ns=self.started_unix_ns,
+            t0_ns=self.t0_ns,
+            end_ns=end_ns,
+            inflight_at_dispatch=self.inflight,
+        )
+        tel = self.gw.telemetry
+        end_unix_ns = self.started_unix_ns + (end_ns - self.t0_ns)
+        capture = self.draft.capture is not None and self.draft.capture.text == "full"
+        tel.finish_leg_span(self.span, leg, end_unix_ns=end_unix_ns, capture_text=capture)
+        tel.annotate_request_span(self.request_span, self.draft.build(leg, ()))
+        tel.end_request_span(
+            self.request_span,
+            status_code=response_status or status,
+            error_type=None if outcome == "completed" else (error_type or outcome),
+            end_unix_ns=end_unix_ns,
+        )
+        return leg
 
 
 class ExchangeDraft:
@@ -218,6 +293,7 @@ class ExchangeDraft:
         "started_unix_ns",
         "stream",
         "temperature",
+        "traceparent",
     )
 
     def __init__(
@@ -247,6 +323,7 @@ class ExchangeDraft:
         self.request_body: bytes | None = None
         self.request_json: dict[str, Any] | None = None
         self.capture: CaptureSpec | None = None
+        self.traceparent: str | None = None
 
     @classmethod
     def from_request(
@@ -294,6 +371,7 @@ class ExchangeDraft:
             request_body=self.request_body,
             request_json=self.request_json,
             capture=self.capture,
+            traceparent=self.traceparent,
         )
 
 
@@ -329,3 +407,9 @@ async def readyz(request: web.Request) -> web.Response:
         status=200 if ok else 503,
         dumps=lambda o: jsonx.dumps(o).decode(),
     )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus exposition of the gateway's OTel metrics (rendered off the event loop)."""
+    body, content_type = await asyncio.to_thread(request.app[GATEWAY].telemetry.render_prometheus)
+    return web.Response(body=body, headers={"Content-Type": content_type})

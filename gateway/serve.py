@@ -12,6 +12,7 @@ from aiohttp import web
 
 from gateway.app import create_app
 from gateway.settings import Settings, UpstreamSettings
+from otel.setup import TelemetrySettings, build_telemetry
 from policies.errors import PolicyError
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--shadow-ratio", type=float, default=None, help="policy-free start: share mirrored (0..1)"
+    )
+    p.add_argument(
+        "--store", default=None, metavar="PATH", help="write comparison records to this SQLite file"
+    )
+    p.add_argument(
+        "--scrape-interval", type=float, default=None, help="seconds between vLLM /metrics scrapes"
     )
     p.add_argument("--max-body-bytes", type=int, default=None, help="larger bodies get 413")
     p.add_argument("--connect-timeout", type=float, default=None, help="seconds (default 10)")
@@ -78,6 +85,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         baseline_url=args.baseline,
         shadow_ratio=args.shadow_ratio,
         reload_on_sighup=True,
+        store_path=args.store,
+        scrape_interval_s=args.scrape_interval,
     )
 
 
@@ -92,7 +101,8 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     try:
-        app = create_app(settings)
+        telemetry = build_telemetry(TelemetrySettings.from_env())
+        app = create_app(settings, telemetry=telemetry)
     except (PolicyError, OSError, ValueError) as exc:
         # Startup fails fast, with the same message a reload would log.
         print(f"specshadow serve: {exc}", file=sys.stderr)

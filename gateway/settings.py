@@ -44,7 +44,8 @@ class Settings:
     shutdown_timeout_s: float = 30.0  # in-flight streams and shadow legs get this long to finish
     ready_cache_s: float = 1.0  # /readyz probes the primary at most this often
     admin_token: str | None = None  # bearer token for /admin/* from non-loopback peers
-    store_path: str | None = None  # comparison records (embedded store)
+    store_path: str | None = None  # comparison records (embedded SQLite store); None: not kept
+    scrape_interval_s: float = 15.0  # how often vLLM backends' /metrics are scraped (with --store)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: Any) -> Settings:

@@ -23,32 +23,54 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.trace import Span
+
 from gateway.errors import UpstreamError
-from gateway.exchange import LegResult
+from gateway.exchange import OPERATION_NAMES, ROUTE_PATHS, LegResult, Route
 from gateway.forward import RecorderTee, drain, recorder_for
 from gateway.settings import UpstreamSettings
 from gateway.tasks import TaskSet
 from gateway.timings import StreamOutcome
 from gateway.upstream import UpstreamClient, UpstreamTarget
+from otel.telemetry import Telemetry
 from policies.compiled import BackendSpec, BreakerSpec, CompiledPolicy, LegPlan
 from policies.shape import shadow_headers, shape_shadow_body
 
 log = logging.getLogger(__name__)
 
-# Breaker states, also exported as a gauge value.
-CLOSED, OPEN, HALF_OPEN = 0, 1, 2
+CATEGORY_HEADER = "x-specshadow-category"
+
+# Breaker states, also the value of the ``specshadow.shadow.breaker.state`` gauge.
+CLOSED, HALF_OPEN, OPEN = 0, 1, 2
 
 
 class CircuitBreaker:
     """Opens after ``failures`` failed legs within ``window_s``; probes once after ``cooldown_s``."""
 
-    def __init__(self, spec: BreakerSpec, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+    def __init__(
+        self,
+        spec: BreakerSpec,
+        clock: Callable[[], int] = time.perf_counter_ns,
+        on_change: Callable[[int], None] | None = None,
+    ) -> None:
         self.spec = spec
         self.clock = clock
-        self.state = CLOSED
+        self.on_change = on_change
+        self._state = CLOSED
         self._failures: list[int] = []
         self._opened_ns = 0
         self._probing = False
+
+    @property
+    def state(self) -> int:
+        return self._state
+
+    @state.setter
+    def state(self, value: int) -> None:
+        if value != self._state:
+            self._state = value
+            if self.on_change is not None:
+                self.on_change(value)
 
     def allow(self) -> bool:
         if self.state == CLOSED:
@@ -130,8 +152,11 @@ class ShadowBatch:
 class ShadowDispatcher:
     """Owns the shadow pools, the budgets' live state, and the shadow counters."""
 
-    def __init__(self, tasks: TaskSet, upstream_defaults: UpstreamSettings) -> None:
+    def __init__(
+        self, tasks: TaskSet, upstream_defaults: UpstreamSettings, telemetry: Telemetry
+    ) -> None:
         self.tasks = tasks
+        self.telemetry = telemetry
         self.defaults = upstream_defaults
         self.in_flight = 0
         self.in_flight_by_role: Counter[str] = Counter()
@@ -140,20 +165,22 @@ class ShadowDispatcher:
         self.clients: dict[tuple[str, str, float, float, int], UpstreamClient] = {}
         # (event, role, backend, reason) → count; events: sampled, sent, completed, failed, dropped
         self.counts: Counter[tuple[str, str, str, str]] = Counter()
-        self.observers: list[Callable[[str, str, str, str], None]] = []
 
     def count(self, event: str, role: str, backend: str, reason: str = "") -> None:
         self.counts[(event, role, backend, reason)] += 1
-        for observer in self.observers:
-            try:
-                observer(event, role, backend, reason)
-            except Exception:  # telemetry must never break mirroring
-                log.debug("shadow observer failed", exc_info=True)
+        # completed/failed are counted from the finished exchange (record_exchange_metrics).
+        if event in ("sampled", "sent", "dropped"):
+            self.telemetry.count_shadow(event, role=role, backend=backend, reason=reason or None)
 
     def breaker(self, backend: BackendSpec, spec: BreakerSpec) -> CircuitBreaker:
         breaker = self.breakers.get(backend.name)
         if breaker is None or breaker.spec != spec:
-            breaker = self.breakers[backend.name] = CircuitBreaker(spec)
+            name = backend.name
+
+            def report(state: int) -> None:
+                self.telemetry.set_breaker_state(name, state)
+
+            breaker = self.breakers[name] = CircuitBreaker(spec, on_change=report)
         return breaker
 
     def client(self, backend: BackendSpec) -> UpstreamClient:
@@ -191,6 +218,8 @@ class ShadowDispatcher:
         payload: Mapping[str, Any],
         client_headers: Mapping[str, str],
         request_id: str,
+        parent_span: Span,
+        stream: bool,
     ) -> tuple[ShadowBatch, str | None]:
         """Admit and start ``legs``; returns the batch and the first drop reason (if any)."""
         batch = ShadowBatch()
@@ -221,6 +250,8 @@ class ShadowDispatcher:
                 client_headers=client_headers,
                 request_id=request_id,
                 inflight=self.in_flight_by_role[leg.role],
+                parent_span=parent_span,
+                stream=stream,
             )
             batch.tasks.append(self.tasks.spawn(coro, name=f"shadow:{leg.role}:{request_id}"))
         return batch, drop_reason
@@ -236,11 +267,26 @@ class ShadowDispatcher:
         client_headers: Mapping[str, str],
         request_id: str,
         inflight: int,
+        parent_span: Span,
+        stream: bool,
     ) -> LegResult:
         backend = leg.backend
         client = self.client(backend)
+        requested = payload.get("model")
+        upstream_model = leg.model or (requested if isinstance(requested, str) else None)
+        tel = self.telemetry
         started_unix_ns = time.time_ns()
         t0_ns = time.perf_counter_ns()
+        span = tel.start_leg_span(
+            parent_span,
+            operation=OPERATION_NAMES.get(_route_of(path_qs), "chat"),
+            model=upstream_model,
+            role=leg.role,
+            backend=backend.name,
+            server_address=backend.server_address,
+            stream=policy.shaping.force_stream or stream,
+            start_unix_ns=started_unix_ns,
+        )
         tee: RecorderTee | None = None
         status: int | None = None
         outcome: StreamOutcome = "upstream_error"
@@ -248,9 +294,16 @@ class ShadowDispatcher:
         try:
             body = shape_shadow_body(payload, leg, policy.shaping)
             headers = shadow_headers(
-                client_headers, leg, policy, request_id=request_id, traceparent=None
+                client_headers,
+                leg,
+                policy,
+                request_id=request_id,
+                traceparent=tel.traceparent_headers(span).get("traceparent"),
             )
-            t0_ns = time.perf_counter_ns()
+            category = client_headers.get(CATEGORY_HEADER)
+            if category:  # gateway-owned, so never in the allow-list: set here on purpose
+                headers[CATEGORY_HEADER] = category
+            started_unix_ns, t0_ns = time.time_ns(), time.perf_counter_ns()
             async with client.open("POST", path_qs, headers=headers, data=body, retry=False) as up:
                 status = up.status
                 tee = recorder_for(up, t0_ns)
@@ -275,17 +328,29 @@ class ShadowDispatcher:
             )
         self.count("completed" if ok else "failed", leg.role, backend.name, "" if ok else outcome)
         recording = tee.recorder.finish(outcome=outcome, status=status) if tee is not None else None
-        return LegResult(
+        end_ns = time.perf_counter_ns()
+        result = LegResult(
             role=leg.role,
             backend=backend.name,
             server_address=backend.server_address,
-            upstream_model=leg.model or (m if isinstance(m := payload.get("model"), str) else None),
+            upstream_model=upstream_model,
             status=status,
             outcome=outcome,
             error_type=error_type,
             recording=recording,
             started_unix_ns=started_unix_ns,
             t0_ns=t0_ns,
-            end_ns=time.perf_counter_ns(),
+            end_ns=end_ns,
             inflight_at_dispatch=inflight,
         )
+        tel.finish_leg_span(
+            span,
+            result,
+            end_unix_ns=started_unix_ns + (end_ns - t0_ns),
+            capture_text=policy.capture.text == "full",
+        )
+        return result
+
+
+def _route_of(path_qs: str) -> Route:
+    return ROUTE_PATHS.get(path_qs.split("?", 1)[0], "chat")

@@ -7,7 +7,11 @@ quickly and never raise. Heavy work (comparison, disk) belongs in the sink's own
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import queue
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -60,3 +64,54 @@ class FanoutSink:
                 sink.submit(exchange)
             except Exception:  # a sink bug must not break the data path or its peers
                 log.exception("exchange sink %r failed", sink)
+
+
+class ThreadedSink:
+    """Runs ``handle(exchange)`` on one worker thread, fed by a bounded queue.
+
+    For CPU-bound consumers (metric recording walks every chunk gap): the event loop only
+    enqueues. A full queue drops the exchange and counts it in :attr:`dropped` — telemetry is
+    bounded in memory and never back-pressures the data path.
+    """
+
+    def __init__(
+        self, name: str, handle: Callable[[Exchange], None], *, maxsize: int = 10_000
+    ) -> None:
+        self.name = name
+        self.handle = handle
+        self.dropped = 0
+        self.failed = 0
+        self._queue: queue.Queue[Exchange | None] = queue.Queue(maxsize=maxsize)
+        self._thread = threading.Thread(target=self._run, name=f"sink:{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, exchange: Exchange) -> None:
+        try:
+            self._queue.put_nowait(exchange)
+        except queue.Full:
+            self.dropped += 1
+
+    def _run(self) -> None:
+        while (exchange := self._queue.get()) is not None:
+            try:
+                self.handle(exchange)
+            except Exception:  # the worker must outlive a bad exchange
+                self.failed += 1
+                log.exception("sink %s failed on an exchange", self.name)
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until everything queued so far was handled."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return not self._queue.unfinished_tasks
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Finish what is queued (bounded), then stop the worker."""
+        self.join(timeout_s)
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+        self._thread.join(timeout=max(0.0, timeout_s))

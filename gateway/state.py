@@ -19,6 +19,7 @@ from gateway.settings import Settings
 from gateway.shadow import ShadowDispatcher
 from gateway.tasks import TaskSet
 from gateway.upstream import UpstreamClient
+from otel.telemetry import Telemetry
 from policies.store import PolicyStore
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class Gateway:
     ready: ReadyProbe
     policy: PolicyStore
     shadows: ShadowDispatcher
+    telemetry: Telemetry
     tasks: TaskSet = field(default_factory=TaskSet)
     in_flight: int = 0  # primary requests in flight
 

@@ -9,12 +9,16 @@ bookkeeping is guarded by a lock; reading ``current`` needs none.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from policies.compile import load_policy
 from policies.compiled import CompiledPolicy
+
+log = logging.getLogger(__name__)
 
 
 class PolicyStore:
@@ -38,6 +42,9 @@ class PolicyStore:
         self.last_reload_ok = True
         self.last_error: str | None = None
         self.last_reload_unix_ns: int | None = None
+        # Called with True/False after each reload attempt (e.g. a telemetry counter). Must not
+        # block; may run on a worker thread; exceptions are swallowed.
+        self.listeners: list[Callable[[bool], None]] = []
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, primary_url: str | None = None) -> PolicyStore:
@@ -69,10 +76,11 @@ class PolicyStore:
             self.last_reload_ok = True
             self.last_error = None
             self.last_reload_unix_ns = at_unix_ns
-            if policy.sha256 == self._current.sha256:
-                return False
-            self._current = dataclasses.replace(policy, generation=self._current.generation + 1)
-            return True
+            changed = policy.sha256 != self._current.sha256
+            if changed:
+                self._current = dataclasses.replace(policy, generation=self._current.generation + 1)
+        self._notify(True)
+        return changed
 
     def record_failure(self, error: str, *, at_unix_ns: int) -> None:
         """A reload was rejected; the current policy keeps serving."""
@@ -81,6 +89,14 @@ class PolicyStore:
             self.last_reload_ok = False
             self.last_error = error
             self.last_reload_unix_ns = at_unix_ns
+        self._notify(False)
+
+    def _notify(self, ok: bool) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(ok)
+            except Exception:  # a listener must never break a reload
+                log.debug("policy reload listener failed", exc_info=True)
 
     def status_dict(self) -> dict[str, object]:
         """The body of ``GET /admin/policy``."""

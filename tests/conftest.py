@@ -14,6 +14,11 @@ from gateway.app import create_app
 from gateway.settings import Settings, UpstreamSettings
 from gateway.sinks import MemorySink
 from tests.fakes.upstream import FakeUpstream, Script
+from tests.receivers.otlp import otlp_grpc_receiver, otlp_http_receiver
+from tests.receivers.prometheus import prometheus_server
+
+# Fixtures defined in tests/receivers, made available to every test directory.
+__all__ = ["otlp_grpc_receiver", "otlp_http_receiver", "prometheus_server"]
 
 
 async def start_server(app: web.Application) -> TestServer:
@@ -62,11 +67,13 @@ def fake_upstream(
 
 @pytest.fixture
 def gateway(servers: list[TestServer]) -> Callable[..., Awaitable[RunningGateway]]:
-    async def start(primary_url: str, **overrides: Any) -> RunningGateway:
+    async def start(
+        primary_url: str | None, *, telemetry: Any = None, **overrides: Any
+    ) -> RunningGateway:
         overrides.setdefault("upstream", FAST_UPSTREAM)
         settings = Settings(primary_url=primary_url, shutdown_timeout_s=2.0, **overrides)
         sink = MemorySink()
-        server = await start_server(create_app(settings, sink=sink))
+        server = await start_server(create_app(settings, sink=sink, telemetry=telemetry))
         servers.append(server)
         return RunningGateway(server=server, sink=sink, settings=settings)
 

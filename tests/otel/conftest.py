@@ -10,10 +10,6 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel import Telemetry, TelemetrySettings, build_telemetry
-from tests.receivers.otlp import otlp_grpc_receiver, otlp_http_receiver
-from tests.receivers.prometheus import prometheus_server
-
-__all__ = ["otlp_grpc_receiver", "otlp_http_receiver", "prometheus_server"]
 
 
 @dataclass

@@ -1,0 +1,205 @@
+"""Telemetry from a running gateway, checked at real receivers: OTLP protobuf and Prometheus."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+
+from otel import TelemetrySettings, build_telemetry
+from tests.fakes.upstream import Script, sse
+from tests.receivers.otlp import OtlpGrpcReceiver, OtlpHttpReceiver, ReceivedSpan
+from tests.receivers.prometheus import promtool_check_metrics
+
+CHUNK = (
+    '{"id":"c1","object":"chat.completion.chunk","model":"sim-model","choices":[{"index":0,'
+    '"delta":{"content":"%s"},"finish_reason":null}]}'
+)
+USAGE = '{"id":"c1","object":"chat.completion.chunk","model":"sim-model","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6}}'
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+TRACEPARENT = f"00-{CLIENT_TRACE}-00f067aa0ba902b7-01"
+
+
+def policy(primary: str, candidate: str, *, baseline: str | None = None) -> str:
+    legs = "[{backend: cand, role: candidate}" + (
+        ", {backend: base, role: baseline}]" if baseline else "]"
+    )
+    extra = f"  base: {{url: '{baseline}', kind: sim}}\n" if baseline else ""
+    return (
+        "version: 1\n"
+        f"backends:\n  cand: {{url: '{candidate}', kind: sim, metrics_url: '{candidate}/metrics'}}\n{extra}"
+        f"default:\n  ratio: 1\n  legs: {legs}\n"
+    )
+
+
+@pytest.fixture(params=["http", "grpc"])
+def receiver(request: pytest.FixtureRequest) -> Iterator[OtlpHttpReceiver | OtlpGrpcReceiver]:
+    """Set up before (so torn down after) the gateway, which flushes into it at shutdown."""
+    cls = OtlpHttpReceiver if request.param == "http" else OtlpGrpcReceiver
+    with cls() as rx:
+        yield rx
+
+
+async def test_spans_reach_an_otlp_receiver_with_the_trace_shape_and_genai_attributes(
+    receiver, fake_upstream, sims, gateway, write_policy, tmp_path
+):
+    telemetry = build_telemetry(
+        TelemetrySettings.from_env(receiver.env(OTEL_BSP_SCHEDULE_DELAY="50"))
+    )
+    primary, primary_url = await fake_upstream(
+        Script(chunks=sse(CHUNK % "a", CHUNK % "b", CHUNK % "c", USAGE, "[DONE]"))
+    )
+    candidate = await sims(mode="speculative")
+    gw = await gateway(
+        primary_url,
+        telemetry=telemetry,
+        policy_path=write_policy(policy(primary_url, candidate.base_url)),
+        store_path=str(tmp_path / "records.sqlite"),
+    )
+    body = {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "stream": True,
+        "temperature": 0,
+    }
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{gw.url}/v1/chat/completions", json=body, headers={"traceparent": TRACEPARENT}
+        ) as resp,
+    ):
+        assert resp.status == 200
+        await resp.read()
+
+    def complete(spans: list[ReceivedSpan]) -> bool:
+        names = [s.name for s in spans if s.trace_id == CLIENT_TRACE]
+        return "compare" in names and sum(n.startswith("chat ") for n in names) == 2
+
+    spans = [
+        s
+        for s in await receiver.collected.wait_for_spans(complete, timeout_s=15)
+        if s.trace_id == CLIENT_TRACE
+    ]
+    by_kind: dict[str, list[ReceivedSpan]] = {}
+    for span in spans:
+        by_kind.setdefault(span.kind, []).append(span)
+    (server,) = by_kind["SERVER"]
+    assert server.parent_span_id == "00f067aa0ba902b7"  # continues the client's trace
+    assert server.attributes["http.route"] == "/v1/chat/completions"
+    legs = {s.attributes["specshadow.leg.role"]: s for s in by_kind["CLIENT"]}
+    assert set(legs) == {"primary", "candidate"}
+    for role, leg in legs.items():
+        assert leg.parent_span_id == server.span_id
+        assert leg.name == "chat sim-model"
+        assert leg.attributes["gen_ai.operation.name"] == "chat"
+        assert leg.attributes["gen_ai.request.model"] == "sim-model"
+        assert leg.attributes["gen_ai.request.stream"] is True
+        assert leg.attributes["gen_ai.response.time_to_first_chunk"] > 0
+        assert "server.address" in leg.attributes
+        assert leg.end_unix_ns >= leg.start_unix_ns, role
+    assert legs["primary"].attributes["gen_ai.usage.output_tokens"] == 3
+    assert legs["candidate"].attributes["specshadow.timing.tokens_per_event"] >= 1
+    # the primary's CLIENT span is what the upstream saw as its parent
+    sent = primary.received[0].headers["traceparent"]
+    assert sent.split("-")[1] == CLIENT_TRACE
+    assert sent.split("-")[2] == legs["primary"].span_id
+    compare = next(s for s in spans if s.name == "compare")
+    assert compare.parent_span_id == server.span_id
+    evaluations = [e for e in compare.events if e.name == "gen_ai.evaluation.result"]
+    assert any(e.attributes["gen_ai.evaluation.name"] == "exact_match" for e in evaluations)
+    # no prompt or output text on spans unless the policy allows capture
+    assert not any(v == "hi" for s in spans for v in s.attributes.values())
+
+
+async def test_metrics_endpoint_passes_promtool_and_carries_roles(sims, gateway, write_policy):
+    primary = await sims()
+    candidate = await sims(mode="speculative")
+    gw = await gateway(
+        None,
+        policy_path=write_policy(
+            "version: 1\n"
+            f"backends:\n  prim: {{url: '{primary.base_url}', kind: sim}}\n  cand: {{url: '{candidate.base_url}', kind: sim}}\n"
+            "primary: prim\ndefault:\n  ratio: 1\n  legs: [{backend: cand, role: candidate}]\n"
+        ),
+    )
+    async with aiohttp.ClientSession() as session:
+        for i in range(4):
+            async with session.post(
+                f"{gw.url}/v1/chat/completions",
+                json={
+                    "model": "sim-model",
+                    "messages": [{"role": "user", "content": f"q{i}"}],
+                    "max_tokens": 8,
+                    "stream": True,
+                },
+            ) as resp:
+                await resp.read()
+        await gw.sink.wait_for(
+            lambda e: len(gw.sink.exchanges) >= 4 and all(x.shadows for x in gw.sink.exchanges)
+        )
+        text, exposition = "", b""
+        for _ in range(100):
+            async with session.get(f"{gw.url}/metrics") as resp:
+                assert resp.status == 200
+                assert resp.headers["Content-Type"].startswith("text/plain")
+                exposition = await resp.read()
+            text = exposition.decode()
+            if 'specshadow_leg_role="candidate"' in text:
+                break
+            await asyncio.sleep(0.05)
+    ok, output = promtool_check_metrics(exposition)
+    assert ok, output
+    assert "gen_ai_client_operation_time_to_first_chunk_seconds_bucket{" in text
+    assert 'specshadow_leg_role="primary"' in text and 'specshadow_leg_role="candidate"' in text
+    assert "specshadow_shadow_requests_total" in text
+    assert "specshadow_policy_generation" in text
+    assert "request_id" not in text and "q0" not in text
+    json.dumps(text)  # exposition is plain text
+
+
+@pytest.mark.prometheus
+async def test_a_real_prometheus_scrapes_the_gateway_and_answers_promql_by_role(
+    sims, gateway, write_policy, prometheus_server
+):
+    primary = await sims(step_s=0.002)
+    candidate = await sims(mode="speculative", step_s=0.002)
+    gw = await gateway(
+        None,
+        policy_path=write_policy(
+            "version: 1\n"
+            f"backends:\n  prim: {{url: '{primary.base_url}', kind: sim}}\n  cand: {{url: '{candidate.base_url}', kind: sim}}\n"
+            "primary: prim\ndefault:\n  ratio: 1\n  legs: [{backend: cand, role: candidate}]\n"
+        ),
+    )
+    server = prometheus_server([gw.url.removeprefix("http://")], interval_s=0.5)
+    query = (
+        "histogram_quantile(0.5, sum by (le, specshadow_leg_role) "
+        "(rate(gen_ai_client_operation_time_to_first_chunk_seconds_bucket[1m])))"
+    )
+    roles: dict[str, float] = {}
+    async with aiohttp.ClientSession() as session:
+        for i in range(200):
+            async with session.post(
+                f"{gw.url}/v1/chat/completions",
+                json={
+                    "model": "sim-model",
+                    "messages": [{"role": "user", "content": f"p{i}"}],
+                    "max_tokens": 6,
+                    "stream": True,
+                },
+            ) as resp:
+                await resp.read()
+            if i % 10 == 9:
+                result = await server.query(query)
+                roles = {
+                    r["metric"].get("specshadow_leg_role"): float(r["value"][1]) for r in result
+                }
+                if {"primary", "candidate"} <= set(roles) and all(v == v for v in roles.values()):
+                    break
+            await asyncio.sleep(0.05)
+    assert {"primary", "candidate"} <= set(roles), roles
+    assert all(0 < v < 5 for v in roles.values()), roles
