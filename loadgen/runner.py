@@ -22,7 +22,7 @@ import aiohttp
 from gateway.tasks import TaskSet
 from loadgen.client import RequestResult, RequestSettings, send_request
 from loadgen.schedule import Mode, ScheduleSpec, Slot, measured_slots, warmup_slots
-from loadgen.trace import TraceRecord, trace_records
+from loadgen.trace import TraceRecord, trace_records as to_records
 
 __all__ = ["OPEN_LOOP_MAX_IN_FLIGHT", "run_loadgen", "run_schedule"]
 
@@ -149,7 +149,7 @@ async def _open_loop(
 
 async def run_loadgen(
     base_url: str,
-    trace_records_: Iterable[TraceRecord | Mapping[str, Any]],
+    trace_records: Iterable[TraceRecord | Mapping[str, Any]],
     *,
     concurrency: int | None = None,
     max_requests: int | None = None,
@@ -175,7 +175,7 @@ async def run_loadgen(
     requests in flight (default :data:`OPEN_LOOP_MAX_IN_FLIGHT`). Returns warm-ups too
     (``warmup=True``); measured results are in schedule order.
     """
-    records = trace_records(trace_records_)
+    records = to_records(trace_records)
     mode: Mode = "trace" if replay_timing else ("rate" if rate_rps is not None else "concurrency")
     if concurrency is None:
         concurrency = 1 if mode == "concurrency" else OPEN_LOOP_MAX_IN_FLIGHT
