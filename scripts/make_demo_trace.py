@@ -13,8 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {
-    "healthbench_chat.jsonl": {"chat": 16, "multi_turn": 12},
-    "id_sentiment_structured.jsonl": {"structured_output": 12},
+    "healthbench_chat.jsonl": {"chat": 48, "multi_turn": 36},
+    "id_sentiment_structured.jsonl": {"structured_output": 36},
 }
 MAX_TOKENS = 96
 

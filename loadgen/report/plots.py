@@ -56,7 +56,7 @@ def speedup_forest(a: Analysis) -> str | None:
                 continue
             color = DECISION_COLORS[verdict.get(cat, "not enough data")]
             ax.errorbar(
-                s.point, i + dy, xerr=[[s.point - s.ci_low], [s.ci_high - s.point]],
+                s.point, i + dy, xerr=[[max(0.0, s.point - s.ci_low)], [max(0.0, s.ci_high - s.point)]],
                 fmt=marker, color=color, ecolor=color, capsize=3, ms=6,
                 mfc=color if metric == "e2e" else "white",
             )  # fmt: skip
@@ -163,8 +163,9 @@ def quality_bars(a: Analysis) -> str | None:
             ci = rate.interval
             xs.append(i + (j - 0.5) * 0.38)
             ys.append(rate.value * 100)
-            lo.append((rate.value - ci[0]) * 100)
-            hi.append((ci[1] - rate.value) * 100)
+            # Clipped: a Wilson interval at 0 or 1 can sit a rounding error past the point.
+            lo.append(max(0.0, rate.value - ci[0]) * 100)
+            hi.append(max(0.0, ci[1] - rate.value) * 100)
         label = (
             "baseline vs primary (noise floor)" if role == "baseline" else "candidate vs primary"
         )

@@ -28,9 +28,9 @@ def test_extras_are_stripped_and_kept_beside_the_body(tmp_path):
     assert comp.index == 1 and comp.timestamp_s is None and comp.category is None
 
 
-def test_the_bundled_trace_has_forty_categorised_chat_rows():
+def test_the_bundled_trace_has_120_categorised_chat_rows():
     records = bundled_trace()
-    assert len(records) == 40
+    assert len(records) == 120
     assert {r.category for r in records} == {"chat", "multi_turn", "structured_output"}
     assert all("category" not in r.body and "meta" not in r.body for r in records)
 
