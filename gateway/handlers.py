@@ -122,7 +122,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
     if decision.legs and policy.mirror.timing == "with_primary":
         mirror()
-    leg = PrimaryLeg(gw, span, draft)
+    leg = PrimaryLeg(gw, span, draft, chunk_events=policy.chunk_events)
     headers = upstream_request_headers(
         request.headers, request_id=request_id, extra=leg.trace_headers()
     )
@@ -190,6 +190,7 @@ class PrimaryLeg:
     """
 
     __slots__ = (
+        "chunk_events",
         "draft",
         "gw",
         "inflight",
@@ -201,8 +202,11 @@ class PrimaryLeg:
         "tee",
     )
 
-    def __init__(self, gw: Gateway, request_span: Span, draft: ExchangeDraft) -> None:
+    def __init__(
+        self, gw: Gateway, request_span: Span, draft: ExchangeDraft, *, chunk_events: int = 0
+    ) -> None:
         self.gw = gw
+        self.chunk_events = chunk_events
         self.draft = draft
         self.request_span = request_span
         self.started_unix_ns = time.time_ns()
@@ -262,7 +266,13 @@ class PrimaryLeg:
         tel = self.gw.telemetry
         end_unix_ns = self.started_unix_ns + (end_ns - self.t0_ns)
         capture = self.draft.capture is not None and self.draft.capture.text == "full"
-        tel.finish_leg_span(self.span, leg, end_unix_ns=end_unix_ns, capture_text=capture)
+        tel.finish_leg_span(
+            self.span,
+            leg,
+            end_unix_ns=end_unix_ns,
+            capture_text=capture,
+            max_chunk_events=self.chunk_events,
+        )
         tel.annotate_request_span(self.request_span, self.draft.build(leg, ()))
         tel.end_request_span(
             self.request_span,

@@ -348,6 +348,7 @@ class ShadowDispatcher:
             result,
             end_unix_ns=started_unix_ns + (end_ns - t0_ns),
             capture_text=policy.capture.text == "full",
+            max_chunk_events=policy.chunk_events,
         )
         return result
 

@@ -179,6 +179,7 @@ def compile_policy(
         allow_credentials=model.headers.allow_credentials_to_shadows,
         capture=capture,
         kill_switch=model.kill_switch,
+        chunk_events=model.telemetry.chunk_events,
     )
 
 

@@ -222,6 +222,7 @@ class CompiledPolicy:
     allow_credentials: bool  # headers.allow_credentials_to_shadows
     capture: CaptureSpec
     kill_switch: bool
+    chunk_events: int = 0  # span events per leg (telemetry.chunk_events)
     generation: int = 0  # set by PolicyStore.replace; 0 until stored
     _no_rule: Decision = field(init=False, repr=False, compare=False)
     _candidates: dict[tuple[str, str | None], tuple[RuleSpec, ...]] = field(

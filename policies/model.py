@@ -229,12 +229,20 @@ class Capture(_Strict):
     """What request/response text may be kept in comparison records and spans."""
 
     text: Literal[False, "hashes", "redacted", "full"] = False
-    """``false`` (default): no text leaves the process, only timings and scores. ``hashes``:
-    SHA-256 of prompts and outputs (equality checks without content). ``redacted``: text with the
+    """``false`` (default): no text leaves the process — records keep timings, scores, and the
+    SHA-256 and length of prompts and outputs. ``hashes``: the same, stated explicitly. ``redacted``: text with the
     ``redact`` classes masked. ``full``: text as is — only where data handling allows it."""
     redact: list[Literal["emails", "secrets"]] = ["emails", "secrets"]
     """What ``redacted`` masks: ``emails`` (addresses) and ``secrets`` (API-key/token-like strings).
     Ignored for other ``text`` values."""
+
+
+class TelemetryPolicy(_Strict):
+    """Per-chunk detail on spans; bounded so a long stream never becomes a span per token."""
+
+    chunk_events: int = Field(default=0, ge=0, le=256)
+    """Span events per leg, one per output-bearing chunk (receive time, tokens), for the first
+    ``chunk_events`` chunks; 0 (default) adds none. Timing summaries are always on the span."""
 
 
 class Rule(_Strict):
@@ -398,6 +406,8 @@ class PolicyModel(_Strict):
     """Client headers forwarded to shadows (see ``Headers``)."""
     capture: Capture = Capture()
     """What text may be captured (see ``Capture``); rules may override it."""
+    telemetry: TelemetryPolicy = TelemetryPolicy()
+    """Per-chunk span detail (see ``TelemetryPolicy``)."""
     kill_switch: bool = False
     """``true`` stops all mirroring at once (skip reason ``kill_switch``); rules stay validated and
     evaluated so dashboards show what would have been mirrored."""

@@ -203,3 +203,33 @@ async def test_a_real_prometheus_scrapes_the_gateway_and_answers_promql_by_role(
             await asyncio.sleep(0.05)
     assert {"primary", "candidate"} <= set(roles), roles
     assert all(0 < v < 5 for v in roles.values()), roles
+
+
+async def test_per_chunk_span_events_are_bounded_by_the_policy(sims, gateway, write_policy):
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    spans = InMemorySpanExporter()
+    telemetry = build_telemetry(TelemetrySettings(), span_exporter=spans)
+    primary = await sims()
+    text = (
+        "version: 1\n"
+        f"backends:\n  prim: {{url: '{primary.base_url}', kind: sim}}\n"
+        "primary: prim\ntelemetry: {chunk_events: 3}\n"
+    )
+    gw = await gateway(None, telemetry=telemetry, policy_path=write_policy(text))
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{gw.url}/v1/chat/completions",
+            json={
+                "model": "sim-model",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 20,
+                "stream": True,
+            },
+        ) as resp,
+    ):
+        await resp.read()
+    await gw.sink.wait_for()
+    (leg,) = [s for s in spans.get_finished_spans() if s.name == "chat sim-model"]
+    assert len(leg.events) == 3  # 20 output chunks, 3 allowed
