@@ -5,9 +5,7 @@ transformers and tokenizers, none of which the gateway depends on); ``loadgen.vl
 and caches its output outside the repo, keyed by a hash of this file and the library versions.
 
 Nothing is downloaded. The training text is text that ships with CPython: the pydoc topic help
-(``pydoc_data.topics``) plus a fixed, sorted list of standard-library sources, and ChatML
-conversations made from the pydoc topics, so the model learns the chat format and sometimes ends
-a turn with ``<|im_end|>``.
+(``pydoc_data.topics``) plus a fixed, sorted list of standard-library sources.
 
 Output (``OUT``)::
 
@@ -99,18 +97,16 @@ CHAT_TEMPLATE = (
 
 
 def corpus_documents() -> list[str]:
-    """The training text, in a fixed order: pydoc topics, ChatML conversations, stdlib sources."""
+    """The training text, in a fixed order: the pydoc topics, then the stdlib sources.
+
+    Deliberately no ChatML: trained on conversations for this few steps, the model learned to
+    emit ``<|im_start|>assistant`` over and over. Never seeing the special tokens as targets, it
+    continues a chat prompt with prose instead (and, like any tiny model, rarely ends by itself).
+    """
     from pydoc_data.topics import topics  # ships with CPython
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    names = sorted(topics)
-    docs = [topics[name] for name in names]
-    docs += [
-        f"<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-        f"<|im_start|>user\nWhat does the Python documentation say about {name}?<|im_end|>\n"
-        f"<|im_start|>assistant\n{topics[name][:600].strip()}<|im_end|>\n"
-        for name in names
-    ]
+    docs = [topics[name] for name in sorted(topics)]
     docs += [(stdlib / rel).read_text(encoding="utf-8") for rel in STDLIB_SOURCES]
     return docs
 
