@@ -49,6 +49,7 @@ CLIENT_CPU = 1
 COALESCE_NS = 5_000_000  # two output events sent ≥ 5 ms apart must not arrive in one read
 STALL_NS = 10_000_000  # an event delivered > 10 ms after its upstream write is stalled
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 _URL_LINE = re.compile(rb" on (http://[0-9.]+:\d+)")
 
 
@@ -108,13 +109,14 @@ class Fleet:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _spawn(self, name: str, args: Sequence[str], cpu: int | None) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, argv: Sequence[str], cpu: int | None) -> subprocess.Popen[bytes]:
         prefix = ["taskset", "-c", str(cpu)] if self.pin and cpu is not None else []
-        argv = [*_die_with_parent(), *prefix, *specshadow_argv(), "--log-level", "WARNING", *args]
+        argv = [*_die_with_parent(), *prefix, *argv]
         with (self.log_dir / f"{name}.log").open("ab") as log:
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
+                cwd=REPO_ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: one killpg ends it all
@@ -135,8 +137,9 @@ class Fleet:
 
     async def simulator(self, name: str, args: Sequence[str], *, timeout_s: float = 60.0) -> str:
         """Start ``specshadow simulate --port 0 …``; return the base URL it prints."""
+        simulate = ["simulate", "--host", "127.0.0.1", "--port", "0", *args]
         proc = self._spawn(
-            name, ["simulate", "--host", "127.0.0.1", "--port", "0", *args], UPSTREAM_CPU
+            name, [*specshadow_argv(), "--log-level", "WARNING", *simulate], UPSTREAM_CPU
         )
         log = self.log_dir / f"{name}.log"
         deadline = time.perf_counter() + timeout_s
@@ -150,10 +153,23 @@ class Fleet:
 
     async def gateway(self, name: str, args: Sequence[str], *, timeout_s: float = 60.0) -> str:
         """Start ``specshadow serve`` on a free port; return its base URL once /healthz answers."""
+        serve = [*specshadow_argv(), "--log-level", "WARNING", "serve", "--host", "127.0.0.1"]
+        argv_for = lambda port: [*serve, "--port", str(port), *args]  # noqa: E731
+        return await self.http_server(name, argv_for, timeout_s=timeout_s)
+
+    async def relay(self, name: str, upstream: str, *, timeout_s: float = 60.0) -> str:
+        """Start ``bench.raw_relay`` (the floor for a Python proxy) on the gateway's core."""
+        relay = [sys.executable, "-m", "bench.raw_relay", "--upstream", upstream]
+        argv_for = lambda port: [*relay, "--port", str(port)]  # noqa: E731
+        return await self.http_server(name, argv_for, timeout_s=timeout_s)
+
+    async def http_server(
+        self, name: str, argv_for: Callable[[int], list[str]], *, timeout_s: float = 60.0
+    ) -> str:
+        """Start ``argv_for(port)`` on a free port, pinned like a gateway; wait for /healthz."""
         for attempt in range(2):
             port = free_port()
-            serve = ["serve", "--host", "127.0.0.1", "--port", str(port), *args]
-            proc = self._spawn(name, serve, GATEWAY_CPU)
+            proc = self._spawn(name, argv_for(port), GATEWAY_CPU)
             url = f"http://127.0.0.1:{port}"
             try:
                 await _wait_healthy(url + "/healthz", timeout_s, self._check_alive, name, proc)
@@ -491,12 +507,12 @@ def summarize(arm: str, metrics: Sequence[RequestMetrics]) -> ArmSummary:
     )
 
 
-def by_arm(results: Iterable[StreamResult]) -> dict[str, list[RequestMetrics]]:
-    """Measured (non-warm-up) requests per arm, in request order."""
-    out: dict[str, list[RequestMetrics]] = {}
+def by_arm(results: Iterable[StreamResult], arms: Sequence[Arm]) -> dict[str, list[RequestMetrics]]:
+    """Measured (non-warm-up) requests per arm, arms in the given order, requests by index."""
+    out: dict[str, list[RequestMetrics]] = {arm.name: [] for arm in arms}
     for r in sorted(results, key=lambda r: r.index):
         if not r.warmup:
-            out.setdefault(r.arm, []).append(analyze(r))
+            out[r.arm].append(analyze(r))
     return out
 
 

@@ -1,9 +1,11 @@
 """What the gateway adds to a streamed request: direct-to-upstream vs through the gateway (issue 2).
 
-One run, one upstream simulator, two arms interleaved request by request:
+One run, one upstream simulator, three arms interleaved request by request:
 
 - ``direct``: client → simulator;
-- ``gateway``: client → ``specshadow serve`` → the same simulator.
+- ``gateway``: client → ``specshadow serve`` → the same simulator;
+- ``relay`` (unless ``--no-relay``): client → ``bench.raw_relay`` (a minimal aiohttp relay, the
+  floor for any Python proxy here) → the same simulator.
 
 Run: ``.venv/bin/python -m bench.proxy_overhead [--requests 200] [--concurrency 1,8] [--json F]``.
 Exit status: 0 all targets met, 1 a target missed, 2 the setup failed.
@@ -12,6 +14,7 @@ Exit status: 0 all targets met, 1 a target missed, 2 the setup failed.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,7 +46,6 @@ from bench.common import (
 )
 from gateway.stats import percentiles
 
-ARMS = ("direct", "gateway")
 ADDED_TTFT_P50_MS = 1.0
 ADDED_TTFT_P99_MS = 2.0
 
@@ -54,44 +56,68 @@ class Level:
 
     concurrency: int
     arms: dict[str, ArmSummary]
-    paired_ttft_p50_ms: float | None  # median over requests of (gateway − direct) for the same i
-    paired_ttft_p99_ms: float | None
+    # Per proxy arm: median and p99 over request indices of (proxy ttft − direct ttft).
+    paired_ttft_ms: dict[str, tuple[float | None, float | None]]
     checks: tuple[Check, ...]
     requests: dict[str, list[RequestMetrics]]
 
 
 def paired_ttft_ms(
-    direct: Sequence[RequestMetrics], gateway: Sequence[RequestMetrics]
+    direct: Sequence[RequestMetrics], proxy: Sequence[RequestMetrics]
 ) -> list[float]:
-    """Per request index, gateway TTFT − direct TTFT (both arms sent request ``i`` back to back)."""
+    """Per request index, proxy TTFT − direct TTFT (both arms sent request ``i`` back to back)."""
     d = {m.index: m.ttft_ns for m in direct if m.error is None}
     return [
         (m.ttft_ns - t) / 1e6
-        for m in gateway
+        for m in proxy
         if m.error is None and m.ttft_ns is not None and (t := d.get(m.index)) is not None
     ]
 
 
 def evaluate(concurrency: int, metrics: dict[str, list[RequestMetrics]], *, judged: bool) -> Level:
-    arms = {name: summarize(name, metrics.get(name, [])) for name in ARMS}
+    arms = {name: summarize(name, ms) for name, ms in metrics.items()}
     direct, gateway = arms["direct"], arms["gateway"]
-    p50, p99 = percentiles(
-        paired_ttft_ms(metrics.get("direct", []), metrics.get("gateway", [])), (50, 99)
-    )
+    paired = {
+        name: percentiles(paired_ttft_ms(metrics["direct"], metrics[name]), (50, 99))
+        for name in metrics
+        if name != "direct"
+    }
     checks: tuple[Check, ...] = ()
     if judged:
         checks = (
-            Check(
-                "added TTFT p50", minus(gateway.ttft.p50_ms, direct.ttft.p50_ms), ADDED_TTFT_P50_MS
-            ),
-            Check(
-                "added TTFT p99", minus(gateway.ttft.p99_ms, direct.ttft.p99_ms), ADDED_TTFT_P99_MS
-            ),
+            Check("added TTFT p50", minus(gateway.ttft.p50_ms, direct.ttft.p50_ms), ADDED_TTFT_P50_MS),
+            Check("added TTFT p99", minus(gateway.ttft.p99_ms, direct.ttft.p99_ms), ADDED_TTFT_P99_MS),
             Check("coalesced events via gateway", gateway.coalesced, 0, unit=""),
             Check("stalled events via gateway", gateway.stalled, 0, unit=""),
             Check("errors via gateway", gateway.errors, 0, unit=""),
+        )  # fmt: skip
+    return Level(concurrency, arms, {k: (v[0], v[1]) for k, v in paired.items()}, checks, metrics)
+
+
+def added_rows(
+    via: str, p: ArmSummary, d: ArmSummary, paired: tuple[float | None, float | None]
+) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = []
+    for label, metric in (
+        ("TTFT (Δ of percentiles)", "ttft"),
+        ("per-chunk delivery", "delivery"),
+        ("chunk gap", "chunk_gap"),
+        ("e2e", "e2e"),
+    ):
+        mine, theirs = getattr(p, metric), getattr(d, metric)
+        rows.append(
+            (
+                via,
+                label,
+                minus(mine.p50_ms, theirs.p50_ms),
+                minus(mine.p99_ms, theirs.p99_ms),
+                ratio(mine.p50_ms, theirs.p50_ms),
+                ratio(mine.p99_ms, theirs.p99_ms),
+            )
         )
-    return Level(concurrency, arms, p50, p99, checks, metrics)
+        if metric == "ttft":
+            rows.append((via, "TTFT (paired per request)", paired[0], paired[1], None, None))
+    return rows  # fmt: skip
 
 
 def render_level(level: Level) -> str:
@@ -107,27 +133,26 @@ def render_level(level: Level) -> str:
             for s in a.values()
         ],
     )  # fmt: skip
-    d, g = a["direct"], a["gateway"]
-    rows: list[tuple[Any, ...]] = [
-        ("TTFT (Δ of percentiles)", minus(g.ttft.p50_ms, d.ttft.p50_ms),
-         minus(g.ttft.p99_ms, d.ttft.p99_ms), ratio(g.ttft.p50_ms, d.ttft.p50_ms),
-         ratio(g.ttft.p99_ms, d.ttft.p99_ms)),
-        ("TTFT (paired per request)", level.paired_ttft_p50_ms, level.paired_ttft_p99_ms, None, None),
-        ("per-chunk delivery", minus(g.delivery.p50_ms, d.delivery.p50_ms),
-         minus(g.delivery.p99_ms, d.delivery.p99_ms), ratio(g.delivery.p50_ms, d.delivery.p50_ms),
-         ratio(g.delivery.p99_ms, d.delivery.p99_ms)),
-        ("chunk gap", minus(g.chunk_gap.p50_ms, d.chunk_gap.p50_ms),
-         minus(g.chunk_gap.p99_ms, d.chunk_gap.p99_ms), ratio(g.chunk_gap.p50_ms, d.chunk_gap.p50_ms),
-         ratio(g.chunk_gap.p99_ms, d.chunk_gap.p99_ms)),
-        ("e2e", minus(g.e2e.p50_ms, d.e2e.p50_ms), minus(g.e2e.p99_ms, d.e2e.p99_ms),
-         ratio(g.e2e.p50_ms, d.e2e.p50_ms), ratio(g.e2e.p99_ms, d.e2e.p99_ms)),
-    ]  # fmt: skip
+    rows = [
+        row
+        for via, paired in level.paired_ttft_ms.items()
+        for row in added_rows(via, a[via], a["direct"], paired)
+    ]
     added = render_table(
-        f"Added by the gateway, concurrency {level.concurrency} (gateway − direct, ms; ratio g/d)",
-        ("metric", "added p50", "added p99", "ratio p50", "ratio p99"),
+        f"Added by each proxy, concurrency {level.concurrency} (proxy − direct, ms; ratio proxy/direct)",
+        ("via", "metric", "added p50", "added p99", "ratio p50", "ratio p99"),
         rows,
     )
     parts = [per_arm, "", added]
+    if "relay" in a:
+        g, r, d = a["gateway"], a["relay"], a["direct"]
+        vs = [ratio(minus(g.ttft.p50_ms, d.ttft.p50_ms), minus(r.ttft.p50_ms, d.ttft.p50_ms)),
+              ratio(minus(g.ttft.p99_ms, d.ttft.p99_ms), minus(r.ttft.p99_ms, d.ttft.p99_ms))]  # fmt: skip
+        parts.append(
+            "gateway's added TTFT ÷ raw relay's added TTFT: p50 "
+            + " p99 ".join("-" if v is None else f"{v:.2f}×" for v in vs)
+            + " (issue 8 aims for ≤ 1.5× and ≤ 2×)"
+        )
     if level.checks:
         parts += ["", render_checks(level.checks)]
     return "\n".join(parts)
@@ -149,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=[1],
         help="comma-separated levels, e.g. 1,8; targets are judged at the first",
     )
+    p.add_argument(
+        "--no-relay",
+        action="store_true",
+        help="skip the raw aiohttp relay arm (the floor for a Python proxy; bench/raw_relay.py)",
+    )
     return p
 
 
@@ -164,11 +194,12 @@ async def run(args: argparse.Namespace) -> int:
             mode="plain", prefill_ms=args.prefill_ms, step_ms=args.step_ms, tokens=args.max_tokens
         )
         upstream = await fleet.simulator("upstream", sim_args)
-        gateway = await fleet.gateway("gateway", ["--primary", upstream])
-        arms = [
-            Arm("direct", upstream + "/v1/chat/completions"),
-            Arm("gateway", gateway + "/v1/chat/completions"),
-        ]
+        servers = {"gateway": fleet.gateway("gateway", ["--primary", upstream])}
+        if not args.no_relay:
+            servers["relay"] = fleet.relay("relay", upstream)
+        urls = dict(zip(servers, await asyncio.gather(*servers.values()), strict=True))
+        arms = [Arm("direct", upstream + "/v1/chat/completions")]
+        arms += [Arm(name, url + "/v1/chat/completions") for name, url in urls.items()]
         body_for = functools.partial(chat_body, max_tokens=args.max_tokens)
         for n, concurrency in enumerate(args.concurrency):
             results = await run_interleaved(
@@ -179,7 +210,7 @@ async def run(args: argparse.Namespace) -> int:
                 body_for=body_for,
                 timeout_s=args.timeout_s,
             )
-            level = evaluate(concurrency, by_arm(results), judged=n == 0)
+            level = evaluate(concurrency, by_arm(results, arms), judged=n == 0)
             levels.append(level)
             print("\n" + render_level(level) + "\n", flush=True)
     print(load_line("end"))

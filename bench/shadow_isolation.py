@@ -2,7 +2,9 @@
 
 One run, one primary simulator, and one gateway process per arm in front of it:
 
-- ``off``: no shadow;
+- ``off``: no shadow (the baseline every ratio divides by);
+- ``off-copy``: a second, identical gateway with no shadow — its ratios are the run's noise floor
+  (an A/A test), shown but not judged;
 - ``shadow-100``: every request mirrored to a healthy speculative simulator;
 - ``shadow-slow``: mirrored to a speculative simulator ``--slow-factor`` × slower per step;
 - ``shadow-hung``: mirrored to a simulator that never sends headers;
@@ -50,7 +52,8 @@ from bench.common import (
 )
 
 BASELINE = "off"
-ALL_ARMS = ("off", "shadow-100", "shadow-slow", "shadow-hung", "shadow-refusing")
+NOISE_FLOOR = "off-copy"
+ALL_ARMS = ("off", NOISE_FLOOR, "shadow-100", "shadow-slow", "shadow-hung", "shadow-refusing")
 P50_RATIO_MAX = 1.05
 P99_RATIO_MAX = 1.10
 
@@ -104,6 +107,12 @@ def checks_for(name: str, r: ArmResult) -> list[Check]:
     return checks
 
 
+def verdict(name: str, r: ArmResult) -> str:
+    if name == NOISE_FLOOR:
+        return "A/A (noise)"
+    return "PASS" if all(c.passed for c in checks_for(name, r)) else "FAIL"
+
+
 def render(results: dict[str, ArmResult]) -> str:
     rows = [
         (name, s.requests, s.errors, r.text_mismatches, s.ttft.p50_ms, s.ttft.p99_ms,
@@ -119,7 +128,7 @@ def render(results: dict[str, ArmResult]) -> str:
         rows,
     )  # fmt: skip
     ratio_rows = [
-        (name, *r.ratios.values(), "PASS" if all(c.passed for c in checks_for(name, r)) else "FAIL")
+        (name, *r.ratios.values(), verdict(name, r))
         for name, r in results.items()
         if name != BASELINE
     ]
@@ -169,7 +178,11 @@ async def start_arms(fleet: Fleet, args: argparse.Namespace) -> dict[str, str]:
             fleet.gateway(
                 f"gateway-{a}",
                 ["--primary", primary]
-                + ([] if a == BASELINE else ["--shadow", shadow_urls[a], "--shadow-ratio", "1.0"]),
+                + (
+                    []
+                    if a in (BASELINE, NOISE_FLOOR)
+                    else ["--shadow", shadow_urls[a], "--shadow-ratio", "1.0"]
+                ),
             )
             for a in args.arms
         )
@@ -208,7 +221,7 @@ async def run(args: argparse.Namespace) -> int:
         admin = await asyncio.gather(
             *(get_json(url + "/admin/shadow") for url in gateways.values())
         )
-    metrics = by_arm(raw)
+    metrics = by_arm(raw, arms)
     base = summarize(BASELINE, metrics.get(BASELINE, []))
     results: dict[str, ArmResult] = {}
     for (name, _url), counters in zip(gateways.items(), admin, strict=True):
@@ -218,7 +231,12 @@ async def run(args: argparse.Namespace) -> int:
             s, text_mismatches(mine, metrics.get(BASELINE, [])), ratios_vs(s, base), counters
         )
     print("\n" + render(results) + "\n")
-    checks = [c for name, r in results.items() if name != BASELINE for c in checks_for(name, r)]
+    checks = [
+        c
+        for name, r in results.items()
+        if name not in (BASELINE, NOISE_FLOOR)
+        for c in checks_for(name, r)
+    ]
     failed = [c for c in checks if not c.passed]
     if failed:
         print(render_checks(failed) + "\n")

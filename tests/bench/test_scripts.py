@@ -39,13 +39,14 @@ def run_bench(module: str, *args: str) -> subprocess.CompletedProcess[str]:
     return out
 
 
-def test_proxy_overhead_measures_both_arms_at_every_concurrency(tmp_path):
+def test_proxy_overhead_measures_direct_gateway_and_relay_at_every_concurrency(tmp_path):
     report = tmp_path / "po.json"
     out = run_bench("bench.proxy_overhead", "--concurrency", "1,2", "--json", str(report))
     data = json.loads(report.read_text())
     assert [level["concurrency"] for level in data["levels"]] == [1, 2]
     for level in data["levels"]:
-        for arm in ("direct", "gateway"):
+        assert list(level["arms"]) == ["direct", "gateway", "relay"]
+        for arm in ("direct", "gateway", "relay"):
             s = level["arms"][arm]
             assert s["requests"] == 2 and s["errors"] == 0
             assert s["ttft"]["n"] == 2 and s["ttft"]["p50_ms"] > 0
@@ -56,7 +57,8 @@ def test_proxy_overhead_measures_both_arms_at_every_concurrency(tmp_path):
         "added TTFT p99",
     ]
     assert data["levels"][1]["checks"] == []
-    assert "Added by the gateway, concurrency 1" in out.stdout
+    assert "Added by each proxy, concurrency 1" in out.stdout
+    assert "raw relay's added TTFT" in out.stdout
     assert "load average at start" in out.stdout and "load average at end" in out.stdout
 
 
