@@ -5,6 +5,7 @@
 - ``bench.proxy_overhead``: direct-to-upstream vs through the gateway, interleaved (issue 2).
 - ``bench.shadow_isolation``: the primary's latency with shadows off / healthy / slow / hung /
   refusing, interleaved (issue 3).
+- ``bench.raw_relay``: a minimal aiohttp relay, the floor any Python proxy is measured against.
 
 See ``bench/README.md`` for how to run them and what each number is measured from and to.
 """
