@@ -26,9 +26,14 @@ def _is_loopback(remote: str | None) -> bool:
     if not remote:
         return False
     try:
-        return ipaddress.ip_address(remote.split("%", 1)[0]).is_loopback
+        address = ipaddress.ip_address(remote.split("%", 1)[0])
     except ValueError:
         return False
+    # A dual-stack listener ("::") reports an IPv4 peer as ::ffff:a.b.c.d, which Python 3.11
+    # does not call loopback even for 127.0.0.1.
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
 
 
 def authorize(request: web.Request) -> None:
