@@ -58,10 +58,13 @@ async def policy_status(request: web.Request) -> web.Response:
 
 async def shadow_status(request: web.Request) -> web.Response:
     authorize(request)
-    shadows = request.app[GATEWAY].shadows
+    gw = request.app[GATEWAY]
+    shadows = gw.shadows
     return _json(
         {
             "in_flight": shadows.in_flight,
+            "primary_in_flight": gw.in_flight,
+            "tasks": len(gw.tasks),  # live background tasks: shadow legs, exchange assembly, ...
             "breakers": {name: b.state for name, b in shadows.breakers.items()},
             "counts": [
                 {"event": e, "role": r, "backend": b, "reason": reason or None, "count": n}
