@@ -96,7 +96,9 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 def _serve_until_interrupted(specs: list[VllmServerSpec], cache: Path | None) -> int:
     env = setup(cache)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # Explicit for SIGINT too: a shell that starts us in the background sets SIGINT to "ignore".
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _raise_interrupt)
     servers: list[VllmServer] = []
     try:
         servers = start_servers(specs, env)
