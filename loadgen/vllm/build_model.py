@@ -12,8 +12,9 @@ Output (``OUT``)::
     OUT/target/   LlamaForCausalLM, 4 layers, hidden 256, 4 heads × head_dim 64 (≈4 M parameters), 240 steps
     OUT/draft/    LlamaForCausalLM, 2 layers, hidden 128, 2 heads × head_dim 64 (≈1 M parameters), 160 steps
 
-Both hold the same byte-level BPE tokenizer (``tokenizer.json`` + ``tokenizer_config.json`` with a
-ChatML ``chat_template`` that renders tools Hermes-style, with ``<tool_call>`` tags) and a
+Both hold the same byte-level BPE tokenizer (``tokenizer.json``, ``tokenizer_config.json`` and,
+as transformers 5 saves it, ``chat_template.jinja``: ChatML that renders tools Hermes-style, with
+``<tool_call>`` tags) and a
 ``generation_config.json`` whose end tokens are ``<|im_end|>`` and ``<|endoftext|>``. Weights are
 fp32 safetensors. Same script + same library versions ⇒ same bytes (fixed seeds, one BPE thread,
 two torch threads; checked by building twice).
