@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import aiohttp
@@ -13,6 +14,7 @@ from gateway import jsonx
 from loadgen.vllm.server import (
     SERVED_MODEL_NAME,
     VllmServer,
+    VllmServerError,
     VllmServerSpec,
     rss_bytes,
     server_command,
@@ -129,7 +131,41 @@ def test_session_pids_finds_a_child_in_its_own_session_and_nothing_after_it_exit
     assert session_pids(proc.pid) == []
 
 
-def fake_env(root: Path) -> VllmEnv:
+def test_a_server_that_exits_at_once_fails_with_its_log_tail_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    env = fake_env(tmp_path, python_script="echo 'ValueError: no such model'; exit 3")
+    server = VllmServer(VllmServerSpec("broken", "plain"), env, ready_timeout_s=30)
+    with pytest.raises(VllmServerError, match=r"exited with 3:\n.*no such model"):
+        server.start()
+    assert server.work_dir is None
+    assert server.pid is None
+
+
+def test_stop_kills_a_process_group_that_ignores_sigterm(tmp_path: Path) -> None:
+    env = fake_env(tmp_path, python_script="trap '' TERM; sleep 60 & sleep 60; wait")
+    server = VllmServer(VllmServerSpec("stubborn", "plain"), env)
+    server.launch()
+    leader, work_dir = server.pid, server.work_dir
+    assert leader is not None
+    assert work_dir is not None
+    deadline = time.monotonic() + 5
+    while len(session_pids(leader)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(server.process_ids()) == 3  # the shell and its two sleeps
+    started_ns = time.perf_counter_ns()
+    server.stop(timeout_s=0.5)
+    assert (time.perf_counter_ns() - started_ns) / 1e9 < 5
+    assert session_pids(leader) == []
+    assert not work_dir.exists()
+
+
+def fake_env(root: Path, python_script: str = "exit 0") -> VllmEnv:
+    """A VllmEnv whose "python" is a shell script: the lifecycle without vLLM."""
+    python = root / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True, exist_ok=True)
+    python.write_text(f"#!/bin/sh\n{python_script}\n")
+    python.chmod(0o755)
     return VllmEnv(
         venv=root / "venv",
         pystub=root / "pystub",
