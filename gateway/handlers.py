@@ -159,7 +159,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 def _retry_count(request: web.Request) -> int:
     value = request.headers.get("x-stainless-retry-count", "0")
-    return int(value) if value.isdigit() else 0
+    # str.isdigit() is true for "²" and other Unicode digits that int() rejects, and int() refuses
+    # more than 4300 digits: either would be a 500. A count that long just means "retried".
+    if not (value.isascii() and value.isdigit()):
+        return 0
+    return int(value) if len(value) <= 18 else 2**63 - 1
 
 
 def _finish(
