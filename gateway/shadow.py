@@ -291,8 +291,10 @@ class ShadowDispatcher:
         status: int | None = None
         outcome: StreamOutcome = "upstream_error"
         error_type: str | None = None
+        shaped = False  # a request the gateway could not shape is no fault of the backend's
         try:
             body = shape_shadow_body(payload, leg, policy.shaping)
+            shaped = True
             headers = shadow_headers(
                 client_headers,
                 leg,
@@ -322,7 +324,9 @@ class ShadowDispatcher:
             self.in_flight -= 1
             self.in_flight_by_role[leg.role] -= 1
         ok = outcome == "completed"
-        if outcome not in ("cancelled", "deadline"):
+        # Only what the backend did counts: a client sending JSON that cannot be re-encoded (nested
+        # deeper than orjson.dumps allows) must not be able to open the breaker for everyone.
+        if shaped and outcome not in ("cancelled", "deadline"):
             self.breaker(backend, policy.budgets.breaker).record(
                 ok or (outcome == "upstream_status" and (status or 0) < 500)
             )
