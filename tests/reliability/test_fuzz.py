@@ -32,6 +32,7 @@ from gateway.sse import SSEDecoder
 from gateway.state import GATEWAY, Gateway
 from gateway.timings import StreamRecorder
 from tests.fakes.upstream import FakeUpstream, Script
+from tests.gateway.test_shadow import strip_stamps
 from tests.reliability.helpers import chat, fetch, shadow_policy, wait_for_exchanges
 
 PRIMARY_ANSWER = b'{"id":"x","object":"chat.completion","choices":[]}'
@@ -472,3 +473,41 @@ def test_a_client_that_sends_less_than_its_content_length_gets_no_relay(fuzz_gat
     assert not answer.startswith(b"HTTP/1.1 5")
     fuzz_gateway.settle()
     assert len(fuzz_gateway.primary.received) == before
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"stream": "yes"},
+        {"messages": 5},
+        {"temperature": "hot", "seed": 1.5},
+        {"seed": True, "temperature": None},
+        {"model": 7},
+        {"model": None, "max_tokens": "many"},
+        {"stream": True, "stream_options": "usage please"},
+        {"stream": 1},
+        {"n": -1, "seed": 2**70},
+    ],
+    ids=repr,
+)
+async def test_wrong_types_for_known_fields_reach_the_primary_which_decides(
+    sims, gateway, write_policy, fields
+):
+    primary = await sims()
+    candidate = await sims(mode="speculative")
+    gw = await gateway(
+        None, policy_path=write_policy(shadow_policy(primary.base_url, candidate.base_url))
+    )
+    body = json.dumps({**chat(stream=False), **fields}).encode()
+    async with aiohttp.ClientSession() as session:
+        direct = await fetch(session, primary.base_url, body)
+        relayed = await fetch(session, gw.url, body)
+    assert relayed.status == direct.status and relayed.error is None
+    assert strip_stamps(relayed.body) == strip_stamps(direct.body)
+    exchange = await gw.sink.wait_for(lambda e: e.primary.status == direct.status)
+    assert exchange.primary.outcome in ("completed", "upstream_status")
+    if not isinstance(fields.get("temperature", 0), int | float):
+        assert exchange.temperature is None
+    if "seed" in fields and not (type(fields["seed"]) is int and fields["seed"] < 2**63):
+        assert exchange.seed is None
+    assert exchange.stream is (fields.get("stream") is True)
