@@ -173,7 +173,7 @@ async def _median_e2e_s(url: str, n: int) -> float:
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 @pytest.mark.parametrize("collector", ["down", "black_hole"])
 async def test_a_dead_or_black_holed_collector_costs_the_primary_nothing(
-    sims, gateway, write_policy, collector, protocol
+    sims, gateway, write_policy, collector, protocol, record_property
 ):
     primary = await sims()
     candidate = await sims(mode="speculative")
@@ -201,6 +201,7 @@ async def test_a_dead_or_black_holed_collector_costs_the_primary_nothing(
         )
         baseline_s = await _median_e2e_s(off.url, 20)
         with_dead_collector_s = await _median_e2e_s(on.url, 40)  # > the 64-span queue: drops
+        record_property("median_e2e_ms", [baseline_s * 1e3, with_dead_collector_s * 1e3])
         # Generous: a noisy 2-core machine; a blocking export would cost ≥ 500 ms per request.
         assert with_dead_collector_s < 2 * baseline_s + 0.02, (baseline_s, with_dead_collector_s)
         exchanges = await wait_for_exchanges(on.sink, 41)
