@@ -1,0 +1,38 @@
+"""A short soak in CI: 20 s of mixed traffic with faulty shadows and leaving clients against a
+gateway subprocess; nothing leaks (sockets, tasks, in-flight counts) and memory does not climb.
+The long version is ``scripts/soak.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.reliability.soak import SoakConfig, run_soak
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_a_short_soak_with_faulty_shadows_leaks_no_sockets_tasks_or_memory(
+    tmp_path, record_property
+):
+    result = await run_soak(SoakConfig(duration_s=20.0), tmp_path)
+    summary = result.to_json()
+    for key, value in summary.items():
+        record_property(key, value)
+    assert result.warm is not None and result.final is not None
+    assert result.errors == []  # zero primary errors among every request that stayed
+    assert result.outcomes["ok"] > 200 and result.outcomes["client_left"] > 5
+    # Every faulty shadow kind was exercised, and failures were contained as counts.
+    events = {(c["event"], c["backend"]) for c in result.shadow_counts}
+    assert {("failed", f"f_{k}") for k in ("hang", "e500", "reset", "refused")} <= events
+    # After traffic and an idle moment: nothing in flight, only the policy watcher task left.
+    final, warm = result.final, result.warm
+    assert final.in_flight == 0 and final.primary_in_flight == 0
+    assert final.tasks <= 1, final
+    # Sockets: upstream pools may hold a few more idle keep-alive connections than after the
+    # sequential warm-up (one per concurrent client and backend at most), never a growing pile.
+    slack = result.config.concurrency * 4
+    assert final.sockets <= warm.sockets + slack, (warm, final)
+    assert max(s.sockets for s in result.samples) <= warm.sockets + 4 * slack
+    slope = result.rss_slope_kib_per_min()
+    assert slope is None or slope < 20 * 1024, slope  # MiB/min of growth at steady state: none
+    assert final.rss_kib - warm.rss_kib < 64 * 1024
