@@ -56,6 +56,27 @@ def base_outcome(status: int) -> StreamOutcome:
     return "completed" if status < 400 else "upstream_status"
 
 
+class UpstreamEnded(Exception):
+    """The upstream's body ended in an error; ``outcome`` says how."""
+
+    def __init__(self, outcome: StreamOutcome, error_type: str) -> None:
+        super().__init__(outcome)
+        self.outcome, self.error_type = outcome, error_type
+
+
+async def next_chunk(content: aiohttp.StreamReader) -> bytes:
+    """Whatever the socket delivered next (b"" at the end); failures as :class:`UpstreamEnded`.
+
+    ``readany`` has no line-length limit and never waits for more than what has arrived.
+    """
+    try:
+        return await content.readany()
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise UpstreamEnded("upstream_timeout", type(exc).__name__) from exc
+    except aiohttp.ClientError as exc:
+        raise UpstreamEnded("upstream_error", type(exc).__name__) from exc
+
+
 async def relay(
     request: web.Request,
     response: aiohttp.ClientResponse,
@@ -85,32 +106,23 @@ async def relay(
         await downstream.prepare(request)
         content = response.content
         perf_ns = time.perf_counter_ns
-        while True:
-            try:
-                chunk = await content.readany()
-            except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-                outcome, error_type = "upstream_timeout", type(exc).__name__
-                break
-            except aiohttp.ClientError as exc:
-                outcome, error_type = "upstream_error", type(exc).__name__
-                break
-            if not chunk:
-                break
+        while chunk := await next_chunk(content):
             received_ns = perf_ns()
             await downstream.write(chunk)
             if tee is not None:
                 tee.feed(chunk, received_ns, perf_ns())
+    except UpstreamEnded as ended:
+        outcome, error_type = ended.outcome, ended.error_type
+        # End the client's stream the way the upstream ended ours: abruptly.
+        response.close()
+        if request.transport is not None:
+            request.transport.abort()
     except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
         response.close()
         outcome, error_type = "client_disconnected", type(exc).__name__
     except asyncio.CancelledError:
         response.close()
         raise
-    if outcome in ("upstream_timeout", "upstream_error"):
-        # End the client's stream the way the upstream ended ours: abruptly.
-        response.close()
-        if request.transport is not None:
-            request.transport.abort()
     return downstream, outcome, error_type
 
 
@@ -118,20 +130,11 @@ async def drain(
     response: aiohttp.ClientResponse, tee: RecorderTee
 ) -> tuple[StreamOutcome, str | None]:
     """Read ``response`` to its very end into ``tee`` with no client (a shadow leg)."""
-    outcome: StreamOutcome = base_outcome(response.status)
-    error_type: str | None = None
     content = response.content
     perf_ns = time.perf_counter_ns
-    while True:
-        try:
-            chunk = await content.readany()
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            outcome, error_type = "upstream_timeout", type(exc).__name__
-            break
-        except aiohttp.ClientError as exc:
-            outcome, error_type = "upstream_error", type(exc).__name__
-            break
-        if not chunk:
-            break
-        tee.feed(chunk, perf_ns(), None)
-    return outcome, error_type
+    try:
+        while chunk := await next_chunk(content):
+            tee.feed(chunk, perf_ns(), None)
+    except UpstreamEnded as ended:
+        return ended.outcome, ended.error_type
+    return base_outcome(response.status), None
