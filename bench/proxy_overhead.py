@@ -125,11 +125,11 @@ def render_level(level: Level) -> str:
     per_arm = render_table(
         f"Per arm, concurrency {level.concurrency} (ms)",
         ("arm", "reqs", "errors", "ttft p50", "ttft p99", "deliv p50", "deliv p99",
-         "gap p50", "gap p99", "e2e p50", "events", "reads", "coalesced", "stalled"),
+         "gap p50", "gap p99", "e2e p50", "upgap p90", "events", "reads", "coalesced", "stalled"),
         [
             (s.arm, s.requests, s.errors, s.ttft.p50_ms, s.ttft.p99_ms, s.delivery.p50_ms,
              s.delivery.p99_ms, s.chunk_gap.p50_ms, s.chunk_gap.p99_ms, s.e2e.p50_ms,
-             s.output_events, s.reads, s.coalesced, s.stalled)
+             s.upstream_gap.p90_ms, s.output_events, s.reads, s.coalesced, s.stalled)
             for s in a.values()
         ],
     )  # fmt: skip
