@@ -101,6 +101,12 @@ class SoakResult:
             "peak_rss_kib": max((s.rss_kib for s in self.samples), default=None),
             "peak_fds": max((s.fds for s in self.samples), default=None),
             "peak_tasks": max((s.tasks for s in self.samples), default=None),
+            "shadow_counts": {
+                f"{c['event']}:{c['backend']}" + (f":{c['reason']}" if c["reason"] else ""): c[
+                    "count"
+                ]
+                for c in self.shadow_counts
+            },
         }
 
 

@@ -248,6 +248,10 @@ async def test_policy_file_deleted_truncated_or_invalid_mid_run_keeps_the_last_g
         result: dict = await get_json(gw.url, "/admin/policy")
         return result
 
+    # A valid edit first: proves the watcher has taken its first fingerprint (a file deleted
+    # before that moment goes unnoticed — see docs/reliability.md).
+    write_policy(good.replace("ratio: 1.0", "ratio: 1"))
+    await wait_until(admin, lambda s: s["generation"] == 2, timeout_s=5)
     load = asyncio.ensure_future(traffic())
     failures = 0
     try:
@@ -259,15 +263,15 @@ async def test_policy_file_deleted_truncated_or_invalid_mid_run_keeps_the_last_g
             status = await wait_until(admin, failed_more_than(failures), timeout_s=5)
             failures = status["last_reload"]["failures"]
             assert status["last_reload"]["ok"] is False, damage
-            assert status["generation"] == 1, damage
+            assert status["generation"] == 2, damage
             await asyncio.sleep(0.05)  # requests keep flowing meanwhile
         write_policy(good.replace("ratio: 1.0", "ratio: 0.0"))
-        status = await wait_until(admin, lambda s: s["generation"] == 2, timeout_s=5)
+        status = await wait_until(admin, lambda s: s["generation"] == 3, timeout_s=5)
         assert status["last_reload"]["ok"] is True
     finally:
         stop.set()
         await load
     assert len(statuses) >= 5
     assert set(statuses) == {200}  # no request failed while the file was broken
-    mirrored = [e for e in gw.sink.exchanges if e.policy_generation == 1]
+    mirrored = [e for e in gw.sink.exchanges if e.policy_generation == 2]
     assert mirrored and all(len(e.shadows) == 1 for e in mirrored)

@@ -262,7 +262,7 @@ def test_random_bytes_get_a_clean_400_or_the_primary_answer(fuzz_gateway, body):
     check_answer(fuzz_gateway, body, status, answer)
 
 
-@FUZZ
+@settings(FUZZ, max_examples=150)
 @given(payload=_known_fields | st.dictionaries(st.text(max_size=12), _json, max_size=6))
 def test_json_objects_with_wrong_field_types_are_relayed_and_never_break_the_gateway(
     fuzz_gateway, payload
@@ -412,7 +412,7 @@ _openai_like = st.lists(
 ).map(b"".join)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     data=_openai_like | st.binary(max_size=2048),
     cuts=st.lists(st.integers(0, 4096), max_size=8),
