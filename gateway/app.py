@@ -19,7 +19,7 @@ from gateway.exchange import ExchangeSink
 from gateway.records.sink import build_record_sink
 from gateway.settings import Settings
 from gateway.shadow import ShadowDispatcher
-from gateway.sinks import FanoutSink, MemorySink, ThreadedSink
+from gateway.sinks import FanoutSink, ThreadedSink
 from gateway.state import GATEWAY, Gateway, ReadyProbe
 from gateway.tasks import TaskSet
 from gateway.upstream import UpstreamClient, UpstreamTarget
@@ -72,7 +72,6 @@ def create_app(
         client_max_size=settings.max_body_bytes,
         handler_args={"max_line_size": 65536, "max_field_size": 65536},
     )
-    sink = sink if sink is not None else MemorySink(maxlen=1000)
     metrics_sink = ThreadedSink("telemetry", metrics_handler(tel))
     records = (
         build_record_sink(
@@ -85,7 +84,8 @@ def create_app(
         if settings.store_path
         else None
     )
-    sinks: list[ExchangeSink] = [metrics_sink, sink] + ([records] if records else [])
+    sinks: list[ExchangeSink] = [metrics_sink]
+    sinks += [s for s in (sink, records) if s is not None]
     tel.bind_policy_status(lambda: (store.generation, store.last_reload_ok))
     store.listeners.append(lambda ok: tel.count_policy_reload("ok" if ok else "error"))
 

@@ -1,7 +1,8 @@
 """``specshadow demo``: the whole story on one machine, with embedded defaults and no configuration.
 
 1. Start three backends — a plain primary, a speculative candidate and a plain baseline (simulated
-   with known ground truth; ``--vllm`` uses real vLLM CPU servers instead).
+   with known ground truth; ``--vllm`` uses real vLLM CPU servers instead: plain, n-gram, plain,
+   started with :mod:`loadgen.vllm` or reused with ``--vllm-urls``).
 2. Start the gateway in front of the primary with a policy that mirrors a share of traffic to the
    candidate and the baseline, writing comparison records to an embedded store.
 3. Replay the bundled trace of real prompts through the gateway with the load generator (the
@@ -15,8 +16,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from collections.abc import Sequence
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from gateway.settings import Settings
 from gateway.sinks import MemorySink
 from gateway.stats import percentile
 from policies.compile import parse_policy
+from policies.model import BackendKind
 from policies.store import PolicyStore
 from simulator.app import run_simulator
 from simulator.config import SimConfig
@@ -38,28 +41,71 @@ MODEL = "sim-model"
 # coverage. multi_turn drafts rarely (an n-gram proposer finds few matches), so it loses.
 CANDIDATE_ACCEPTANCE = {"chat": 0.75, "multi_turn": 0.6, "structured_output": 0.9}
 CANDIDATE_COVERAGE = {"multi_turn": 0.1}
+# --vllm: fewer, shorter requests (the tiny CPU model serves ~200 tokens/s per server on 2 cores),
+# and prompts that fit its 1024-token context with room for the output.
+VLLM_REQUESTS = 30
+VLLM_MAX_TOKENS = 48
+VLLM_CONCURRENCY = 4
+VLLM_MAX_PROMPT_CHARS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class DemoBackends:
+    """Where the three demo backends listen, what they are, and the model name they serve."""
+
+    primary: str
+    candidate: str
+    baseline: str
+    kind: BackendKind
+    model: str
+    description: str  # for the printout and the report's sources
 
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "demo", help="run the whole shadow-testing story on simulated backends"
     )
-    p.add_argument("--requests", type=int, default=120, help="how many trace rows to replay")
-    p.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    p.add_argument(
+        "--requests", type=int, default=None, help="trace rows to replay (default 120; --vllm 30)"
+    )
+    p.add_argument(
+        "--concurrency", type=int, default=None, help="requests in flight (default 8; --vllm 4)"
+    )
     p.add_argument("--ratio", type=float, default=0.8, help="share of requests mirrored")
     p.add_argument("--trace", default=None, help="JSONL trace (default: the bundled one)")
     p.add_argument("--out", default="specshadow-out/demo", help="records, results and report")
     p.add_argument("--quiet", action="store_true", help="no per-request lines")
+    p.add_argument(
+        "--vllm",
+        action="store_true",
+        help="real vLLM CPU servers (plain primary, n-gram candidate, plain baseline) instead of "
+        "simulators; `specshadow vllm setup` builds them on first use",
+    )
+    p.add_argument(
+        "--vllm-urls",
+        metavar="PRIMARY,CANDIDATE,BASELINE",
+        default=None,
+        help="with --vllm: use these running vLLM servers (base URLs, e.g. from `specshadow vllm "
+        "up`) instead of starting three",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help=f"override max_tokens (default: the trace's; --vllm {VLLM_MAX_TOKENS})",
+    )
     p.set_defaults(func=run_demo)
 
 
-def demo_policy(primary: str, candidate: str, baseline: str, ratio: float) -> PolicyStore:
+def demo_policy(
+    primary: str, candidate: str, baseline: str, ratio: float, kind: BackendKind = "sim"
+) -> PolicyStore:
     raw = {
         "version": 1,
         "backends": {
-            "primary": {"url": primary, "kind": "sim"},
-            "candidate": {"url": candidate, "kind": "sim", "metrics_url": f"{candidate}/metrics"},
-            "baseline": {"url": baseline, "kind": "sim"},
+            "primary": {"url": primary, "kind": kind},
+            "candidate": {"url": candidate, "kind": kind, "metrics_url": f"{candidate}/metrics"},
+            "baseline": {"url": baseline, "kind": kind},
         },
         "primary": "primary",
         "default": {
@@ -95,7 +141,12 @@ def run_demo(args: argparse.Namespace) -> int:
     from loadgen.trace import bundled_trace, read_trace
 
     started = time.perf_counter()
-    rows = (read_trace(args.trace) if args.trace else bundled_trace())[: args.requests]
+    vllm = bool(getattr(args, "vllm", False))
+    _resolve_defaults(args, vllm)
+    rows = read_trace(args.trace) if args.trace else bundled_trace()
+    if vllm:
+        rows = [r for r in rows if _prompt_chars(r.body) <= VLLM_MAX_PROMPT_CHARS]
+    rows = rows[: args.requests]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     store_path = out / "records.sqlite"
@@ -105,6 +156,8 @@ def run_demo(args: argparse.Namespace) -> int:
     if not args.quiet:
         print_table(exchanges)
     print_summary(exchanges)
+    if vllm:
+        print_vllm_evidence(exchanges)
     write_results(out / "loadgen.jsonl", results)
     summary = summarize(results)
     print(
@@ -113,7 +166,10 @@ def run_demo(args: argparse.Namespace) -> int:
     )
     records = list(query_records(store_path))
     result_rows = [r.to_json() for r in results]
-    paths = build_report(records, result_rows, out / "report", sources=["demo (simulated)"])
+    if vllm:
+        print_equivalence(records)
+    source = "demo (vLLM CPU: plain, n-gram, plain)" if vllm else "demo (simulated)"
+    paths = build_report(records, result_rows, out / "report", sources=[source])
     print(f"\nrecords  {store_path}  ({len(records)} comparison records)")
     print(f"results  {out / 'loadgen.jsonl'}")
     print(f"report   {paths.html}")
@@ -122,19 +178,84 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _resolve_defaults(args: argparse.Namespace, vllm: bool) -> None:
+    """Fill the defaults that differ between simulated and real backends."""
+    if args.requests is None:
+        args.requests = VLLM_REQUESTS if vllm else 120
+    if args.concurrency is None:
+        args.concurrency = VLLM_CONCURRENCY if vllm else 8
+    if getattr(args, "max_tokens", None) is None:
+        args.max_tokens = VLLM_MAX_TOKENS if vllm else None
+
+
+def _prompt_chars(body: Mapping[str, Any]) -> int:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return len(str(body.get("prompt", "")))
+    return sum(len(m.get("content") or "") for m in messages if isinstance(m, Mapping))
+
+
+@asynccontextmanager
+async def simulated_demo_backends() -> AsyncIterator[DemoBackends]:
+    plain, speculative = simulated_backends()
+    async with AsyncExitStack() as stack:
+        primary = await stack.enter_async_context(run_simulator(plain))
+        candidate = await stack.enter_async_context(run_simulator(speculative))
+        baseline = await stack.enter_async_context(run_simulator(plain))
+        yield DemoBackends(
+            primary.base_url, candidate.base_url, baseline.base_url, "sim", MODEL, "simulated"
+        )
+
+
+def parse_vllm_urls(text: str) -> tuple[str, str, str]:
+    """``PRIMARY,CANDIDATE,BASELINE`` base URLs (a trailing ``/`` or ``/v1`` is dropped)."""
+    urls = [u.strip().rstrip("/").removesuffix("/v1") for u in text.split(",")]
+    if len(urls) != 3 or not all(urls):
+        raise ValueError(f"--vllm-urls needs PRIMARY,CANDIDATE,BASELINE, got {text!r}")
+    return urls[0], urls[1], urls[2]
+
+
+@asynccontextmanager
+async def vllm_demo_backends(urls: str | None) -> AsyncIterator[DemoBackends]:
+    """Running vLLM servers: the given ones, or plain / n-gram / plain started (and stopped) here."""
+    from loadgen.vllm.server import SERVED_MODEL_NAME
+
+    if urls is not None:
+        primary, candidate, baseline = parse_vllm_urls(urls)
+        yield DemoBackends(primary, candidate, baseline, "vllm", SERVED_MODEL_NAME, "vLLM")
+        return
+    from loadgen.vllm.server import VllmServerSpec, start_servers, stop_servers
+    from loadgen.vllm.setup import setup
+
+    print("starting vLLM CPU servers: plain, n-gram, plain (about 1–2 minutes)", flush=True)
+    env = await asyncio.to_thread(setup)
+    specs = [
+        VllmServerSpec("primary", "plain"),
+        VllmServerSpec("candidate", "ngram"),
+        VllmServerSpec("baseline", "plain"),
+    ]
+    servers = await asyncio.to_thread(start_servers, specs, env)
+    try:
+        p, c, b = (s.base_url for s in servers)
+        yield DemoBackends(p, c, b, "vllm", SERVED_MODEL_NAME, "vLLM")
+    finally:
+        await asyncio.to_thread(stop_servers, servers)
+
+
 async def replay_through_gateway(
     args: argparse.Namespace, rows: Sequence[Any], store_path: Path
 ) -> tuple[list[Exchange], list[Any]]:
     """Backends and gateway up, the trace replayed through it, everything down again."""
     from loadgen.runner import run_loadgen
 
-    plain, speculative = simulated_backends()
+    backends = (
+        vllm_demo_backends(getattr(args, "vllm_urls", None))
+        if getattr(args, "vllm", False)
+        else simulated_demo_backends()
+    )
     sink = MemorySink()
-    async with AsyncExitStack() as stack:
-        primary = await stack.enter_async_context(run_simulator(plain))
-        candidate = await stack.enter_async_context(run_simulator(speculative))
-        baseline = await stack.enter_async_context(run_simulator(plain))
-        store = demo_policy(primary.base_url, candidate.base_url, baseline.base_url, args.ratio)
+    async with backends as b:
+        store = demo_policy(b.primary, b.candidate, b.baseline, args.ratio, kind=b.kind)
         settings = Settings(primary_url=None, store_path=str(store_path), scrape_interval_s=2.0)
         runner = web.AppRunner(
             create_app(settings, sink=sink, policy=store),
@@ -146,12 +267,17 @@ async def replay_through_gateway(
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
             gateway_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-            print(f"primary   (plain)        {primary.base_url}")
-            print(f"candidate (speculative)  {candidate.base_url}")
-            print(f"baseline  (plain)        {baseline.base_url}")
+            kind = "n-gram" if b.kind == "vllm" else "speculative"
+            print(f"primary   (plain)        {b.primary}")
+            print(f"candidate ({kind + ')':<14} {b.candidate}")
+            print(f"baseline  (plain)        {b.baseline}")
             print(f"gateway                  {gateway_url}  (mirroring {args.ratio:.0%})\n")
             results = await run_loadgen(
-                f"{gateway_url}/v1", rows, concurrency=args.concurrency, model=MODEL
+                f"{gateway_url}/v1",
+                rows,
+                concurrency=args.concurrency,
+                model=b.model,
+                max_tokens=getattr(args, "max_tokens", None),
             )
             await _settle(sink, len(rows))
         finally:
@@ -221,3 +347,41 @@ def print_summary(exchanges: Sequence[Exchange]) -> None:
         )
     mirrored = [ex for ex in exchanges if ex.shadows]
     print(f"\nmirrored {len(mirrored)} of {len(exchanges)} requests")
+
+
+def print_vllm_evidence(exchanges: Sequence[Exchange]) -> None:
+    """The candidate's acceptance, three ways (DESIGN §4), pooled over the demo's requests."""
+    from gateway.acceptance import leg_acceptance, summarize
+
+    legs = [
+        leg_acceptance(leg.recording)
+        for ex in exchanges
+        for leg in ex.shadows
+        if leg.role == "candidate" and leg.recording is not None
+    ]
+    pooled = summarize(("candidate", acc) for acc in legs).get("candidate")
+    if pooled is None:
+        return
+    rate = pooled.draft_acceptance_rate
+    mal = pooled.mean_acceptance_length
+    tpp = pooled.tokens_per_pass_mean
+    print(
+        "\ncandidate acceptance (vLLM per-request metrics, pooled): "
+        f"rate {rate if rate is not None else float('nan'):.2f}, "
+        f"mean acceptance length {mal if mal is not None else float('nan'):.2f}; "
+        f"stream shape: {tpp if tpp is not None else float('nan'):.2f} tokens per target pass"
+    )
+
+
+def print_equivalence(records: Sequence[Mapping[str, Any]]) -> None:
+    """Greedy exact matches per shadow role, from the comparison records."""
+    for role in ("candidate", "baseline"):
+        verdicts = [
+            c["exact_match"]
+            for r in records
+            for c in r.get("comparisons", ())
+            if c.get("b") == role and c.get("greedy") and c.get("comparable")
+        ]
+        print(
+            f"greedy exact match, primary vs {role}: {sum(bool(v) for v in verdicts)}/{len(verdicts)}"
+        )

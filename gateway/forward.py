@@ -111,6 +111,8 @@ async def relay(
             await downstream.write(chunk)
             if tee is not None:
                 tee.feed(chunk, received_ns, perf_ns())
+        # End the client's response now: recording and telemetry happen after it has everything.
+        await downstream.write_eof()
     except UpstreamEnded as ended:
         outcome, error_type = ended.outcome, ended.error_type
         # End the client's stream the way the upstream ended ours: abruptly.

@@ -88,7 +88,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         tel.end_request_span(span, status_code=exc.status, error_type=type(exc).__name__)
         raise
     draft = ExchangeDraft.from_request(request, payload, route=route, request_id=request_id)
-    draft.traceparent = tel.traceparent_headers(span).get("traceparent")
+    draft.traceparent = tel.traceparent(span)
     policy = gw.policy.current
     decision = policy.decide(
         RequestFacts(

@@ -38,14 +38,17 @@ def _log_retry(state: RetryCallState) -> None:
     log.info("retrying upstream connect (attempt %d): %r", state.attempt_number, exc)
 
 
-def connect_retrying(settings: UpstreamSettings) -> AsyncRetrying:
-    """A fresh ``AsyncRetrying`` for one request's connect phase."""
+def connect_retrying(settings: UpstreamSettings, *, first_failed: bool = False) -> AsyncRetrying:
+    """A fresh ``AsyncRetrying`` for one request's connect phase.
+
+    ``first_failed``: the caller already made (and lost) the first attempt, so one fewer remains.
+    """
     # A connect timeout is excluded on purpose: waiting connect_timeout_s again per attempt would
     # multiply the client's wait; it surfaces as a 504 at once.
     retryable = retry_if_exception(_is_connect_failure)
     return AsyncRetrying(
         retry=retryable,
-        stop=stop_after_attempt(max(1, settings.retry_attempts))
+        stop=stop_after_attempt(max(1, settings.retry_attempts - int(first_failed)))
         | stop_after_delay(settings.retry_deadline_s),
         wait=wait_exponential_jitter(
             multiplier=settings.retry_initial_s,

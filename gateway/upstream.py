@@ -7,6 +7,7 @@ them inside ``async with`` (see :meth:`UpstreamClient.open`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -89,14 +90,20 @@ class UpstreamClient:
         url = self.target.url_for(path_qs)
         response: aiohttp.ClientResponse | None = None
         try:
-            if retry and (data is None or isinstance(data, bytes)):
-                async for attempt in connect_retrying(self.settings):
+            try:
+                response = await self.session.request(method, url, headers=headers, data=data)
+            except aiohttp.ClientConnectorError:
+                # The happy path builds no retry machinery; a refused connect retries (only a
+                # replayable body: bytes, not a stream already half consumed).
+                replayable = data is None or isinstance(data, bytes)
+                if not retry or not replayable or self.settings.retry_attempts <= 1:
+                    raise
+                await asyncio.sleep(self.settings.retry_initial_s)
+                async for attempt in connect_retrying(self.settings, first_failed=True):
                     with attempt:
                         response = await self.session.request(
                             method, url, headers=headers, data=data
                         )
-            else:
-                response = await self.session.request(method, url, headers=headers, data=data)
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamConnectError(
                 f"upstream {self.target.name} unreachable: {exc.os_error}"

@@ -143,6 +143,18 @@ class Telemetry:
         )
 
     @staticmethod
+    def traceparent(span: Span) -> str | None:
+        """The W3C ``traceparent`` of ``span`` itself (None for a non-recording no-op span).
+
+        Formatted directly from the span context: cheaper than a propagator round trip, for
+        values kept rather than sent (e.g. to parent spans created later off the event loop).
+        """
+        ctx = span.get_span_context()
+        if not ctx.is_valid:
+            return None
+        return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+    @staticmethod
     @safe(_no_headers)
     def traceparent_headers(span: Span) -> dict[str, str]:
         """W3C ``traceparent`` (and ``tracestate``) for the upstream request made under ``span``."""
