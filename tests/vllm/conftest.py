@@ -1,9 +1,17 @@
 """Session fixtures for tests against real vLLM CPU servers (``@pytest.mark.vllm``).
 
 ``vllm_env`` runs ``specshadow vllm setup`` (cached outside the repo; minutes when cold, instant
-when warm). ``vllm_servers`` starts a plain and an n-gram server once per session and, on teardown,
-asserts that they left no process and no work folder behind. Set ``SPECSHADOW_SKIP_VLLM=1`` to
-skip these tests on a machine that cannot host vLLM; nothing else skips them.
+when warm). ``vllm_servers`` starts four servers once per session, all at once (on 2 cores four
+start in about 2 minutes, one alone in about 40 s): ``plain`` (the primary), ``baseline`` (a
+second plain server: the noise floor), ``ngram`` and ``draft`` (the candidates). On teardown it
+asserts that they left no process and no work folder behind. Every vLLM test module shares them,
+so the session pays for one start.
+
+Set ``SPECSHADOW_SKIP_VLLM=1`` to skip these tests on a machine that cannot host vLLM; nothing
+else skips them. For a quick edit-and-rerun loop, ``SPECSHADOW_VLLM_URLS=plain=URL,ngram=URL,
+draft=URL[,baseline=URL]`` reuses running servers (e.g. ``specshadow vllm up``; without
+``baseline`` the plain server doubles as baseline) — nothing else may use them meanwhile, or the
+counter-agreement tests see foreign traffic.
 """
 
 from __future__ import annotations
@@ -37,10 +45,33 @@ def vllm_env() -> VllmEnv:
     return setup()
 
 
+SERVER_SPECS = (
+    VllmServerSpec("plain", "plain"),
+    VllmServerSpec("baseline", "plain"),
+    VllmServerSpec("ngram", "ngram"),
+    VllmServerSpec("draft", "draft"),
+)
+
+
+def reused_servers(text: str, env: VllmEnv) -> dict[str, VllmServer]:
+    """``name=URL,...`` → never-launched :class:`VllmServer` handles (stop() is a no-op on them)."""
+    configs = {spec.name: spec.config for spec in SERVER_SPECS}
+    out: dict[str, VllmServer] = {}
+    for item in text.split(","):
+        name, _, url = item.partition("=")
+        port = int(url.rstrip("/").removesuffix("/v1").rsplit(":", 1)[1])
+        out[name] = VllmServer(VllmServerSpec(name, configs[name], port=port), env)
+    out.setdefault("baseline", out["plain"])
+    return out
+
+
 @pytest.fixture(scope="session")
 def vllm_servers(vllm_env: VllmEnv) -> Iterator[dict[str, VllmServer]]:
-    specs = [VllmServerSpec("plain", "plain"), VllmServerSpec("ngram", "ngram")]
-    servers = start_servers(specs, vllm_env)
+    reuse = os.environ.get("SPECSHADOW_VLLM_URLS")
+    if reuse:
+        yield reused_servers(reuse, vllm_env)
+        return
+    servers = start_servers(SERVER_SPECS, vllm_env)
     leaders = {s.spec.name: s.pid for s in servers}
     work_dirs = [s.work_dir for s in servers]
     try:
@@ -53,7 +84,7 @@ def vllm_servers(vllm_env: VllmEnv) -> Iterator[dict[str, VllmServer]]:
 
 
 def trace_requests(
-    name: str, count: int, *, max_prompt_chars: int = 400
+    name: str, count: int, *, max_prompt_chars: int = 400, max_tokens: int = 32
 ) -> list[dict[str, object]]:
     """The first ``count`` short requests of a shared trace, ready for the tiny model."""
     out: list[dict[str, object]] = []
@@ -63,7 +94,7 @@ def trace_requests(
             if record["meta"]["prompt_chars"] > max_prompt_chars:
                 continue
             body = {k: v for k, v in record.items() if k not in ("category", "meta")}
-            body.update(model=SERVED_MODEL_NAME, max_tokens=32, temperature=0)
+            body.update(model=SERVED_MODEL_NAME, max_tokens=max_tokens, temperature=0)
             out.append(body)
             if len(out) == count:
                 break
