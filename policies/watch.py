@@ -104,8 +104,9 @@ async def watch_policy_file(
         loop.add_signal_handler(signal.SIGHUP, wake.set)
     try:
         seen = await asyncio.to_thread(fingerprint, path)
-        if seen is not None and seen.sha256 != store.current.sha256:
-            await reload_in_thread(path, store)  # changed between the initial load and now
+        if seen is None or seen.sha256 != store.current.sha256:
+            # Changed (or gone) between the initial load and now: report it, keep the old one.
+            await reload_in_thread(path, store)
         while True:
             forced = await _wait(wake, interval_s)
             now = await asyncio.to_thread(fingerprint, path)
