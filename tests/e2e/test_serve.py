@@ -5,75 +5,18 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 
 import aiohttp
 import openai
 import pytest
 
+from tests.reliability.helpers import free_port, spawn_gateway
+
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@asynccontextmanager
-async def serve(
-    args: Sequence[str], env: dict[str, str] | None = None
-) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = free_port()
-    log = tempfile.TemporaryFile()  # noqa: SIM115 — closed in finally
-    proc = subprocess.Popen(  # noqa: ASYNC220 — started once per test; the loop is idle meanwhile
-        [
-            sys.executable,
-            "-m",
-            "gateway",
-            "--log-level",
-            "WARNING",
-            "serve",
-            "--port",
-            str(port),
-            *args,
-        ],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        async with aiohttp.ClientSession() as session:
-            while True:
-                try:
-                    async with session.get(f"{url}/healthz") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                if proc.poll() is not None:
-                    log.seek(0)
-                    raise AssertionError(log.read().decode())
-                assert time.monotonic() < deadline, "gateway did not start"
-                await asyncio.sleep(0.05)
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
 
 
 async def admin_policy(url: str) -> dict:
@@ -106,7 +49,8 @@ def policy(primary: str, candidate: str, ratio: float) -> str:
 
 async def test_serve_relays_for_the_openai_sdk_and_exits_cleanly_on_sigterm(sims):
     sim = await sims()
-    async with serve(["--primary", sim.base_url]) as (url, proc):
+    async with spawn_gateway(["--primary", sim.base_url]) as gp:
+        url, proc = gp.url, gp.proc
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         stream = await client.chat.completions.create(
             model="sim-model",
@@ -126,10 +70,8 @@ async def test_sighup_reloads_the_policy_file(sims, tmp_path):
     path = tmp_path / "policy.yaml"
     path.write_text(policy(primary.base_url, candidate.base_url, 0.0))
     # Poll rarely, so only the signal can explain a prompt reload.
-    async with serve(["--policy", str(path)], env={"SPECSHADOW_POLICY_POLL_S": "3600"}) as (
-        url,
-        proc,
-    ):
+    async with spawn_gateway(["--policy", str(path)], {"SPECSHADOW_POLICY_POLL_S": "3600"}) as gp:
+        url, proc = gp.url, gp.proc
         assert (await admin_policy(url))["generation"] == 1
         path.write_text(policy(primary.base_url, candidate.base_url, 1.0))
         proc.send_signal(signal.SIGHUP)
@@ -153,9 +95,10 @@ async def test_kubernetes_configmap_symlink_swap_is_picked_up(sims, tmp_path):
     (first / "policy.yaml").write_text(policy(primary.base_url, candidate.base_url, 0.0))
     os.symlink(first.name, mount / "..data")
     os.symlink("..data/policy.yaml", mount / "policy.yaml")
-    async with serve(
-        ["--policy", str(mount / "policy.yaml")], env={"SPECSHADOW_POLICY_POLL_S": "0.1"}
-    ) as (url, _proc):
+    async with spawn_gateway(
+        ["--policy", str(mount / "policy.yaml")], {"SPECSHADOW_POLICY_POLL_S": "0.1"}
+    ) as gp:
+        url = gp.url
         assert (await admin_policy(url))["generation"] == 1
         second = mount / "..2026_11_30_b"
         second.mkdir()
