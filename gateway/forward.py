@@ -18,7 +18,8 @@ import aiohttp
 from aiohttp import web
 
 from gateway.headers import client_response_headers, known_content_length
-from gateway.timings import StreamOutcome, StreamRecorder
+from gateway.recorder import StreamRecorder
+from gateway.timings import StreamOutcome
 
 
 class RecorderTee:

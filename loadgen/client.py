@@ -21,7 +21,8 @@ from typing import Any
 import aiohttp
 
 from gateway import jsonx
-from gateway.timings import Recording, StreamOutcome, StreamRecorder
+from gateway.recorder import StreamRecorder
+from gateway.timings import Recording, StreamOutcome
 from loadgen.trace import ROUTE_PATHS, TraceRecord
 
 __all__ = ["CATEGORY_HEADER", "RequestResult", "RequestSettings", "prepare_body", "send_request"]

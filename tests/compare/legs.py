@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from gateway.exchange import Exchange, LegResult, ModelName, RequestId, Role
-from gateway.timings import StreamRecorder
+from gateway.recorder import StreamRecorder
 from policies.compiled import CaptureSpec
 
 MS = 1_000_000

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.timings import MAX_BODY_BYTES, Recording, StreamRecorder
+from gateway.recorder import MAX_BODY_BYTES, StreamRecorder
+from gateway.timings import Recording
 
 T0 = 5_000_000_000  # an arbitrary perf_counter_ns origin
 MS = 1_000_000

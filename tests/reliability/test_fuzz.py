@@ -26,11 +26,11 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gateway.app import create_app
+from gateway.recorder import StreamRecorder
 from gateway.settings import Settings, UpstreamSettings
 from gateway.sinks import MemorySink
 from gateway.sse import SSEDecoder
 from gateway.state import GATEWAY, Gateway
-from gateway.timings import StreamRecorder
 from tests.fakes.upstream import FakeUpstream, Script
 from tests.gateway.test_shadow import strip_stamps
 from tests.reliability.helpers import chat, fetch, shadow_policy, wait_for_exchanges
