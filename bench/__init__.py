@@ -1,6 +1,6 @@
 """Benchmarks: real processes on 127.0.0.1, measured from the client's side (not timed tests).
 
-- ``bench.common``: the process fleet (start, readiness, always-kill), the stamped-SSE streaming
+- ``bench.harness``: the process fleet (start, readiness, always-kill), the stamped-SSE streaming
   client, per-request analysis, summaries and fixed-width tables.
 - ``bench.proxy_overhead``: direct-to-upstream vs through the gateway, interleaved (issue 2).
 - ``bench.shadow_isolation``: the primary's latency with shadows off / healthy / slow / hung /

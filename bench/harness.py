@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,7 +109,13 @@ class Fleet:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _spawn(self, name: str, argv: Sequence[str], cpu: int | None) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self,
+        name: str,
+        argv: Sequence[str],
+        cpu: int | None,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
         prefix = ["taskset", "-c", str(cpu)] if self.pin and cpu is not None else []
         argv = [*_die_with_parent(), *prefix, *argv]
         with (self.log_dir / f"{name}.log").open("ab") as log:
@@ -117,6 +123,7 @@ class Fleet:
                 argv,
                 stdin=subprocess.DEVNULL,
                 cwd=REPO_ROOT,
+                env={**os.environ, **env} if env else None,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: one killpg ends it all
@@ -151,11 +158,21 @@ class Fleet:
             await asyncio.sleep(0.05)
         raise StartupError(f"{name} printed no URL within {timeout_s} s:\n{self.log_tail(name)}")
 
-    async def gateway(self, name: str, args: Sequence[str], *, timeout_s: float = 60.0) -> str:
-        """Start ``specshadow serve`` on a free port; return its base URL once /healthz answers."""
+    async def gateway(
+        self,
+        name: str,
+        args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float = 60.0,
+    ) -> str:
+        """Start ``specshadow serve`` on a free port; return its base URL once /healthz answers.
+
+        ``env`` is added to this process's environment (e.g. ``SPECSHADOW_TELEMETRY=off``).
+        """
         serve = [*specshadow_argv(), "--log-level", "WARNING", "serve", "--host", "127.0.0.1"]
         argv_for = lambda port: [*serve, "--port", str(port), *args]  # noqa: E731
-        return await self.http_server(name, argv_for, timeout_s=timeout_s)
+        return await self.http_server(name, argv_for, env=env, timeout_s=timeout_s)
 
     async def relay(self, name: str, upstream: str, *, timeout_s: float = 60.0) -> str:
         """Start ``bench.raw_relay`` (the floor for a Python proxy) on the gateway's core."""
@@ -164,15 +181,21 @@ class Fleet:
         return await self.http_server(name, argv_for, timeout_s=timeout_s)
 
     async def http_server(
-        self, name: str, argv_for: Callable[[int], list[str]], *, timeout_s: float = 60.0
+        self,
+        name: str,
+        argv_for: Callable[[int], list[str]],
+        *,
+        env: Mapping[str, str] | None = None,
+        health_path: str = "/healthz",
+        timeout_s: float = 60.0,
     ) -> str:
-        """Start ``argv_for(port)`` on a free port, pinned like a gateway; wait for /healthz."""
+        """Start ``argv_for(port)`` on a free port, pinned like a gateway; wait for ``health_path``."""
         for attempt in range(2):
             port = free_port()
-            proc = self._spawn(name, argv_for(port), GATEWAY_CPU)
+            proc = self._spawn(name, argv_for(port), GATEWAY_CPU, env)
             url = f"http://127.0.0.1:{port}"
             try:
-                await _wait_healthy(url + "/healthz", timeout_s, self._check_alive, name, proc)
+                await _wait_healthy(url + health_path, timeout_s, self._check_alive, name, proc)
             except StartupError:
                 if attempt == 0 and b"address already in use" in self._log_bytes(name).lower():
                     continue  # the free port was taken between our probe and its bind
@@ -265,6 +288,7 @@ class StreamResult:
 class Arm:
     name: str
     url: str  # the full POST endpoint
+    headers: tuple[tuple[str, str], ...] = ()  # extra request headers (e.g. a proxy's key)
 
 
 def chat_body(index: int, max_tokens: int) -> bytes:
@@ -292,12 +316,12 @@ async def stream_request(
     status: int | None = None
     error: str | None = None
     perf_ns = time.perf_counter_ns
+    headers = {"content-type": "application/json", "x-request-id": f"{arm.name}-{index}"}
+    headers.update(arm.headers)
     t_send_ns = perf_ns()
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(
-                arm.url, data=body, headers={"content-type": "application/json"}
-            ) as resp:
+            async with session.post(arm.url, data=body, headers=headers) as resp:
                 status = resp.status
                 content = resp.content
                 while chunk := await content.readany():
@@ -315,9 +339,14 @@ async def run_interleaved(
     concurrency: int,
     body_for: Callable[[int], bytes],
     timeout_s: float = 60.0,
+    stagger_s: float = 0.0,
 ) -> list[StreamResult]:
     """Request ``i`` goes to every arm before request ``i + 1`` goes to any; the arm that goes
-    first rotates with ``i``, so slow drifts of the machine fall on every arm alike."""
+    first rotates with ``i``, so slow drifts of the machine fall on every arm alike.
+
+    ``stagger_s``: worker ``k`` of ``concurrency`` starts ``k × stagger_s / concurrency`` late, so
+    equal-length streams do not start (and then end and restart) all at once.
+    """
     jobs: deque[tuple[Arm, int]] = deque()
     for i in range(warmup + requests):
         shift = i % len(arms)
@@ -326,7 +355,9 @@ async def run_interleaved(
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
 
-        async def worker() -> None:
+        async def worker(k: int) -> None:
+            if stagger_s:
+                await asyncio.sleep(k * stagger_s / concurrency)
             while jobs:
                 arm, i = jobs.popleft()
                 body = body_for(i)
@@ -335,7 +366,7 @@ async def run_interleaved(
                 )
                 results.append(res)
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
     return results
 
 
@@ -529,16 +560,23 @@ def minus(a: float | None, b: float | None) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """A target: passes when ``value`` is known and ``value <= limit``."""
+    """A target: passes when ``value`` is known and ``value <= limit`` (``>=`` with ``at_least``)."""
 
     name: str
     value: float | int | None  # int for counts
     limit: float
     unit: str = "ms"
+    at_least: bool = False
 
     @property
     def passed(self) -> bool:
-        return self.value is not None and self.value <= self.limit
+        if self.value is None:
+            return False
+        return self.value >= self.limit if self.at_least else self.value <= self.limit
+
+    @property
+    def limit_text(self) -> str:
+        return f"{'>=' if self.at_least else '<='} {self.limit:g} {self.unit}".rstrip()
 
 
 def cell(value: object) -> str:
@@ -570,10 +608,7 @@ def render_table(title: str, header: Sequence[str], rows: Sequence[Sequence[obje
 
 
 def render_checks(checks: Sequence[Check]) -> str:
-    rows = [
-        (c.name, c.value, f"<= {c.limit:g} {c.unit}".rstrip(), "PASS" if c.passed else "FAIL")
-        for c in checks
-    ]
+    rows = [(c.name, c.value, c.limit_text, "PASS" if c.passed else "FAIL") for c in checks]
     return render_table("Targets", ("target", "measured", "limit", "verdict"), rows)
 
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.common import (
+from bench.harness import (
     CLIENT_CPU,
     Arm,
     ArmSummary,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bench.common import Read, StreamResult, analyze, render_table, split_events
+from bench.harness import Read, StreamResult, analyze, render_table, split_events
 
 MS = 1_000_000
 ROLE = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
