@@ -41,7 +41,7 @@ def shadow_policy(
     baseline_url: str | None = None,
     ratio: float = 1.0,
     shaping: Mapping[str, Any] | None = None,
-    capture: str = "off",
+    capture: str | bool = False,
 ) -> PolicyStore:
     """Primary plus an optional candidate and baseline, all ``kind: vllm``, mirrored at ``ratio``.
 

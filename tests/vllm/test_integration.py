@@ -53,11 +53,12 @@ COUNTERS = (
 # one SSE event, and passes = output_tokens − accepted + discarded, where "discarded" are the
 # tokens of the last pass cut off by max_tokens (0..num_speculative_tokens; vLLM counts them as
 # accepted but never sends them). So events − (output_tokens − accepted) is 0 for a stream that
-# stopped, and in 0..k for one cut at max_tokens. vLLM may also merge the passes of a lagging
-# stream into one event, which would push it below 0: allowed down to −MERGED, never seen here.
-# Measured (18 candidate legs, ngram + draft): 4 legs at +1, the rest 0; pooled 1.4 %.
+# stopped and in 0..k for one cut at max_tokens — unless vLLM's API server fell behind its engine
+# and merged several passes into one event (a CPU-starved API process; seen once in ~8 runs on a
+# loaded 2-core box, −4 events on one leg), which only ever lowers it. Measured over 18 candidate
+# legs: 4 at +1 (cut), the rest 0; pooled tokens per event 1.4 % below tokens per pass.
 NUM_SPECULATIVE_TOKENS = VllmServerSpec("x", "ngram").num_speculative_tokens
-PER_REQUEST_MERGED_EVENTS_MAX = 2
+EXACT_LEGS_MIN_SHARE = 0.8  # legs with 0 <= extra <= cut (no merging)
 POOLED_TOKENS_PER_PASS_REL_TOL = 0.05
 
 
@@ -327,7 +328,7 @@ def test_stream_shape_estimate_agrees_with_vllms_per_request_counts(shadow_run: 
     drafted (DESIGN §4); the gap is coverage, recorded as such.
     """
     legs = candidate_legs(shadow_run.ngram, shadow_run.draft)
-    tokens = events = passes = 0
+    tokens = events = passes = exact = 0
     for item in legs:
         acc = item["acceptance"]
         out, n_events = item["output_tokens"], item["events"]
@@ -336,11 +337,13 @@ def test_stream_shape_estimate_agrees_with_vllms_per_request_counts(shadow_run: 
         assert acc["tokens_per_pass_source"] == "stream_shape"
         extra = n_events - n_passes
         cut = NUM_SPECULATIVE_TOKENS if item["finish_reason"] == "length" else 0
-        assert -PER_REQUEST_MERGED_EVENTS_MAX <= extra <= cut, item
+        assert extra <= cut, item  # merging only removes events; nothing adds one
+        exact += extra >= 0
         tokens, events, passes = tokens + out, events + n_events, passes + n_passes
         if acc["mean_acceptance_length"] > 1 and acc["tokens_per_pass"] > 1:
             assert acc["tokens_per_pass"] <= acc["mean_acceptance_length"] + 1e-9
             assert 0 < acc["coverage"] <= 1
+    assert exact >= EXACT_LEGS_MIN_SHARE * len(legs)
     assert tokens / events == pytest.approx(tokens / passes, rel=POOLED_TOKENS_PER_PASS_REL_TOL)
 
 
