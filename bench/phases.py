@@ -176,7 +176,7 @@ async def latency_phase(args: argparse.Namespace, log: Log, litellm_exe: str | N
     names = ["relay", "specshadow", "shadow-100", "telemetry-off", "probe"]
     names += ["litellm"] if litellm_exe else []
     with Fleet(pin=not args.no_pin) as fleet:
-        plain = {"prefill_ms": args.prefill_ms, "step_ms": args.step_ms, "tokens": args.tokens}
+        plain = {"prefill_ms": args.prefill_ms, "step_ms": args.step_ms, "tokens": args.max_tokens}
         upstream, shadow = await asyncio.gather(
             sim(fleet, "upstream", mode="plain", **plain),
             sim(fleet, "shadow", mode="speculative", **plain),
@@ -190,7 +190,7 @@ async def latency_phase(args: argparse.Namespace, log: Log, litellm_exe: str | N
             requests=args.requests,
             warmup=args.warmup,
             concurrency=1,
-            body_for=functools.partial(chat_body, max_tokens=args.tokens),
+            body_for=functools.partial(chat_body, max_tokens=args.max_tokens),
             timeout_s=args.timeout_s,
         )
         probe_url = next(a.url for a in arms if a.name == "probe").removesuffix(CHAT)
@@ -285,14 +285,14 @@ async def concurrent_phase(args: argparse.Namespace, log: Log) -> Phase:
     with Fleet(pin=not args.no_pin) as fleet:
         upstream = await sim(
             fleet, "upstream", mode="plain", prefill_ms=args.prefill_ms, step_ms=args.step_ms,
-            tokens=args.tokens,
+            tokens=args.max_tokens,
         )  # fmt: skip
         arms, _pids = await start_arms(fleet, names, upstream)
-        stream_s = (args.prefill_ms + args.tokens * args.step_ms) / 1e3
+        stream_s = (args.prefill_ms + args.max_tokens * args.step_ms) / 1e3
         log(
             f"concurrent: {len(arms)} arms × {args.stream_rounds} blocks of {2 * c} requests at {c}"
         )
-        body_for = functools.partial(chat_body, max_tokens=args.tokens)
+        body_for = functools.partial(chat_body, max_tokens=args.max_tokens)
         results: list[StreamResult] = []
         for rnd in range(args.stream_rounds):
             shift = rnd % len(arms)

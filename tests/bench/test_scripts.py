@@ -81,3 +81,58 @@ def test_shadow_isolation_keeps_the_primary_whole_and_reads_each_gateways_counte
     refused = counts["shadow-refusing"]
     assert sum(n for (event, _), n in refused.items() if event in ("failed", "dropped")) == 3
     assert "Gateway /admin/shadow at the end" in out.stdout
+
+
+SUITE_TINY = [
+    *TINY,
+    "--streams", "3", "--stream-rounds", "1",
+    "--tput-concurrency", "2", "--tput-segment-s", "0.2", "--tput-rounds", "1",
+    "--paced-streams", "4", "--paced-tokens", "3",
+    "--memory-streams", "4", "--memory-tokens", "2",
+]  # fmt: skip
+
+
+def test_the_suite_latency_and_throughput_phases_measure_every_arm_and_the_probe(tmp_path):
+    report = tmp_path / "suite.json"
+    # The LiteLLM arm is switched off explicitly (installing it takes minutes); the rest runs.
+    phases = ["--phases", "latency,throughput", "--no-litellm"]
+    out = run_bench("bench.suite", *SUITE_TINY, *phases, "--json", str(report))
+    data = json.loads(report.read_text())
+    assert list(data["phases"]) == ["latency", "throughput"]
+    latency = data["phases"]["latency"]
+    assert list(latency["arms"]) == [
+        "direct", "relay", "specshadow", "shadow-100", "telemetry-off", "probe"
+    ]  # fmt: skip
+    assert all(s["errors"] == 0 and s["requests"] == 2 for s in latency["arms"].values())
+    # Every probe event was paired with its send stamp; none was received before it was sent.
+    assert latency["stamp_error_ms"]["n"] == 2 * 4  # role + 3 tokens; [DONE] is not stamped
+    assert latency["stamp_error_ms"]["p50"] >= 0
+    tput = data["phases"]["throughput"]["arms"]
+    assert tput["specshadow"]["requests"] > 0 and tput["specshadow"]["cpu_us_per_request"] > 0
+    assert tput["direct"]["cpu_us_per_request"] is None
+    names = [c["name"] for c in data["checks"]]
+    assert "added TTFT p50 ÷ relay's" in names and "throughput telemetry on ÷ off" in names
+    assert not any("LiteLLM" in n for n in names)
+    assert "LiteLLM arm skipped (--no-litellm)" in out.stdout
+    assert "Targets" in out.stdout and "load average at end" in out.stdout
+
+
+def test_the_suite_concurrent_paced_and_memory_phases_judge_their_targets(tmp_path):
+    report = tmp_path / "suite.json"
+    phases = ["--phases", "concurrent,paced,memory", "--no-litellm"]
+    run_bench("bench.suite", *SUITE_TINY, *phases, "--json", str(report))
+    data = json.loads(report.read_text())
+    assert list(data["phases"]["concurrent"]["arms"]) == [
+        "direct",
+        "relay",
+        "specshadow",
+        "gil-5ms",
+    ]
+    paced = data["phases"]["paced"]["arms"]
+    assert paced["specshadow"]["requests"] == 2 * 4 and paced["specshadow"]["errors"] == 0
+    memory = data["phases"]["memory"]
+    assert memory["errors"] == 0 and memory["idle_kib"] > 10_000
+    assert memory["peak_kib"] >= memory["idle_kib"] * 0.9
+    names = [c["name"] for c in data["checks"]]
+    assert "added TTFT p99 at 3 concurrent streams" in names
+    assert "RSS per in-flight stream" in names and "idle RSS (after warm-up)" in names
