@@ -104,7 +104,9 @@ def create_app(
         )
         app[GATEWAY] = gw
         if records is not None:
-            await records.start(tasks)
+            # Its own task set: the scraper runs until records.stop(), after the drain below
+            # (in the gateway's set, the drain would wait out shutdown_timeout_s for it).
+            await records.start()
         watcher = None
         if settings.policy_path:
             watcher = tasks.spawn(
