@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from gateway import admin, errors, handlers
-from gateway.evidence import comparison_hook, metrics_handler
+from gateway.evidence import comparison_hook, metrics_handler, record_log_hook
 from gateway.exchange import ExchangeSink
 from gateway.records.sink import build_record_sink
 from gateway.settings import Settings
@@ -79,7 +79,7 @@ def create_app(
             capture_default=store.current.capture,
             scrape_targets=scrape_targets(store.current),
             scrape_interval_s=settings.scrape_interval_s,
-            hooks=[comparison_hook(tel)],
+            hooks=[comparison_hook(tel)] + ([record_log_hook(tel)] if tel.exports_records else []),
         )
         if settings.store_path
         else None

@@ -4,6 +4,8 @@ Two consumers, both run on worker threads (never on the request path):
 
 - :func:`metrics_handler` — per exchange: classify the request (the same ``classify.categorize``
   the records use, so metric and record categories agree) and record every leg's histograms.
+- :func:`record_log_hook` — per record: the record itself as an OTLP log record, for
+  collectors that feed a shared store at scale (``OTEL_LOGS_EXPORTER`` / the OTLP endpoint).
 - :func:`comparison_hook` — per record (``RecordSink`` hook): count match/diverge per role and
   category, and attach the comparison verdicts as ``gen_ai.evaluation.result`` events on a
   ``compare`` span in the request's trace (the request span has usually ended by then; the
@@ -40,6 +42,15 @@ def metrics_handler(telemetry: Telemetry) -> Callable[[Exchange], None]:
         telemetry.record_exchange_metrics(classified(exchange))
 
     return handle
+
+
+def record_log_hook(telemetry: Telemetry) -> Callable[[RecordEvidence], None]:
+    """Each written record also leaves as an OTLP log record (when OTLP logs are configured)."""
+
+    def hook(evidence: RecordEvidence) -> None:
+        telemetry.emit_record(evidence.record, unix_ns=evidence.exchange.started_unix_ns)
+
+    return hook
 
 
 def comparison_hook(telemetry: Telemetry) -> Callable[[RecordEvidence], None]:

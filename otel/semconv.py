@@ -116,3 +116,7 @@ SHADOW_OUTCOMES: Final = ("sampled", "sent", "completed", "failed", "dropped")
 BREAKER_CLOSED: Final = 0
 BREAKER_HALF_OPEN: Final = 1
 BREAKER_OPEN: Final = 2
+
+# --- comparison records as OTLP log records (local) -------------------------------------------
+EVENT_RECORD: Final = "specshadow.record"  # local: the log record's event name
+RECORD_SCHEMA: Final = "specshadow.record.schema"  # local: e.g. "specshadow.record/1"

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import LogRecordExporter as LogExporter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
@@ -79,6 +81,7 @@ class TelemetrySettings:
     resource_attributes: Mapping[str, str] = field(default_factory=dict)
     traces: OtlpTarget | None = None  # None: no OTLP span export
     metrics: OtlpTarget | None = None  # None: no OTLP metric export
+    logs: OtlpTarget | None = None  # None: comparison records do not leave as OTLP log records
     prometheus: bool = True  # serve render_prometheus() (GET /metrics)
     sampler: str = "parentbased_always_on"
     sampler_arg: float | None = None
@@ -129,6 +132,7 @@ class TelemetrySettings:
             resource_attributes=resource,
             traces=_target(env, "TRACES", "/v1/traces", timeout_s),
             metrics=_target(env, "METRICS", "/v1/metrics", timeout_s),
+            logs=_target(env, "LOGS", "/v1/logs", timeout_s),
             prometheus=_exporters(env, "OTEL_METRICS_EXPORTER") != {"none"},
             sampler=sampler,
             sampler_arg=sampler_arg,
@@ -185,6 +189,7 @@ def build_telemetry(
         settings=settings,
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
+        logger_provider=_logger_provider(settings.logs, resource) if settings.logs else None,
         pull_reader=pull,
         max_chunk_gap_observations=settings.max_chunk_gap_observations,
         resource_attributes=dict(resource.attributes),
@@ -271,6 +276,35 @@ def _metric_exporter(target: OtlpTarget) -> MetricExporter:
     return HttpMetricExporter(
         endpoint=target.endpoint, headers=dict(target.headers), timeout=target.timeout_s
     )
+
+
+def _logger_provider(target: OtlpTarget, resource: Resource) -> LoggerProvider:
+    """Comparison records as OTLP log records, batched on the SDK's export thread."""
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+
+    exporter: LogExporter
+    if target.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import (
+            OTLPLogExporter as GrpcLogExporter,
+        )
+
+        exporter = GrpcLogExporter(
+            endpoint=target.endpoint,
+            insecure=_insecure(target.endpoint),
+            headers=dict(target.headers),
+            timeout=target.timeout_s,
+        )
+    else:
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import (
+            OTLPLogExporter as HttpLogExporter,
+        )
+
+        exporter = HttpLogExporter(
+            endpoint=target.endpoint, headers=dict(target.headers), timeout=target.timeout_s
+        )
+    provider = LoggerProvider(resource=resource)
+    provider.add_log_record_processor(BatchLogRecordProcessor(exporter, max_queue_size=4096))
+    return provider
 
 
 def _insecure(endpoint: str) -> bool:

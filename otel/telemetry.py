@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
+from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from gateway import jsonx
 from gateway.exchange import Exchange, LegResult
 from otel import instruments as inst, record, semconv as sc
 from otel.prometheus import CONTENT_TYPE, PullMetricReader, render
@@ -58,6 +60,7 @@ class Telemetry:
         tracer_provider: TracerProvider | None,
         meter_provider: MeterProvider | None,
         pull_reader: PullMetricReader | None,
+        logger_provider: LoggerProvider | None = None,
         max_chunk_gap_observations: int = 1024,
         resource_attributes: Mapping[str, Any] | None = None,
     ) -> None:
@@ -65,6 +68,10 @@ class Telemetry:
         self._resource_attributes = resource_attributes
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
+        self._logger_provider = logger_provider
+        self._record_logger = (
+            logger_provider.get_logger(sc.SCOPE_NAME) if logger_provider is not None else None
+        )
         self._pull_reader = pull_reader
         self._max_gaps = max_chunk_gap_observations
         self._policy_status: PolicyStatus | None = None
@@ -275,6 +282,37 @@ class Telemetry:
             self._pull_reader.collect_now(), resource=self._resource_attributes
         ), CONTENT_TYPE
 
+    # --- records as log records ---------------------------------------------------------------
+
+    @property
+    def exports_records(self) -> bool:
+        """True when comparison records also leave as OTLP log records (``OTEL_LOGS_EXPORTER``)."""
+        return self._record_logger is not None
+
+    @safe(nothing)
+    def emit_record(self, record: Mapping[str, Any], *, unix_ns: int | None = None) -> None:
+        """One comparison record as an OTLP log record (event ``specshadow.record``).
+
+        The body is the record's JSON (the same document the embedded store keeps, so whatever
+        the collector feeds — ClickHouse, object storage — holds the same schema); a few
+        low-cardinality fields are repeated as attributes for routing. Batched and exported on
+        the SDK's thread; a full queue drops (bounded memory).
+        """
+        logger = self._record_logger
+        if logger is None:
+            return
+        attributes = {
+            sc.RECORD_SCHEMA: str(record.get("schema", "")),
+            sc.EXCHANGE_ID: str(record.get("exchange_id", "")),
+            sc.CATEGORY: str(record.get("category") or "none"),
+        }
+        logger.emit(
+            timestamp=unix_ns,
+            body=jsonx.dumps(record).decode(),
+            attributes=attributes,
+            event_name=sc.EVENT_RECORD,
+        )
+
     def force_flush(self, timeout_s: float = 5.0) -> bool:
         """Export what is buffered; returns False if ``timeout_s`` passed first."""
         return self._bounded("otel-flush", self._flush, timeout_s)
@@ -296,6 +334,8 @@ class Telemetry:
             self._tracer_provider.force_flush(millis)
         if self._meter_provider is not None:
             self._meter_provider.force_flush(millis)
+        if self._logger_provider is not None:
+            self._logger_provider.force_flush(millis)
 
     def _shutdown(self, deadline_s: float) -> None:
         if self._tracer_provider is not None:
@@ -303,10 +343,12 @@ class Telemetry:
         if self._meter_provider is not None:
             millis = max(0.0, deadline_s - time.monotonic()) * 1000
             self._meter_provider.shutdown(timeout_millis=millis)
+        if self._logger_provider is not None:
+            self._logger_provider.shutdown()
 
     def _bounded(self, name: str, work: Callable[[float], None], timeout_s: float) -> bool:
         if self._tracer_provider is None and self._meter_provider is None:
-            return True
+            return True  # disabled telemetry has no log provider either
         deadline_s = time.monotonic() + timeout_s
 
         def run() -> None:

@@ -233,3 +233,15 @@ async def test_per_chunk_span_events_are_bounded_by_the_policy(sims, gateway, wr
     await gw.sink.wait_for()
     (leg,) = [s for s in spans.get_finished_spans() if s.name == "chat sim-model"]
     assert len(leg.events) == 3  # 20 output chunks, 3 allowed
+
+
+def _strings(value: object) -> Iterator[str]:
+    """Every string value in a JSON document."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)

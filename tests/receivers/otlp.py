@@ -31,6 +31,7 @@ from typing import Any
 import grpc  # type: ignore[import-untyped]  # grpcio ships no stubs (types-grpcio would)
 import pytest
 from aiohttp import web
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -85,6 +86,15 @@ class ReceivedMetric:
     resource: Mapping[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class ReceivedLog:
+    event_name: str
+    time_unix_ns: int
+    body: Any
+    attributes: Mapping[str, Any]
+    resource: Mapping[str, Any]
+
+
 def any_value(value: AnyValue) -> Any:
     """Python value of an OTLP ``AnyValue``."""
     which = value.WhichOneof("value")
@@ -107,6 +117,7 @@ class Collected:
 
     spans: list[ReceivedSpan] = field(default_factory=list)
     metrics: list[ReceivedMetric] = field(default_factory=list)
+    logs: list[ReceivedLog] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -168,6 +179,35 @@ class Collected:
         with self._lock:
             self.metrics.extend(decoded)
             self.headers.append(dict(headers))
+
+    def add_logs(
+        self, request: logs_service_pb2.ExportLogsServiceRequest, headers: Mapping[str, str]
+    ) -> None:
+        decoded = [
+            ReceivedLog(
+                event_name=record.event_name,
+                time_unix_ns=record.time_unix_nano,
+                body=any_value(record.body),
+                attributes=attributes_of(record.attributes),
+                resource=attributes_of(rl.resource.attributes),
+            )
+            for rl in request.resource_logs
+            for sl in rl.scope_logs
+            for record in sl.log_records
+        ]
+        with self._lock:
+            self.logs.extend(decoded)
+            self.headers.append(dict(headers))
+
+    def snapshot_logs(self) -> list[ReceivedLog]:
+        with self._lock:
+            return list(self.logs)
+
+    async def wait_for_logs(
+        self, predicate: Callable[[list[ReceivedLog]], bool], timeout_s: float = 10.0
+    ) -> list[ReceivedLog]:
+        """Poll until ``predicate(all log records so far)`` holds; return them."""
+        return await _wait(self.snapshot_logs, predicate, timeout_s, "logs")
 
     def snapshot_spans(self) -> list[ReceivedSpan]:
         with self._lock:
@@ -244,6 +284,11 @@ class OtlpHttpReceiver:
             traces.ParseFromString(body)
             self.collected.add_traces(traces, headers)
             reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+        elif request.path == "/v1/logs":
+            logs = logs_service_pb2.ExportLogsServiceRequest()
+            logs.ParseFromString(body)
+            self.collected.add_logs(logs, headers)
+            reply = logs_service_pb2.ExportLogsServiceResponse().SerializeToString()
         else:
             metrics = metrics_service_pb2.ExportMetricsServiceRequest()
             metrics.ParseFromString(body)
@@ -255,6 +300,7 @@ class OtlpHttpReceiver:
         app = web.Application()
         app.router.add_post("/v1/traces", self._handle)
         app.router.add_post("/v1/metrics", self._handle)
+        app.router.add_post("/v1/logs", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -305,8 +351,17 @@ class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
 
+class _LogsServicer(logs_service_pb2_grpc.LogsServiceServicer):
+    def __init__(self, collected: Collected) -> None:
+        self._collected = collected
+
+    def Export(self, request: Any, context: Any) -> Any:
+        self._collected.add_logs(request, dict(context.invocation_metadata()))
+        return logs_service_pb2.ExportLogsServiceResponse()
+
+
 class OtlpGrpcReceiver:
-    """OTLP/gRPC receiver (TraceService + MetricsService) on 127.0.0.1:0, served by grpcio threads."""
+    """OTLP/gRPC receiver (TraceService + MetricsService + LogsService) on 127.0.0.1:0, served by grpcio threads."""
 
     def __init__(self) -> None:
         self.collected = Collected()
@@ -334,6 +389,9 @@ class OtlpGrpcReceiver:
         )
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(  # type: ignore[no-untyped-call]
             _MetricsServicer(self.collected), server
+        )
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            _LogsServicer(self.collected), server
         )
         self.port = server.add_insecure_port("127.0.0.1:0")
         server.start()
