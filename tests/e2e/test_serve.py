@@ -147,3 +147,34 @@ def test_serve_without_a_primary_fails_fast():
     )
     assert proc.returncode == 2
     assert "primary" in proc.stderr.decode()
+
+
+async def test_quick_flags_mirror_to_a_candidate_and_a_baseline_without_a_policy_file(sims):
+    primary, candidate, baseline = await sims(), await sims(mode="speculative"), await sims()
+    args = [
+        "--primary",
+        primary.base_url,
+        "--shadow",
+        candidate.base_url,
+        "--baseline",
+        baseline.base_url,
+        "--shadow-ratio",
+        "1.0",
+    ]
+    async with spawn_gateway(args) as gp:
+        client = openai.AsyncOpenAI(base_url=f"{gp.url}/v1", api_key="x", max_retries=0)
+        for i in range(3):
+            await client.chat.completions.create(
+                model="sim-model", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=4
+            )
+        await client.close()
+        status = await wait_until(
+            lambda: gp.shadow_status(),
+            lambda s: sum(c["count"] for c in s["counts"] if c["event"] == "completed") == 6,
+        )
+        policy_status = await admin_policy(gp.url)
+    assert policy_status["source"] == "flags"
+    assert sorted(policy_status["backends"]) == ["baseline", "primary", "shadow-1"]
+    roles = {c["role"] for c in status["counts"] if c["event"] == "completed"}
+    assert roles == {"candidate", "baseline"}
+    assert len(candidate.state.requests) == len(baseline.state.requests) == 3

@@ -350,3 +350,24 @@ async def test_admin_endpoints_refuse_non_loopback_without_token(sims, gateway, 
     gw = await gateway(primary.base_url, admin_token="s3cret", upstream=UpstreamSettings())
     async with aiohttp.ClientSession() as session, session.get(f"{gw.url}/admin/policy") as resp:
         assert resp.status == 200
+
+
+async def test_after_primary_mode_starts_the_shadow_only_when_the_primary_has_ended(
+    sims, gateway, write_policy
+):
+    primary = await sims(step_s=0.005)
+    candidate = await sims(mode="speculative")
+    extra = "mirror: {timing: after_primary}\n"
+    gw = await gateway(
+        None,
+        policy_path=write_policy(policy_yaml(primary.base_url, candidate.base_url, extra=extra)),
+    )
+    await raw_stream(gw.url, {**CHAT, "stream": True})
+    exchange = await gw.sink.wait_for(lambda e: bool(e.shadows))
+    (shadow,) = exchange.shadows
+    assert shadow.outcome == "completed"
+    assert shadow.t0_ns >= exchange.primary.end_ns - 1_000_000  # not before the primary ended
+    truth = primary.state.requests[exchange.request_id]
+    shadow_truth = candidate.state.requests[exchange.request_id]
+    assert truth.finished_ns is not None
+    assert shadow_truth.arrival_ns >= truth.finished_ns
