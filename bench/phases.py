@@ -338,12 +338,21 @@ async def throughput_phase(args: argparse.Namespace, log: Log) -> Phase:
         )
     by = {r.arm: r for r in res}
     g, relay, off = by["specshadow"], by["relay"], by["telemetry-off"]
+    # Judged on capacity (proxy CPU per request), not on the achieved rate: the simulator and the
+    # load generator share one core and cap the relay's achieved rate before the relay's core is
+    # busy, which would flatter every slower proxy. The achieved rates are in the table.
     checks = (
-        Check("non-streaming throughput ÷ relay's", ratio(g.rps, relay.rps), 0.6, "×", True),
+        Check(
+            "non-streaming capacity ÷ relay's (CPU µs/request)",
+            ratio(relay.cpu_us_per_request, g.cpu_us_per_request), 0.6, "×", True,
+        ),
         Check("non-streaming latency p99 via specshadow", g.latency.p99_ms, 10.0, "ms"),
-        Check("throughput telemetry on ÷ off", ratio(g.rps, off.rps), 0.90, "×", True),
+        Check(
+            "capacity telemetry on ÷ off (CPU µs/request)",
+            ratio(off.cpu_us_per_request, g.cpu_us_per_request), 0.90, "×", True,
+        ),
         Check("errors via specshadow (non-streaming)", g.errors, 0, ""),
-    )
+    )  # fmt: skip
     rows = [
         (r.arm, r.requests, r.errors, r.rps, ratio(r.rps, relay.rps), r.latency.p50_ms,
          r.latency.p99_ms, r.cpu_us_per_request, r.proxy_utilisation,
@@ -393,51 +402,85 @@ async def paced_block(
     return results, peak[0], (cpu_s(pid) - cpu0) if pid else 0.0, time.perf_counter() - t0
 
 
+def paced_levels(text: str) -> list[int]:
+    """``"128,256,512"`` → [128, 256, 512]; the last (largest) level is the judged one."""
+    return sorted({int(x) for x in str(text).split(",") if x.strip()})
+
+
 async def paced_phase(args: argparse.Namespace, log: Log) -> Phase:
-    n = args.paced_streams
+    levels = paced_levels(args.paced_streams)
     with Fleet(pin=not args.no_pin) as fleet:
         upstream = await sim(
             fleet, "paced", mode="plain", prefill_ms=args.prefill_ms, step_ms=20.0,
             tokens=args.paced_tokens,
         )  # fmt: skip
         arms, pids = await start_arms(fleet, ["specshadow"], upstream)
-        log(f"paced: {n} streams × {args.paced_tokens} events at 50/s, {args.paced_rounds} rounds")
         body_for = functools.partial(chat_body, max_tokens=args.paced_tokens)
-        results: list[StreamResult] = []
-        cpu: dict[str, float] = {}
-        wall: dict[str, float] = {}
-        peak: dict[str, int] = {}
-        for rnd in range(args.paced_rounds):
-            for arm in arms if rnd % 2 == 0 else arms[::-1]:
-                got, rss, used, secs = await paced_block(
-                    arm, pids.get(arm.name), n, body_for=body_for, ramp_s=1.0,
-                    timeout_s=args.timeout_s,
-                )  # fmt: skip
-                results += got
-                cpu[arm.name] = cpu.get(arm.name, 0.0) + used
-                wall[arm.name] = wall.get(arm.name, 0.0) + secs
-                peak[arm.name] = max(peak.get(arm.name, 0), rss)
-    a = {name: summarize(name, ms) for name, ms in by_arm(results, arms).items()}
-    d, g = a["direct"], a["specshadow"]
+        per_level = []
+        for n in levels:
+            log(
+                f"paced: {n} streams × {args.paced_tokens} events at 50/s, {args.paced_rounds} rounds"
+            )
+            per_level.append(await _paced_level(args, arms, pids, n, body_for))
+    rows: list[tuple[Any, ...]] = []
+    notes: list[str] = []
+    data: dict[str, Any] = {}
+    for n, (a, cpu, wall, peak) in zip(levels, per_level, strict=True):
+        d = a["direct"]
+        rows += [
+            (n, s.arm, s.requests, s.errors, s.chunk_gap.p50_ms, s.chunk_gap.p99_ms,
+             minus(s.chunk_gap.p99_ms, d.chunk_gap.p99_ms), s.upstream_gap.p99_ms,
+             s.delivery.p50_ms, s.delivery.p99_ms, s.coalesced, s.stalled,
+             ratio(cpu[s.arm], wall[s.arm]) if s.arm != "direct" else None, peak.get(s.arm) or None)
+            for s in a.values()
+        ]  # fmt: skip
+        if (d.upstream_gap.p99_ms or 0) > 40.0 or d.stalled:
+            notes.append(
+                f"at {n} streams the direct arm itself is late (upstream gap p99 "
+                f"{_f(d.upstream_gap.p99_ms)} ms, {d.stalled} stalled): the simulator + client "
+                "core is saturated, so this level measures the machine, not only the gateway"
+            )
+        data[str(n)] = {
+            "arms": a,
+            "peak_rss_kib": peak,
+            "cpu_busy": {k: cpu[k] / wall[k] for k in cpu},
+        }
+    n = levels[-1]
+    a = per_level[-1][0]
+    g, d = a["specshadow"], a["direct"]
     checks = (
         Check(f"added chunk-gap p99 at {n} paced streams", minus(g.chunk_gap.p99_ms, d.chunk_gap.p99_ms), 5.0),
         Check(f"errors via specshadow at {n} paced streams", g.errors, 0, ""),
     )  # fmt: skip
-    rows = [
-        (s.arm, s.requests, s.errors, s.chunk_gap.p50_ms, s.chunk_gap.p99_ms,
-         minus(s.chunk_gap.p99_ms, d.chunk_gap.p99_ms), s.upstream_gap.p99_ms, s.delivery.p50_ms,
-         s.delivery.p99_ms, s.coalesced, s.stalled,
-         ratio(cpu[s.arm], wall[s.arm]) if s.arm != "direct" else None,
-         peak.get(s.arm) or None)
-        for s in a.values()
-    ]  # fmt: skip
     text = render_table(
-        f"{n} concurrent paced streams (50 events/s each, {args.paced_tokens} events)",
-        ("arm", "reqs", "err", "gap p50", "gap p99", "+gap p99", "upgap p99", "deliv p50",
-         "deliv p99", "coalesced", "stalled", "proxy CPU busy", "peak RSS KiB"),
+        f"Concurrent paced streams (50 events/s each, {args.paced_tokens} events; ms)",
+        ("streams", "arm", "reqs", "err", "gap p50", "gap p99", "+gap p99", "upgap p99",
+         "deliv p50", "deliv p99", "coalesced", "stalled", "proxy CPU busy", "peak RSS KiB"),
         rows,
     )  # fmt: skip
-    return Phase("paced", text, checks, {"streams": n, "arms": a, "peak_rss_kib": peak})
+    return Phase("paced", "\n".join([text, *notes]), checks, {"levels": data})
+
+
+async def _paced_level(
+    args: argparse.Namespace, arms: list[Arm], pids: dict[str, int], n: int,
+    body_for: Callable[[int], bytes],
+) -> tuple[dict[str, ArmSummary], dict[str, float], dict[str, float], dict[str, int]]:  # fmt: skip
+    results: list[StreamResult] = []
+    cpu: dict[str, float] = {}
+    wall: dict[str, float] = {}
+    peak: dict[str, int] = {}
+    for rnd in range(args.paced_rounds):
+        for arm in arms if rnd % 2 == 0 else arms[::-1]:
+            got, rss, used, secs = await paced_block(
+                arm, pids.get(arm.name), n, body_for=body_for, ramp_s=1.0,
+                timeout_s=args.timeout_s,
+            )  # fmt: skip
+            results += got
+            cpu[arm.name] = cpu.get(arm.name, 0.0) + used
+            wall[arm.name] = wall.get(arm.name, 0.0) + secs
+            peak[arm.name] = max(peak.get(arm.name, 0), rss)
+    a = {name: summarize(name, ms) for name, ms in by_arm(results, arms).items()}
+    return a, cpu, wall, peak
 
 
 # --------------------------------------------------------------------------- 5 memory
@@ -469,7 +512,8 @@ async def memory_phase(args: argparse.Namespace, log: Log) -> Phase:
     per_stream = (peak_kib - idle_kib) / n
     checks = (
         Check("RSS per in-flight stream", per_stream, 64, "KiB"),
-        Check("idle RSS (after warm-up)", idle_kib * 1024 / 1e6, 60, "MB"),
+        # "60 MB" read as ps/top read it: MiB. In decimal MB the figure is 1.049 × larger.
+        Check("idle RSS (after warm-up)", idle_kib / 1024, 60, "MiB"),
     )
     text = render_table(
         f"Gateway memory (specshadow serve; {n} slow streams open at once)",

@@ -42,13 +42,13 @@ PHASES = ("latency", "concurrent", "throughput", "paced", "memory")
 FULL = {
     "requests": 150, "warmup": 5, "max_tokens": 16, "streams": 64, "stream_rounds": 3,
     "tput_concurrency": 8, "tput_segment_s": 2.0, "tput_rounds": 5,
-    "paced_streams": 512, "paced_tokens": 150, "paced_rounds": 2,
+    "paced_streams": "128,256,512", "paced_tokens": 150, "paced_rounds": 2,
     "memory_streams": 512, "memory_tokens": 25,
 }  # fmt: skip
 QUICK = {
     "requests": 20, "warmup": 3, "max_tokens": 12, "streams": 64, "stream_rounds": 1,
     "tput_concurrency": 8, "tput_segment_s": 1.0, "tput_rounds": 2,
-    "paced_streams": 256, "paced_tokens": 60, "paced_rounds": 1,
+    "paced_streams": "64,256", "paced_tokens": 60, "paced_rounds": 1,
     "memory_streams": 256, "memory_tokens": 15,
 }  # fmt: skip
 

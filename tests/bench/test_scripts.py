@@ -111,7 +111,10 @@ def test_the_suite_latency_and_throughput_phases_measure_every_arm_and_the_probe
     assert tput["specshadow"]["requests"] > 0 and tput["specshadow"]["cpu_us_per_request"] > 0
     assert tput["direct"]["cpu_us_per_request"] is None
     names = [c["name"] for c in data["checks"]]
-    assert "added TTFT p50 ÷ relay's" in names and "throughput telemetry on ÷ off" in names
+    assert (
+        "added TTFT p50 ÷ relay's" in names
+        and "capacity telemetry on ÷ off (CPU µs/request)" in names
+    )
     assert not any("LiteLLM" in n for n in names)
     assert "LiteLLM arm skipped (--no-litellm)" in out.stdout
     assert "Targets" in out.stdout and "load average at end" in out.stdout
@@ -128,7 +131,7 @@ def test_the_suite_concurrent_paced_and_memory_phases_judge_their_targets(tmp_pa
         "specshadow",
         "gil-5ms",
     ]
-    paced = data["phases"]["paced"]["arms"]
+    paced = data["phases"]["paced"]["levels"]["4"]["arms"]
     assert paced["specshadow"]["requests"] == 2 * 4 and paced["specshadow"]["errors"] == 0
     memory = data["phases"]["memory"]
     assert memory["errors"] == 0 and memory["idle_kib"] > 10_000
