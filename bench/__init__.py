@@ -6,6 +6,12 @@
 - ``bench.shadow_isolation``: the primary's latency with shadows off / healthy / slow / hung /
   refusing, interleaved (issue 3).
 - ``bench.raw_relay``: a minimal aiohttp relay, the floor any Python proxy is measured against.
+- ``bench.suite``: the performance suite (issue 8) — every arm and target in one run; its phases
+  are in ``bench.phases``, the non-streaming closed loop in ``bench.throughput``, ``/proc``
+  readings in ``bench.procstat``, the LiteLLM arm in ``bench.litellm_arm`` and the timestamp
+  probe in ``bench.stamp_probe``.
+- ``bench.profile_gateway``: py-spy samples of a loaded gateway, summarised by thread and frame.
 
-See ``bench/README.md`` for how to run them and what each number is measured from and to.
+See ``bench/README.md`` for how to run them and what each number is measured from and to, and
+``docs/benchmarks.md`` for the suite's results.
 """
