@@ -63,7 +63,7 @@ def parse_phases(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="smaller sizes (a few minutes)")
+    p.add_argument("--quick", action="store_true", help="smaller sizes (under 2 minutes)")
     p.add_argument("--phases", type=parse_phases, default=list(PHASES))
     p.add_argument(
         "--no-litellm",
