@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
         # Startup fails fast, with the same message a reload would log.
         print(f"specshadow serve: {exc}", file=sys.stderr)
         return 2
-    sys.setswitchinterval(settings.gil_switch_interval_s)
+    if settings.gil_switch_interval_s is not None:
+        sys.setswitchinterval(settings.gil_switch_interval_s)
     web.run_app(
         app,
         host=settings.host,

@@ -44,10 +44,10 @@ class Settings:
     shutdown_timeout_s: float = 30.0  # in-flight streams and shadow legs get this long to finish
     ready_cache_s: float = 1.0  # /readyz probes the primary at most this often
     admin_token: str | None = None  # bearer token for /admin/* from non-loopback peers
-    # Worker threads (metric recording, comparisons, span export) hold the GIL in turns with the
-    # event loop; CPython hands it back every switch interval (5 ms by default), which a chunk
-    # waiting on the loop would feel. `serve` lowers it to 0.5 ms for the whole process.
-    gil_switch_interval_s: float = 0.0005
+    # Worker threads (metric recording, comparisons, span export) take the GIL in turns with the
+    # event loop every switch interval. None keeps CPython's 5 ms: an A/B on the 2-core machine
+    # (docs/benchmarks.md) found 0.5 ms no better for latency and 3-12 % costlier in CPU.
+    gil_switch_interval_s: float | None = None
     store_path: str | None = None  # comparison records (embedded SQLite store); None: not kept
     scrape_interval_s: float = 15.0  # how often vLLM backends' /metrics are scraped (with --store)
 

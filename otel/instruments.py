@@ -88,7 +88,7 @@ def time_per_output_chunk(meter: Meter) -> Histogram:
 
     Measured from the receive time of one output-bearing SSE event to that of the next (vLLM
     bench's ITL, AIPerf's ICL). Events read in the same network read share a timestamp and give a
-    gap of 0. Bounded per leg (``max_chunk_gap_observations``).
+    gap of 0. Bounded per leg: an even stride of at most ``max_chunk_gap_observations`` gaps.
     """
     return meter.create_histogram(
         sc.METRIC_TIME_PER_OUTPUT_CHUNK,

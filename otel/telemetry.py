@@ -61,7 +61,7 @@ class Telemetry:
         meter_provider: MeterProvider | None,
         pull_reader: PullMetricReader | None,
         logger_provider: LoggerProvider | None = None,
-        max_chunk_gap_observations: int = 1024,
+        max_chunk_gap_observations: int = 128,
         resource_attributes: Mapping[str, Any] | None = None,
     ) -> None:
         self.settings = settings
@@ -95,7 +95,8 @@ class Telemetry:
 
     @property
     def enabled(self) -> bool:
-        return self._tracer_provider is not None
+        """False for :meth:`disabled` telemetry (no spans, no metrics, no exports)."""
+        return self._tracer_provider is not None or self._meter_provider is not None
 
     # --- spans ------------------------------------------------------------------------------------
 
@@ -347,8 +348,12 @@ class Telemetry:
             self._logger_provider.shutdown()
 
     def _bounded(self, name: str, work: Callable[[float], None], timeout_s: float) -> bool:
-        if self._tracer_provider is None and self._meter_provider is None:
-            return True  # disabled telemetry has no log provider either
+        if (
+            self._tracer_provider is None
+            and self._meter_provider is None
+            and self._logger_provider is None
+        ):
+            return True
         deadline_s = time.monotonic() + timeout_s
 
         def run() -> None:

@@ -245,3 +245,20 @@ def _strings(value: object) -> Iterator[str]:
     elif isinstance(value, list):
         for v in value:
             yield from _strings(v)
+
+
+async def test_with_no_trace_exporter_the_clients_traceparent_reaches_the_primary_unchanged(
+    fake_upstream, gateway
+):
+    primary, primary_url = await fake_upstream(Script(chunks=sse(CHUNK % "a", USAGE, "[DONE]")))
+    gw = await gateway(primary_url)  # default telemetry: /metrics only, no span is built
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{gw.url}/v1/chat/completions",
+            json={"model": "sim-model", "messages": [], "stream": True},
+            headers={"traceparent": TRACEPARENT},
+        ) as resp,
+    ):
+        await resp.read()
+    assert primary.received[0].headers["traceparent"] == TRACEPARENT

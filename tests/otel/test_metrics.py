@@ -82,7 +82,7 @@ def test_chunk_gap_observations_are_bounded_per_leg(mem: InMemoryTelemetry) -> N
     exchange = replace(make_exchange(shadows=()), primary=make_leg(recording=many))
     mem.telemetry.record_exchange_metrics(exchange)
     gaps = only(points(mem.reader), sc.METRIC_TIME_PER_OUTPUT_CHUNK)
-    assert gaps.count == 1024
+    assert 100 <= gaps.count <= 128  # an even stride through all 5000, at most 128
 
 
 def test_acceptance_length_is_recorded_by_category_for_legs_that_report_it(

@@ -242,9 +242,12 @@ def test_recording_functions_never_raise_and_still_end_the_span(mem: InMemoryTel
 
 
 def test_spans_that_are_not_recorded_cost_no_attributes() -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
     from otel import TelemetrySettings, build_telemetry
 
-    telemetry = build_telemetry(TelemetrySettings(sampler="always_off"))
+    exported = InMemorySpanExporter()
+    telemetry = build_telemetry(TelemetrySettings(sampler="always_off"), span_exporter=exported)
     span = telemetry.start_request_span(route=ROUTE, method="POST", carrier={})
     assert not span.is_recording()
     leg = telemetry.start_leg_span(
@@ -259,6 +262,18 @@ def test_spans_that_are_not_recorded_cost_no_attributes() -> None:
     telemetry.finish_leg_span(leg, make_leg(), end_unix_ns=STARTED_UNIX_NS, capture_text=True)
     flags = telemetry.traceparent_headers(leg)["traceparent"].rsplit("-", 1)[1]
     assert int(flags, 16) & 0x01 == 0  # propagated, marked not sampled
+    assert exported.get_finished_spans() == ()
+    assert telemetry.shutdown(5.0)
+
+
+def test_without_a_trace_exporter_no_span_is_built() -> None:
+    from otel import TelemetrySettings, build_telemetry
+
+    telemetry = build_telemetry(TelemetrySettings())
+    span = telemetry.start_request_span(route=ROUTE, method="POST", carrier={})
+    assert not span.is_recording()
+    assert telemetry.traceparent_headers(span) == {}
+    assert telemetry.enabled  # metrics are still on (GET /metrics)
     assert telemetry.shutdown(5.0)
 
 
