@@ -12,8 +12,8 @@ Arms (each a real process on the gateway's core, except ``direct``):
   recorded, nothing exported);
 - ``shadow-100``: the same with ``--shadow URL --shadow-ratio 1`` (a speculative simulator);
 - ``telemetry-off``: the same as ``specshadow`` with ``SPECSHADOW_TELEMETRY=off``;
-- ``gil-5ms``: the same with ``SPECSHADOW_GIL_SWITCH_INTERVAL_S=0.005`` (CPython's default switch
-  interval instead of the gateway's 0.5 ms: the A/B for that setting);
+- ``gil-0.5ms``: the same with ``SPECSHADOW_GIL_SWITCH_INTERVAL_S=0.0005`` (a 0.5 ms switch
+  interval instead of CPython's 5 ms, which serve keeps: the A/B for that setting);
 - ``probe``: ``bench.stamp_probe`` — the gateway with an in-memory sink that exposes the
   recorder's per-event receive stamps (timestamp accuracy);
 - ``litellm``: LiteLLM's proxy, one worker, in its own venv (``bench.litellm_arm``).
@@ -92,8 +92,8 @@ async def start_arms(
             starts[name] = fleet.gateway(name, args)
         elif name == "telemetry-off":
             starts[name] = fleet.gateway(name, primary, env={"SPECSHADOW_TELEMETRY": "off"})
-        elif name == "gil-5ms":
-            env = {"SPECSHADOW_GIL_SWITCH_INTERVAL_S": "0.005"}
+        elif name == "gil-0.5ms":
+            env = {"SPECSHADOW_GIL_SWITCH_INTERVAL_S": "0.0005"}
             starts[name] = fleet.gateway(name, primary, env=env)
         elif name == "relay":
             starts[name] = fleet.relay(name, upstream)
@@ -280,7 +280,7 @@ def _f(v: float | None) -> str:
 
 async def concurrent_phase(args: argparse.Namespace, log: Log) -> Phase:
     """Each arm alone with ``--streams`` concurrent staggered streams, arms in rotating blocks."""
-    names = ["relay", "specshadow", "gil-5ms"]
+    names = ["relay", "specshadow", "gil-0.5ms"]
     c = args.streams
     with Fleet(pin=not args.no_pin) as fleet:
         upstream = await sim(
@@ -320,7 +320,7 @@ async def concurrent_phase(args: argparse.Namespace, log: Log) -> Phase:
 
 
 async def throughput_phase(args: argparse.Namespace, log: Log) -> Phase:
-    names = ["relay", "specshadow", "telemetry-off", "gil-5ms"]
+    names = ["relay", "specshadow", "telemetry-off", "gil-0.5ms"]
     with Fleet(pin=not args.no_pin) as fleet:
         upstream = await sim(fleet, "fast", mode="plain", prefill_ms=0, step_ms=0, tokens=16)
         arms, pids = await start_arms(fleet, names, upstream)

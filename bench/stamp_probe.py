@@ -50,7 +50,8 @@ def main() -> None:
     app = create_app(settings, sink=sink, telemetry=build_telemetry(TelemetrySettings.from_env()))
     app[SINK] = sink
     app.router.add_get("/bench/stamps", stamps)
-    sys.setswitchinterval(settings.gil_switch_interval_s)
+    if settings.gil_switch_interval_s is not None:  # as serve does
+        sys.setswitchinterval(settings.gil_switch_interval_s)
     web.run_app(
         app,
         host=settings.host,

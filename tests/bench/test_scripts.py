@@ -129,7 +129,7 @@ def test_the_suite_concurrent_paced_and_memory_phases_judge_their_targets(tmp_pa
         "direct",
         "relay",
         "specshadow",
-        "gil-5ms",
+        "gil-0.5ms",
     ]
     paced = data["phases"]["paced"]["levels"]["4"]["arms"]
     assert paced["specshadow"]["requests"] == 2 * 4 and paced["specshadow"]["errors"] == 0
