@@ -300,7 +300,10 @@ class ShadowDispatcher:
                 leg,
                 policy,
                 request_id=request_id,
-                traceparent=tel.traceparent_headers(span).get("traceparent"),
+                # Our leg span's context; with tracing off (no-op span) the client's own
+                # traceparent, so a traced backend still joins the client's trace.
+                traceparent=tel.traceparent_headers(span).get("traceparent")
+                or client_headers.get("traceparent"),
             )
             category = client_headers.get(CATEGORY_HEADER)
             if category:  # gateway-owned, so never in the allow-list: set here on purpose

@@ -247,11 +247,18 @@ def _strings(value: object) -> Iterator[str]:
             yield from _strings(v)
 
 
-async def test_with_no_trace_exporter_the_clients_traceparent_reaches_the_primary_unchanged(
-    fake_upstream, gateway
+async def test_with_no_trace_exporter_the_clients_traceparent_reaches_every_leg_unchanged(
+    fake_upstream, gateway, write_policy
 ):
     primary, primary_url = await fake_upstream(Script(chunks=sse(CHUNK % "a", USAGE, "[DONE]")))
-    gw = await gateway(primary_url)  # default telemetry: /metrics only, no span is built
+    shadow, shadow_url = await fake_upstream(Script(chunks=sse(CHUNK % "a", USAGE, "[DONE]")))
+    text = (
+        "version: 1\n"
+        f"backends:\n  cand: {{url: '{shadow_url}', kind: openai}}\n"
+        "default:\n  ratio: 1\n  legs: [{backend: cand, role: candidate}]\n"
+    )
+    # Default telemetry: /metrics only; no span is built, so every leg carries the client's own.
+    gw = await gateway(primary_url, policy_path=write_policy(text))
     async with (
         aiohttp.ClientSession() as session,
         session.post(
@@ -262,3 +269,5 @@ async def test_with_no_trace_exporter_the_clients_traceparent_reaches_the_primar
     ):
         await resp.read()
     assert primary.received[0].headers["traceparent"] == TRACEPARENT
+    await gw.sink.wait_for(lambda e: bool(e.shadows))
+    assert shadow.received[0].headers["traceparent"] == TRACEPARENT

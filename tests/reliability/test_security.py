@@ -55,7 +55,9 @@ async def test_no_client_secret_or_trace_context_baggage_reaches_a_shadow(
         "default:\n  ratio: 1\n  legs: [{backend: cand, role: candidate}]\n"
         "headers:\n  allow: [x-tenant]\n"
     )
-    gw = await gateway(primary_url, policy_path=write_policy(text))
+    # Tracing on (an exporter configured), so the shadow leg has a span of its own.
+    telemetry = build_telemetry(TelemetrySettings(), span_exporter=InMemorySpanExporter())
+    gw = await gateway(primary_url, telemetry=telemetry, policy_path=write_policy(text))
     async with aiohttp.ClientSession() as session:
         for headers in (SECRET_HEADERS, {k.upper(): v for k, v in SECRET_HEADERS.items()}):
             reply = await fetch(session, gw.url, chat(stream=False), headers)
