@@ -35,6 +35,28 @@ def policy(primary: str, candidate: str, *, baseline: str | None = None) -> str:
     )
 
 
+def sim_policy(primary: str, candidate: str) -> str:
+    """A simulated primary with every request mirrored to a simulated candidate."""
+    return (
+        "version: 1\n"
+        f"backends:\n  prim: {{url: '{primary}', kind: sim}}\n  cand: {{url: '{candidate}', kind: sim}}\n"
+        "primary: prim\ndefault:\n  ratio: 1\n  legs: [{backend: cand, role: candidate}]\n"
+    )
+
+
+async def stream_chat(
+    session: aiohttp.ClientSession, url: str, prompt: str, *, max_tokens: int
+) -> None:
+    body = {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+        await resp.read()
+
+
 @pytest.fixture(params=["http", "grpc"])
 def receiver(request: pytest.FixtureRequest) -> Iterator[OtlpHttpReceiver | OtlpGrpcReceiver]:
     """Set up before (so torn down after) the gateway, which flushes into it at shutdown."""
@@ -120,24 +142,11 @@ async def test_metrics_endpoint_passes_promtool_and_carries_roles(sims, gateway,
     candidate = await sims(mode="speculative")
     gw = await gateway(
         None,
-        policy_path=write_policy(
-            "version: 1\n"
-            f"backends:\n  prim: {{url: '{primary.base_url}', kind: sim}}\n  cand: {{url: '{candidate.base_url}', kind: sim}}\n"
-            "primary: prim\ndefault:\n  ratio: 1\n  legs: [{backend: cand, role: candidate}]\n"
-        ),
+        policy_path=write_policy(sim_policy(primary.base_url, candidate.base_url)),
     )
     async with aiohttp.ClientSession() as session:
         for i in range(4):
-            async with session.post(
-                f"{gw.url}/v1/chat/completions",
-                json={
-                    "model": "sim-model",
-                    "messages": [{"role": "user", "content": f"q{i}"}],
-                    "max_tokens": 8,
-                    "stream": True,
-                },
-            ) as resp:
-                await resp.read()
+            await stream_chat(session, gw.url, f"q{i}", max_tokens=8)
         await gw.sink.wait_for(
             lambda e: len(gw.sink.exchanges) >= 4 and all(x.shadows for x in gw.sink.exchanges)
         )
@@ -169,11 +178,7 @@ async def test_a_real_prometheus_scrapes_the_gateway_and_answers_promql_by_role(
     candidate = await sims(mode="speculative", step_s=0.002)
     gw = await gateway(
         None,
-        policy_path=write_policy(
-            "version: 1\n"
-            f"backends:\n  prim: {{url: '{primary.base_url}', kind: sim}}\n  cand: {{url: '{candidate.base_url}', kind: sim}}\n"
-            "primary: prim\ndefault:\n  ratio: 1\n  legs: [{backend: cand, role: candidate}]\n"
-        ),
+        policy_path=write_policy(sim_policy(primary.base_url, candidate.base_url)),
     )
     server = prometheus_server([gw.url.removeprefix("http://")], interval_s=0.5)
     query = (
@@ -183,16 +188,7 @@ async def test_a_real_prometheus_scrapes_the_gateway_and_answers_promql_by_role(
     roles: dict[str, float] = {}
     async with aiohttp.ClientSession() as session:
         for i in range(200):
-            async with session.post(
-                f"{gw.url}/v1/chat/completions",
-                json={
-                    "model": "sim-model",
-                    "messages": [{"role": "user", "content": f"p{i}"}],
-                    "max_tokens": 6,
-                    "stream": True,
-                },
-            ) as resp:
-                await resp.read()
+            await stream_chat(session, gw.url, f"p{i}", max_tokens=6)
             if i % 10 == 9:
                 result = await server.query(query)
                 roles = {
