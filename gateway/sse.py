@@ -108,12 +108,14 @@ class SSEDecoder:
         Each item is ``(data, event, id, retry)``: ``data`` is the joined data buffer as UTF-8
         bytes (not yet decoded), ``event`` the raw event name or ``None`` for the default.
         """
+        if not chunk:  # an empty read must not forget a CR that ended the previous chunk
+            return []
         if self._skip_lf:
             self._skip_lf = False
             if chunk[:1] == b"\n":
                 chunk = chunk[1:]
-        if not chunk:
-            return []
+                if not chunk:
+                    return []
         if (  # Fast path: the chunk is exactly one `data: …\n\n` event, the usual shape.
             chunk.startswith(b"data: ")
             and chunk.find(b"\n") == len(chunk) - 2

@@ -45,6 +45,11 @@ CASES: list[tuple[str, list[bytes], list[SSEEvent]]] = [
         [b"data: a\r", b"\n", b"\r", b"\n"],
         [msg("a")],
     ),
+    (
+        "an empty chunk between cr and lf keeps them one line end",
+        [b"data: a\r", b"", b"\ndata: b\r\n\r\n"],
+        [msg("a\nb")],
+    ),
     ("cr then lf-led chunk of more lines", [b"data: a\r", b"\ndata: b\n\n"], [msg("a\nb")]),
     (
         "u2028 and u0085 are not line breaks",
