@@ -1,16 +1,19 @@
 """Instruments: one factory per metric, each documented "measured from … to …" (Envoy's habit).
 
-Bucket boundaries are explicit (advisory boundaries, honoured by the SDK's default histogram
-aggregation) and finer than the semconv defaults where specshadow needs it: gateway overhead
-starts at 10 µs, chunk gaps resolve 0.5–10 ms in steps a speculative stream actually shows.
-Every factory takes the :class:`~opentelemetry.metrics.Meter` owned by one ``Telemetry``; nothing
-here reads a global provider.
+Bucket boundaries are explicit (advisory boundaries) and finer than the semconv defaults where
+specshadow needs it: gateway overhead starts at 10 µs, chunk gaps resolve 0.5–10 ms in steps a
+speculative stream actually shows. Counters and gauges come from the
+:class:`~opentelemetry.metrics.Meter` owned by one ``Telemetry``; histograms from a
+:class:`HistogramSource` — the ``Telemetry``'s :class:`otel.histograms.HistogramTable` (same data
+points, a tenth of the SDK's per-value cost), or the meter itself. Nothing here reads a global
+provider.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from opentelemetry.metrics import (
     CallbackOptions,
@@ -21,8 +24,71 @@ from opentelemetry.metrics import (
     Observation,
     _Gauge as Gauge,
 )
+from opentelemetry.util.types import Attributes
 
 from otel import semconv as sc
+
+
+class HistogramLike(Protocol):
+    """A histogram instrument: the SDK's call shape plus ``record_many`` (one attribute set)."""
+
+    def record(self, amount: float, attributes: Attributes = None) -> None: ...
+
+    def record_many(self, amounts: Iterable[float], attributes: Attributes = None) -> None: ...
+
+
+class HistogramSource(Protocol):
+    """What makes histograms: a :class:`otel.histograms.HistogramTable`, or a Meter via
+    :class:`MeterHistograms`."""
+
+    def create_histogram(
+        self,
+        name: str,
+        unit: str = "",
+        description: str = "",
+        *,
+        explicit_bucket_boundaries_advisory: Sequence[float] | None = None,
+    ) -> HistogramLike: ...
+
+
+class _SdkHistogram:
+    __slots__ = ("_histogram",)
+
+    def __init__(self, histogram: Histogram) -> None:
+        self._histogram = histogram
+
+    def record(self, amount: float, attributes: Attributes = None) -> None:
+        self._histogram.record(amount, attributes)
+
+    def record_many(self, amounts: Iterable[float], attributes: Attributes = None) -> None:
+        for amount in amounts:
+            self._histogram.record(amount, attributes)
+
+
+class MeterHistograms:
+    """A Meter's own histograms as a :class:`HistogramSource` (the no-op meter of disabled
+    telemetry uses this)."""
+
+    def __init__(self, meter: Meter) -> None:
+        self._meter = meter
+
+    def create_histogram(
+        self,
+        name: str,
+        unit: str = "",
+        description: str = "",
+        *,
+        explicit_bucket_boundaries_advisory: Sequence[float] | None = None,
+    ) -> HistogramLike:
+        return _SdkHistogram(
+            self._meter.create_histogram(
+                name,
+                unit=unit,
+                description=description,
+                explicit_bucket_boundaries_advisory=explicit_bucket_boundaries_advisory,
+            )
+        )
+
 
 # semconv's gen_ai.client.operation.duration boundaries, with 1/2.5/5 ms in front for fast fakes.
 DURATION_BUCKETS_S: tuple[float, ...] = (
@@ -54,7 +120,7 @@ TOKENS_PER_STEP_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 
 
-def operation_duration(meter: Meter) -> Histogram:
+def operation_duration(meter: HistogramSource) -> HistogramLike:
     """``gen_ai.client.operation.duration`` (s), one observation per leg.
 
     Measured from t0 (the gateway starts sending the leg's request upstream) to the receive time
@@ -70,7 +136,7 @@ def operation_duration(meter: Meter) -> Histogram:
     )
 
 
-def time_to_first_chunk(meter: Meter) -> Histogram:
+def time_to_first_chunk(meter: HistogramSource) -> HistogramLike:
     """``gen_ai.client.operation.time_to_first_chunk`` (s), one observation per streaming leg.
 
     Measured from t0 to the receive time of the first SSE event that carries generated output.
@@ -83,7 +149,7 @@ def time_to_first_chunk(meter: Meter) -> Histogram:
     )
 
 
-def time_per_output_chunk(meter: Meter) -> Histogram:
+def time_per_output_chunk(meter: HistogramSource) -> HistogramLike:
     """``gen_ai.client.operation.time_per_output_chunk`` (s), one observation per chunk gap.
 
     Measured from the receive time of one output-bearing SSE event to that of the next (vLLM
@@ -98,7 +164,7 @@ def time_per_output_chunk(meter: Meter) -> Histogram:
     )
 
 
-def time_per_output_token(meter: Meter) -> Histogram:
+def time_per_output_token(meter: HistogramSource) -> HistogramLike:
     """``specshadow.time_per_output_token`` (s), one observation per leg with ≥ 2 output tokens.
 
     Measured as (e2e − ttft) / (output_tokens − 1): from the first output-bearing event to the last,
@@ -112,7 +178,7 @@ def time_per_output_token(meter: Meter) -> Histogram:
     )
 
 
-def token_usage(meter: Meter) -> Histogram:
+def token_usage(meter: HistogramSource) -> HistogramLike:
     """``gen_ai.client.token.usage`` ({token}), per leg and ``gen_ai.token.type`` (input|output).
 
     Measured from the upstream's ``usage`` (prompt/completion tokens) when present, otherwise the
@@ -126,7 +192,7 @@ def token_usage(meter: Meter) -> Histogram:
     )
 
 
-def gateway_overhead(meter: Meter) -> Histogram:
+def gateway_overhead(meter: HistogramSource) -> HistogramLike:
     """``specshadow.gateway.overhead`` (s), per primary leg and ``specshadow.overhead.stat``.
 
     Measured per network chunk from the moment the gateway read it from the upstream to the moment
@@ -142,7 +208,7 @@ def gateway_overhead(meter: Meter) -> Histogram:
     )
 
 
-def tokens_per_event(meter: Meter) -> Histogram:
+def tokens_per_event(meter: HistogramSource) -> HistogramLike:
     """``specshadow.tokens_per_event`` ({token}), one observation per leg with output.
 
     Measured as output tokens / output-bearing SSE events of one leg. On a speculative backend this
@@ -156,7 +222,7 @@ def tokens_per_event(meter: Meter) -> Histogram:
     )
 
 
-def acceptance_length(meter: Meter) -> Histogram:
+def acceptance_length(meter: HistogramSource) -> HistogramLike:
     """``specshadow.acceptance.length`` ({token}), by role, backend and category.
 
     Measured as vLLM's per-request ``speculative_decoding.mean_acceptance_length`` (tokens per
@@ -262,14 +328,14 @@ def compare_results(meter: Meter) -> Counter:
 class Instruments:
     """The synchronous instruments of one Telemetry (observable gauges are held by Telemetry)."""
 
-    operation_duration: Histogram
-    time_to_first_chunk: Histogram
-    time_per_output_chunk: Histogram
-    time_per_output_token: Histogram
-    token_usage: Histogram
-    gateway_overhead: Histogram
-    tokens_per_event: Histogram
-    acceptance_length: Histogram
+    operation_duration: HistogramLike
+    time_to_first_chunk: HistogramLike
+    time_per_output_chunk: HistogramLike
+    time_per_output_token: HistogramLike
+    token_usage: HistogramLike
+    gateway_overhead: HistogramLike
+    tokens_per_event: HistogramLike
+    acceptance_length: HistogramLike
     shadow_requests: Counter
     breaker_state: Gauge
     policy_reload: Counter
@@ -277,17 +343,19 @@ class Instruments:
     compare_results: Counter
 
 
-def create_instruments(meter: Meter) -> Instruments:
-    """Create every synchronous instrument on ``meter``."""
+def create_instruments(meter: Meter, histograms: HistogramSource | None = None) -> Instruments:
+    """Create every synchronous instrument: counters and gauges on ``meter``, histograms from
+    ``histograms`` (default: ``meter``'s own)."""
+    hist = histograms if histograms is not None else MeterHistograms(meter)
     return Instruments(
-        operation_duration=operation_duration(meter),
-        time_to_first_chunk=time_to_first_chunk(meter),
-        time_per_output_chunk=time_per_output_chunk(meter),
-        time_per_output_token=time_per_output_token(meter),
-        token_usage=token_usage(meter),
-        gateway_overhead=gateway_overhead(meter),
-        tokens_per_event=tokens_per_event(meter),
-        acceptance_length=acceptance_length(meter),
+        operation_duration=operation_duration(hist),
+        time_to_first_chunk=time_to_first_chunk(hist),
+        time_per_output_chunk=time_per_output_chunk(hist),
+        time_per_output_token=time_per_output_token(hist),
+        token_usage=token_usage(hist),
+        gateway_overhead=gateway_overhead(hist),
+        tokens_per_event=tokens_per_event(hist),
+        acceptance_length=acceptance_length(hist),
         shadow_requests=shadow_requests(meter),
         breaker_state=breaker_state(meter),
         policy_reload=policy_reload(meter),

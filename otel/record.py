@@ -393,8 +393,7 @@ def _record_leg(
     # contributes an evenly strided sample of at most max_gaps gaps, which keeps the quantiles
     # unbiased over the stream's length (a prefix would over-weight the first tokens).
     step = max(1, -(-len(gaps) // max(1, max_gaps)))
-    for gap_s in gaps[::step]:
-        instruments.time_per_output_chunk.record(gap_s, base)
+    instruments.time_per_output_chunk.record_many(gaps[::step], base)
     if rec.prompt_tokens is not None:
         instruments.token_usage.record(
             rec.prompt_tokens, {**base, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_INPUT}

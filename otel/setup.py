@@ -42,10 +42,12 @@ from opentelemetry.sdk.trace.sampling import (
     Sampler,
     TraceIdRatioBased,
 )
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.sdk.version import __version__ as sdk_version
 
 from otel import semconv as sc
 from otel.export import CountingMetricExporter, DropCallback, DropCountingSpanProcessor
+from otel.histograms import HistogramTable
 from otel.prometheus import PullMetricReader
 from otel.telemetry import Telemetry
 
@@ -184,6 +186,11 @@ def build_telemetry(
     if metric_reader is not None:
         readers.append(metric_reader)
     meter_provider = MeterProvider(metric_readers=readers, resource=resource)
+    # Histograms are aggregated by specshadow (~1 µs a value, the SDK's record ~14 µs) and merged
+    # into what every reader collects: see otel/histograms.py.
+    histograms = HistogramTable(resource=resource, scope=InstrumentationScope(sc.SCOPE_NAME))
+    for reader in readers:
+        histograms.attach(reader)
     # No span is built when nothing would receive it: with no trace exporter the tracer is a
     # no-op (spans cost ~190 µs per request even unexported — profiled), and traceparent is
     # still forwarded from the client's own header by the no-op span's context.
@@ -200,6 +207,7 @@ def build_telemetry(
         pull_reader=pull,
         max_chunk_gap_observations=settings.max_chunk_gap_observations,
         resource_attributes=dict(resource.attributes),
+        histograms=histograms,
     )
     relay.target = telemetry.count_telemetry_dropped
     if settings.traces is not None and tracer_provider is not None:

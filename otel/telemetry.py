@@ -63,6 +63,7 @@ class Telemetry:
         logger_provider: LoggerProvider | None = None,
         max_chunk_gap_observations: int = 128,
         resource_attributes: Mapping[str, Any] | None = None,
+        histograms: inst.HistogramSource | None = None,
     ) -> None:
         self.settings = settings
         self._resource_attributes = resource_attributes
@@ -82,7 +83,7 @@ class Telemetry:
             else trace.NoOpTracerProvider().get_tracer(sc.SCOPE_NAME)
         )
         self.meter: Meter = (meter_provider or NoOpMeterProvider()).get_meter(sc.SCOPE_NAME)
-        self.instruments = inst.create_instruments(self.meter)
+        self.instruments = inst.create_instruments(self.meter, histograms)
         self._policy_gauges = (
             inst.policy_generation(self.meter, self._observe_generation),
             inst.policy_last_reload_success(self.meter, self._observe_reload_success),
