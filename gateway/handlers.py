@@ -9,9 +9,7 @@ to the sink. ``passthrough`` relays any other ``/v1/*`` request untouched and un
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
-import uuid
 from typing import Any
 
 from aiohttp import web
@@ -36,6 +34,7 @@ from gateway.exchange import (
 )
 from gateway.forward import RecorderTee, recorder_for, relay
 from gateway.headers import REQUEST_ID, upstream_request_headers
+from gateway.ids import new_id
 from gateway.shadow import ShadowBatch
 from gateway.state import GATEWAY, Gateway
 from gateway.timings import StreamOutcome
@@ -44,7 +43,7 @@ from policies.compiled import CaptureSpec, CompiledPolicy, Decision, RequestFact
 
 def request_id_of(request: web.Request) -> str:
     """The client's ``x-request-id`` when it sent one, else a new one."""
-    return request.headers.get(REQUEST_ID) or uuid.uuid4().hex
+    return request.headers.get(REQUEST_ID) or new_id()
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -277,7 +276,8 @@ class PrimaryLeg:
             capture_text=capture,
             max_chunk_events=self.chunk_events,
         )
-        tel.annotate_request_span(self.request_span, self.draft.build(leg, ()))
+        if self.request_span.is_recording():
+            tel.annotate_request_span(self.request_span, self.draft.build(leg, ()))
         tel.end_request_span(
             self.request_span,
             status_code=response_status or status,
@@ -321,7 +321,7 @@ class ExchangeDraft:
         seed: int | None,
         category: str | None,
     ) -> None:
-        self.exchange_id = uuid.uuid4().hex
+        self.exchange_id = new_id()
         self.request_id = request_id
         self.route = route
         self.requested_model = requested_model
@@ -380,7 +380,7 @@ class ExchangeDraft:
             policy_rule=self.policy_rule,
             sampled=self.sampled,
             drop_reason=self.drop_reason,
-            primary=dataclasses.replace(primary, upstream_model=self.requested_model),
+            primary=primary,
             shadows=shadows,
             request_body=self.request_body,
             request_json=self.request_json,
