@@ -110,6 +110,12 @@ def test_the_suite_latency_and_throughput_phases_measure_every_arm_and_the_probe
     tput = data["phases"]["throughput"]["arms"]
     assert tput["specshadow"]["requests"] > 0 and tput["specshadow"]["cpu_us_per_request"] > 0
     assert tput["direct"]["cpu_us_per_request"] is None
+    # The open loop offered every arm the same number of requests, and each one was answered.
+    opened = data["phases"]["throughput"]["open_loop"]
+    assert list(opened) == ["direct", "relay", "specshadow"]
+    offered = {o["requests"] + o["errors"] for o in opened.values()}
+    assert len(offered) == 1 and offered.pop() > 0
+    assert all(o["errors"] == 0 and o["latency"]["p50_ms"] > 0 for o in opened.values())
     names = [c["name"] for c in data["checks"]]
     assert (
         "added TTFT p50 ÷ relay's" in names
