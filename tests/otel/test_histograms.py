@@ -93,7 +93,9 @@ def test_the_same_attributes_in_another_order_are_one_series() -> None:
     hist.record(0.002, {"a": "1", "b": "2"})
     hist.record(0.003, {"b": "2", "a": "1"})
     hist.record(0.004, {"a": "1", "b": "3"})
-    got = sorted(((p.attributes or {})["b"], p.count) for p in points(reader.get_metrics_data(), "h"))
+    got = sorted(
+        ((p.attributes or {})["b"], p.count) for p in points(reader.get_metrics_data(), "h")
+    )
     assert got == [("2", 2), ("3", 1)]
     provider.shutdown()
 
@@ -165,4 +167,34 @@ def test_an_sdk_with_nothing_recorded_still_exports_the_tables_histograms() -> N
     table.create_histogram("h", explicit_bucket_boundaries_advisory=BOUNDS).record(0.01, {"k": 1})
     (point,) = points(reader.get_metrics_data(), "h")
     assert point.count == 1
+    provider.shutdown()
+
+
+def test_an_observed_counter_exports_a_monotonic_sum_of_adds_from_several_threads() -> None:
+    import threading
+
+    from opentelemetry.sdk.metrics.export import Sum
+
+    from otel.instruments import ObservedCounter
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    counter = ObservedCounter(provider.get_meter(SCOPE), "c", unit="{x}", description="d")
+
+    def bump() -> None:
+        for _ in range(1000):
+            counter.add(1, {"outcome": "sent", "role": "candidate"})
+            counter.add(2, {"role": "candidate", "outcome": "sampled"})
+
+    threads = [threading.Thread(target=bump) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    data = reader.get_metrics_data()
+    assert data is not None
+    (metric,) = [m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
+    assert isinstance(metric.data, Sum) and metric.data.is_monotonic
+    got = {(p.attributes or {})["outcome"]: p.value for p in metric.data.data_points}
+    assert got == {"sent": 4000, "sampled": 8000}
     provider.shutdown()
