@@ -293,6 +293,10 @@ class ShadowDispatcher:
         error_type: str | None = None
         shaped = False  # a request the gateway could not shape is no fault of the backend's
         try:
+            # Let the primary's request leave first. launch() runs before the primary is sent, and
+            # aiohttp writes a request's headers and body from a task it queues as it sends
+            # (CPython < 3.12 has no eager tasks): one yield puts this leg's set-up behind it.
+            await asyncio.sleep(0)
             body = shape_shadow_body(payload, leg, policy.shaping)
             shaped = True
             headers = shadow_headers(
