@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -52,7 +53,7 @@ from bench.harness import (
     summarize,
 )
 from bench.procstat import cpu_s, rss_kib
-from bench.throughput import closed_loop, nonstream_body, open_loop
+from bench.throughput import ThroughputResult, closed_loop, nonstream_body, open_loop
 from gateway.stats import percentiles
 
 CHAT = "/v1/chat/completions"
@@ -294,18 +295,26 @@ async def concurrent_phase(args: argparse.Namespace, log: Log) -> Phase:
         )
         body_for = functools.partial(chat_body, max_tokens=args.max_tokens)
         results: list[StreamResult] = []
+        per_round: list[float] = []  # specshadow's added TTFT p99 in each round
         for rnd in range(args.stream_rounds):
             shift = rnd % len(arms)
+            this_round: list[StreamResult] = []
             for arm in [*arms[shift:], *arms[:shift]]:
-                results += await run_interleaved(
+                this_round += await run_interleaved(
                     [arm], requests=2 * c, warmup=c // 4, concurrency=c, body_for=body_for,
                     timeout_s=args.timeout_s, stagger_s=stream_s,
                 )  # fmt: skip
+            results += this_round
+            r = {n: summarize(n, ms) for n, ms in by_arm(this_round, arms).items()}
+            if (r99 := added(r["specshadow"], r["direct"], "ttft")[1]) is not None:
+                per_round.append(r99)
     a = {n: summarize(n, ms) for n, ms in by_arm(results, arms).items()}
-    d, g = a["direct"], a["specshadow"]
-    _, g99 = added(g, d, "ttft")
+    g = a["specshadow"]
+    # Judged on the median over rounds (each round: every arm back to back), not on the pooled
+    # p99 — one stretch of host contention in one arm's block would otherwise decide the verdict.
+    g99 = statistics.median(per_round) if per_round else None
     checks = (
-        Check(f"added TTFT p99 at {c} concurrent streams", g99, 1.0, "ms"),
+        Check(f"added TTFT p99 at {c} concurrent streams (median of rounds)", g99, 1.0, "ms"),
         Check(f"errors via specshadow at {c} streams", g.errors, 0, ""),
     )
     text = render_table(
@@ -313,10 +322,24 @@ async def concurrent_phase(args: argparse.Namespace, log: Log) -> Phase:
         ARM_HEADER,
         arm_rows(a),
     )
-    return Phase("concurrent", text, checks, {"concurrency": c, "arms": a})
+    text += "\nspecshadow added TTFT p99 by round: " + " ".join(f"{v:.3f}" for v in per_round)
+    text += " ms\n"
+    data = {"concurrency": c, "arms": a, "added_ttft_p99_by_round_ms": per_round}
+    return Phase("concurrent", text, checks, data)
 
 
 # --------------------------------------------------------------------------- 3 throughput
+
+
+def median_ratio(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """The median over rounds of ``a[i] / b[i]``."""
+    ratios = [x / y for x, y in zip(a, b, strict=False) if y]
+    return statistics.median(ratios) if ratios else None
+
+
+def _fmt_ratios(base: ThroughputResult, arm: ThroughputResult) -> str:
+    pairs = zip(base.cpu_us_per_request_by_round, arm.cpu_us_per_request_by_round, strict=False)
+    return " ".join(f"{x / y:.3f}" for x, y in pairs if y)
 
 
 async def throughput_phase(args: argparse.Namespace, log: Log) -> Phase:
@@ -353,23 +376,31 @@ async def throughput_phase(args: argparse.Namespace, log: Log) -> Phase:
         )
     g, relay, off = by["specshadow"], by["relay"], by["telemetry-off"]
     og = next(o for o in opened if o.arm == "specshadow")
+    # Judged on the median over rounds of each round's ratio (arms measured back to back): a
+    # stretch of contention from the shared host lands in one round of one arm, not in the verdict.
+    capacity = median_ratio(relay.cpu_us_per_request_by_round, g.cpu_us_per_request_by_round)
+    telemetry = median_ratio(off.cpu_us_per_request_by_round, g.cpu_us_per_request_by_round)
+    open_p99 = statistics.median(og.p99_ms_by_round) if og.p99_ms_by_round else None
     # Judged on capacity (proxy CPU per request), not on the achieved rate: the simulator and the
     # load generator share one core and cap the relay's achieved rate before the relay's core is
     # busy, which would flatter every slower proxy. The achieved rates are in the table.
     checks = (
         Check(
-            "non-streaming capacity ÷ relay's (CPU µs/request)",
-            ratio(relay.cpu_us_per_request, g.cpu_us_per_request), 0.6, "×", True,
+            "non-streaming capacity ÷ relay's (CPU µs/request; median of rounds)",
+            capacity, 0.6, "×", True,
         ),
-        Check("non-streaming p99 via specshadow at 0.6 × relay's rate", og.latency.p99_ms, 10.0, "ms"),
+        Check(
+            "non-streaming p99 via specshadow at 0.6 × relay's rate (median of rounds)",
+            open_p99, 10.0, "ms",
+        ),
         Check(
             "open-loop sends > 1 ms behind schedule (client health)",
             sum(o.late_sends for o in opened) / max(1, sum(o.requests + o.errors for o in opened)),
             0.01, "share",
         ),
         Check(
-            "capacity telemetry on ÷ off (CPU µs/request)",
-            ratio(off.cpu_us_per_request, g.cpu_us_per_request), 0.90, "×", True,
+            "capacity telemetry on ÷ off (CPU µs/request; median of rounds)",
+            telemetry, 0.90, "×", True,
         ),
         Check("errors via specshadow (non-streaming)", g.errors, 0, ""),
     )  # fmt: skip
@@ -389,10 +420,15 @@ async def throughput_phase(args: argparse.Namespace, log: Log) -> Phase:
         f"Non-streaming, open loop at {rate:.0f} req/s (0.6 × relay's closed-loop rate); "
         "latency from the scheduled send time",
         ("arm", "reqs", "err", "late sends", "lat p50 ms", "lat p99 ms", "lat max ms",
-         "proxy CPU µs/req", "proxy CPU busy"),
+         "p99 by round", "proxy CPU µs/req", "proxy CPU busy"),
         [(o.arm, o.requests, o.errors, o.late_sends, o.latency.p50_ms, o.latency.p99_ms,
-          o.latency.max_ms, o.cpu_us_per_request, o.proxy_utilisation) for o in opened],
+          o.latency.max_ms, " ".join(f"{v:.1f}" for v in o.p99_ms_by_round),
+          o.cpu_us_per_request, o.proxy_utilisation) for o in opened],
     )  # fmt: skip
+    text += (
+        f"\nper-round ratios — capacity ÷ relay: {_fmt_ratios(relay, g)}; "
+        f"telemetry on ÷ off: {_fmt_ratios(off, g)}\n"
+    )
     return Phase("throughput", text, checks, {"arms": by, "open_loop": {o.arm: o for o in opened}})
 
 

@@ -39,6 +39,7 @@ class ThroughputResult:
     proxy_cpu_s: float | None  # the proxy process's CPU over its segments (None: direct arm)
     cpu_us_per_request: float | None
     proxy_utilisation: float | None  # proxy CPU seconds / wall seconds of its segments
+    cpu_us_per_request_by_round: tuple[float, ...] = ()  # one per round (proxy arms)
 
 
 def nonstream_body(max_tokens: int) -> bytes:
@@ -91,6 +92,7 @@ async def closed_loop(
     errs = dict.fromkeys(lat, 0)
     wall = dict.fromkeys(lat, 0.0)
     cpu = dict.fromkeys(lat, 0.0)
+    per_round: dict[str, list[float]] = {a.name: [] for a in arms}
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -103,7 +105,10 @@ async def closed_loop(
                 cpu0, t0 = (cpu_s(pid) if pid else 0.0), time.perf_counter()
                 got, bad = await _segment(session, arm, body, concurrency, segment_s)
                 wall[arm.name] += time.perf_counter() - t0
-                cpu[arm.name] += (cpu_s(pid) - cpu0) if pid else 0.0
+                used_s = (cpu_s(pid) - cpu0) if pid else 0.0
+                cpu[arm.name] += used_s
+                if pid and got:
+                    per_round[arm.name].append(used_s / len(got) * 1e6)
                 lat[arm.name] += got
                 errs[arm.name] += bad
     out: list[ThroughputResult] = []
@@ -121,6 +126,7 @@ async def closed_loop(
                 proxy_cpu_s=cpu[arm.name] if proxy else None,
                 cpu_us_per_request=cpu[arm.name] / n * 1e6 if proxy and n else None,
                 proxy_utilisation=cpu[arm.name] / secs if proxy and secs else None,
+                cpu_us_per_request_by_round=tuple(per_round[arm.name]),
             )
         )
     return out
@@ -136,6 +142,7 @@ class OpenLoopResult:
     latency: Dist  # measured from the *scheduled* send time: a stalled client cannot hide queueing
     cpu_us_per_request: float | None
     proxy_utilisation: float | None
+    p99_ms_by_round: tuple[float, ...] = ()
 
 
 class _Exchange(asyncio.Protocol):
@@ -268,6 +275,7 @@ async def open_loop(
     wall = dict.fromkeys(lat, 0.0)
     cpu = dict.fromkeys(lat, 0.0)
     pools: dict[str, list[_Exchange]] = {a.name: [] for a in arms}
+    p99_by_round: dict[str, list[float]] = {a.name: [] for a in arms}
     try:
         for arm in arms:  # open enough keep-alive connections for the rate
             await _open_segment(arm, body, rate_rps, 0.5, pools[arm.name])
@@ -284,6 +292,8 @@ async def open_loop(
                 lat[arm.name] += got
                 errs[arm.name] += bad
                 late[arm.name] += behind
+                if (p99 := dist_ms(got).p99_ms) is not None:
+                    p99_by_round[arm.name].append(p99)
     finally:
         for pool in pools.values():
             for conn in pool:
@@ -303,6 +313,7 @@ async def open_loop(
                 latency=dist_ms(lat[arm.name]),
                 cpu_us_per_request=cpu[arm.name] / n * 1e6 if proxy and n else None,
                 proxy_utilisation=cpu[arm.name] / secs if proxy and secs else None,
+                p99_ms_by_round=tuple(p99_by_round[arm.name]),
             )
         )
     return out

@@ -119,7 +119,7 @@ def test_the_suite_latency_and_throughput_phases_measure_every_arm_and_the_probe
     names = [c["name"] for c in data["checks"]]
     assert (
         "added TTFT p50 ÷ relay's" in names
-        and "capacity telemetry on ÷ off (CPU µs/request)" in names
+        and "capacity telemetry on ÷ off (CPU µs/request; median of rounds)" in names
     )
     assert not any("LiteLLM" in n for n in names)
     assert "LiteLLM arm skipped (--no-litellm)" in out.stdout
@@ -143,5 +143,5 @@ def test_the_suite_concurrent_paced_and_memory_phases_judge_their_targets(tmp_pa
     assert memory["errors"] == 0 and memory["idle_kib"] > 10_000
     assert memory["peak_kib"] >= memory["idle_kib"] * 0.9
     names = [c["name"] for c in data["checks"]]
-    assert "added TTFT p99 at 3 concurrent streams" in names
+    assert "added TTFT p99 at 3 concurrent streams (median of rounds)" in names
     assert "RSS per in-flight stream" in names and "idle RSS (after warm-up)" in names
