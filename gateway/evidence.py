@@ -14,7 +14,6 @@ Two consumers, both run on worker threads (never on the request path):
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -29,17 +28,17 @@ from otel.telemetry import Telemetry
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
-def classified(exchange: Exchange) -> Exchange:
-    """``exchange`` with its category filled in (header, else the classifier)."""
+def category_of(exchange: Exchange) -> str | None:
+    """The exchange's category: the client's header, else the classifier's answer."""
     if exchange.category is not None:
-        return exchange
+        return exchange.category
     category, _source = categorize(None, exchange.request_json)
-    return dataclasses.replace(exchange, category=category)
+    return category
 
 
 def metrics_handler(telemetry: Telemetry) -> Callable[[Exchange], None]:
     def handle(exchange: Exchange) -> None:
-        telemetry.record_exchange_metrics(classified(exchange))
+        telemetry.record_exchange_metrics(exchange, category=category_of(exchange))
 
     return handle
 

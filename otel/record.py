@@ -348,7 +348,11 @@ def add_evaluation_events(span: Span, results: Sequence[EvaluationResult]) -> No
 
 @safe(nothing)
 def record_exchange_metrics(
-    instruments: Instruments, exchange: Exchange, *, max_chunk_gap_observations: int = 128
+    instruments: Instruments,
+    exchange: Exchange,
+    *,
+    category: str | None = None,
+    max_chunk_gap_observations: int = 128,
 ) -> None:
     """Record every histogram and counter an exchange feeds, for every leg.
 
@@ -358,16 +362,18 @@ def record_exchange_metrics(
     per-chunk p50/p99/max, so those three values are recorded under ``specshadow.overhead.stat``.
     Per shadow leg: ``specshadow.shadow.requests`` ``completed`` or ``failed`` (reason = outcome);
     ``sampled``/``sent``/``dropped`` are counted by the gateway as they happen (``count_shadow``).
+    ``category`` (when given) stands in for ``exchange.category``: the classifier's answer.
     """
+    category = category or exchange.category or "none"
     for leg in exchange.legs:
-        _record_leg(instruments, exchange, leg, max_chunk_gap_observations)
+        _record_leg(instruments, exchange, leg, category, max_chunk_gap_observations)
 
 
 def _record_leg(
-    instruments: Instruments, exchange: Exchange, leg: LegResult, max_gaps: int
+    instruments: Instruments, exchange: Exchange, leg: LegResult, category_name: str, max_gaps: int
 ) -> None:
     base = leg_metric_attributes(exchange, leg)
-    category = {sc.CATEGORY: exchange.category or "none"}
+    category = {sc.CATEGORY: category_name}
     duration_attributes = dict(base)
     if leg.outcome != "completed":
         duration_attributes[sc.ERROR_TYPE] = leg_error_type(leg)

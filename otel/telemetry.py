@@ -216,10 +216,13 @@ class Telemetry:
 
     # --- metrics ------------------------------------------------------------------------------------
 
-    def record_exchange_metrics(self, exchange: Exchange) -> None:
+    def record_exchange_metrics(self, exchange: Exchange, *, category: str | None = None) -> None:
         """See :func:`otel.record.record_exchange_metrics`."""
         record.record_exchange_metrics(
-            self.instruments, exchange, max_chunk_gap_observations=self._max_gaps
+            self.instruments,
+            exchange,
+            category=category,
+            max_chunk_gap_observations=self._max_gaps,
         )
 
     @safe(nothing)
