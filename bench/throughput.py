@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import TypeVar, cast
 
 import aiohttp
 from yarl import URL
 
 from bench.harness import Arm, Dist, dist_ms
 from bench.procstat import cpu_s
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,29 @@ async def _segment(
     return latencies, errors
 
 
+async def rotating_rounds(
+    arms: Sequence[Arm],
+    pids: Mapping[str, int],
+    rounds: int,
+    segment: Callable[[Arm], Awaitable[T]],
+) -> list[tuple[Arm, T, float, float]]:
+    """Every arm's ``segment`` once per round, the arm that goes first rotating with the round.
+
+    Returns (arm, result, the proxy's CPU seconds during it (0 for arms without a pid), wall
+    seconds) per segment, in the order they ran: drifts of a shared machine fall on all arms alike.
+    """
+    out: list[tuple[Arm, T, float, float]] = []
+    for r in range(rounds):
+        shift = r % len(arms)
+        for arm in [*arms[shift:], *arms[:shift]]:
+            pid = pids.get(arm.name)
+            cpu0, t0 = (cpu_s(pid) if pid else 0.0), time.perf_counter()
+            result = await segment(arm)
+            used_s = (cpu_s(pid) - cpu0) if pid else 0.0
+            out.append((arm, result, used_s, time.perf_counter() - t0))
+    return out
+
+
 async def closed_loop(
     arms: Sequence[Arm],
     pids: Mapping[str, int],
@@ -98,19 +123,17 @@ async def closed_loop(
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         for arm in arms:  # open keep-alive connections, warm caches
             await _segment(session, arm, body, concurrency, warmup_s)
-        for r in range(rounds):
-            shift = r % len(arms)
-            for arm in [*arms[shift:], *arms[:shift]]:
-                pid = pids.get(arm.name)
-                cpu0, t0 = (cpu_s(pid) if pid else 0.0), time.perf_counter()
-                got, bad = await _segment(session, arm, body, concurrency, segment_s)
-                wall[arm.name] += time.perf_counter() - t0
-                used_s = (cpu_s(pid) - cpu0) if pid else 0.0
-                cpu[arm.name] += used_s
-                if pid and got:
-                    per_round[arm.name].append(used_s / len(got) * 1e6)
-                lat[arm.name] += got
-                errs[arm.name] += bad
+
+        async def segment(arm: Arm) -> tuple[list[int], int]:
+            return await _segment(session, arm, body, concurrency, segment_s)
+
+        for arm, (got, bad), used_s, wall_s in await rotating_rounds(arms, pids, rounds, segment):
+            wall[arm.name] += wall_s
+            cpu[arm.name] += used_s
+            if arm.name in pids and got:
+                per_round[arm.name].append(used_s / len(got) * 1e6)
+            lat[arm.name] += got
+            errs[arm.name] += bad
     out: list[ThroughputResult] = []
     for arm in arms:
         n, secs = len(lat[arm.name]), wall[arm.name]
@@ -279,21 +302,19 @@ async def open_loop(
     try:
         for arm in arms:  # open enough keep-alive connections for the rate
             await _open_segment(arm, body, rate_rps, 0.5, pools[arm.name])
-        for r in range(rounds):
-            shift = r % len(arms)
-            for arm in [*arms[shift:], *arms[:shift]]:
-                pid = pids.get(arm.name)
-                cpu0, t0 = (cpu_s(pid) if pid else 0.0), time.perf_counter()
-                got, bad, behind = await _open_segment(
-                    arm, body, rate_rps, segment_s, pools[arm.name]
-                )
-                wall[arm.name] += time.perf_counter() - t0
-                cpu[arm.name] += (cpu_s(pid) - cpu0) if pid else 0.0
-                lat[arm.name] += got
-                errs[arm.name] += bad
-                late[arm.name] += behind
-                if (p99 := dist_ms(got).p99_ms) is not None:
-                    p99_by_round[arm.name].append(p99)
+
+        async def segment(arm: Arm) -> tuple[list[int], int, int]:
+            return await _open_segment(arm, body, rate_rps, segment_s, pools[arm.name])
+
+        results = await rotating_rounds(arms, pids, rounds, segment)
+        for arm, (got, bad, behind), used_s, wall_s in results:
+            wall[arm.name] += wall_s
+            cpu[arm.name] += used_s
+            lat[arm.name] += got
+            errs[arm.name] += bad
+            late[arm.name] += behind
+            if (p99 := dist_ms(got).p99_ms) is not None:
+                p99_by_round[arm.name].append(p99)
     finally:
         for pool in pools.values():
             for conn in pool:
