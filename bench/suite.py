@@ -40,8 +40,8 @@ from bench.harness import (
 
 PHASES = ("latency", "concurrent", "throughput", "paced", "memory")
 FULL = {
-    "requests": 150, "warmup": 5, "max_tokens": 16, "streams": 64, "stream_rounds": 3,
-    "tput_concurrency": 8, "tput_segment_s": 2.0, "tput_rounds": 5,
+    "requests": 150, "warmup": 5, "max_tokens": 16, "streams": 64, "stream_rounds": 7,
+    "tput_concurrency": 8, "tput_segment_s": 2.0, "tput_rounds": 7,
     "paced_streams": "128,256,512", "paced_tokens": 150, "paced_rounds": 2,
     "memory_streams": 512, "memory_tokens": 25,
 }  # fmt: skip
