@@ -72,7 +72,12 @@ def create_app(
         client_max_size=settings.max_body_bytes,
         handler_args={"max_line_size": 65536, "max_field_size": 65536},
     )
-    metrics_sink = ThreadedSink("telemetry", metrics_handler(tel))
+    metrics_sink = ThreadedSink(
+        "telemetry",
+        metrics_handler(tel),
+        # Visible as specshadow.telemetry.dropped{signal=metrics, reason=queue_full}.
+        on_drop=lambda: tel.count_telemetry_dropped("metrics", "queue_full", 1),
+    )
     records = (
         build_record_sink(
             settings.store_path,

@@ -76,8 +76,8 @@ class ThreadedSink:
     meanwhile. Not after every exchange: each hand-off is two context switches, and at one per
     exchange they cost the process more CPU than the metric recording itself (measured).
 
-    More than ``maxsize`` waiting exchanges drops the newest and counts it in :attr:`dropped` —
-    telemetry is bounded in memory and never back-pressures the data path.
+    More than ``maxsize`` waiting exchanges drops the newest, counts it in :attr:`dropped` and
+    calls ``on_drop`` — telemetry is bounded in memory and never back-pressures the data path.
     """
 
     def __init__(
@@ -88,10 +88,12 @@ class ThreadedSink:
         maxsize: int = 10_000,
         interval_s: float = 0.05,
         slice_s: float = 0.0005,
+        on_drop: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
         self.handle = handle
         self.maxsize = maxsize
+        self.on_drop = on_drop
         self.interval_s = interval_s
         self.slice_ns = int(slice_s * 1e9)
         self.dropped = 0
@@ -107,6 +109,8 @@ class ThreadedSink:
     def submit(self, exchange: Exchange) -> None:
         if len(self._pending) >= self.maxsize:
             self.dropped += 1
+            if self.on_drop is not None:
+                self.on_drop()
             return
         self._pending.append(exchange)
         self._submitted += 1

@@ -332,9 +332,10 @@ def policy_reload(meter: Meter) -> Counter:
 def telemetry_dropped(meter: Meter) -> Counter:
     """``specshadow.telemetry.dropped`` ({item}), by signal (spans|metrics) and reason.
 
-    Counted when a finished span could not enter the export queue (``queue_full``), when an export
-    to the collector failed (``export_failed``, spans or metric data points), or when the provider
-    was already shut down (``shutdown``).
+    Counted when a finished span could not enter the export queue (``queue_full``), when a
+    finished exchange could not enter the metric worker's queue (``metrics``/``queue_full``: its
+    histograms are lost), when an export to the collector failed (``export_failed``, spans or
+    metric data points), or when the provider was already shut down (``shutdown``).
     """
     return meter.create_counter(
         sc.METRIC_TELEMETRY_DROPPED,

@@ -49,11 +49,12 @@ def test_a_full_queue_drops_and_counts_instead_of_blocking() -> None:
         gate.wait(5.0)
         handled.append(exchange)
 
-    sink = ThreadedSink("t", slow, maxsize=3, interval_s=30.0)
+    drops: list[int] = []
+    sink = ThreadedSink("t", slow, maxsize=3, interval_s=30.0, on_drop=lambda: drops.append(1))
     try:
         for i in range(10):
             sink.submit(exchange_with(request_id=f"r{i}"))
-        assert sink.dropped == 7
+        assert sink.dropped == 7 and len(drops) == 7
         gate.set()
         assert sink.join(5.0)
     finally:
