@@ -16,13 +16,12 @@ timestamp a deployed gateway records, taken by the same code under the same sche
 from __future__ import annotations
 
 import argparse
-import sys
 
 from aiohttp import web
 
 from gateway import jsonx
 from gateway.app import create_app
-from gateway.serve import new_event_loop
+from gateway.serve import serve_app
 from gateway.settings import Settings
 from gateway.sinks import MemorySink
 from otel.setup import TelemetrySettings, build_telemetry
@@ -50,18 +49,7 @@ def main() -> None:
     app = create_app(settings, sink=sink, telemetry=build_telemetry(TelemetrySettings.from_env()))
     app[SINK] = sink
     app.router.add_get("/bench/stamps", stamps)
-    if settings.gil_switch_interval_s is not None:  # as serve does
-        sys.setswitchinterval(settings.gil_switch_interval_s)
-    web.run_app(
-        app,
-        host=settings.host,
-        port=settings.port,
-        loop=new_event_loop(),
-        shutdown_timeout=settings.shutdown_timeout_s,
-        handler_cancellation=True,
-        access_log=None,
-        print=None,
-    )
+    serve_app(app, settings)
 
 
 if __name__ == "__main__":

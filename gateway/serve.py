@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -107,6 +108,16 @@ def run(args: argparse.Namespace) -> int:
         # Startup fails fast, with the same message a reload would log.
         print(f"specshadow serve: {exc}", file=sys.stderr)
         return 2
+    serve_app(app, settings, print_=lambda msg: log.info("%s", msg))
+    return 0
+
+
+def serve_app(
+    app: web.Application, settings: Settings, *, print_: Callable[[str], None] | None = None
+) -> None:
+    """Run ``app`` the way ``specshadow serve`` does: the process's GIL switch interval, uvloop,
+    handler cancellation, no access log. Benchmarks that wrap the gateway use this too, so they
+    measure the process a user runs."""
     if settings.gil_switch_interval_s is not None:
         sys.setswitchinterval(settings.gil_switch_interval_s)
     web.run_app(
@@ -119,6 +130,5 @@ def run(args: argparse.Namespace) -> int:
         # at once even while the upstream is silent (no write would notice otherwise).
         handler_cancellation=True,
         access_log=None,
-        print=lambda msg: log.info("%s", msg),
+        print=print_,
     )
-    return 0
