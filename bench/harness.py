@@ -37,8 +37,8 @@ from typing import Any
 
 import aiohttp
 
-from gateway import jsonx
-from gateway.stats import percentiles
+from core import jsonx
+from core.stats import percentiles
 
 # Pinning (when the machine has ≥ 2 cores): the gateway gets a core to itself; the upstreams and
 # the load-generating client share the other, in every arm alike.
@@ -61,9 +61,9 @@ class StartupError(RuntimeError):
 
 
 def specshadow_argv() -> list[str]:
-    """The ``specshadow`` console script next to this interpreter, else ``python -m gateway``."""
+    """The ``specshadow`` console script next to this interpreter, else ``python -m specshadow``."""
     script = Path(sys.executable).with_name("specshadow")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gateway"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "specshadow"]
 
 
 def can_pin() -> bool:

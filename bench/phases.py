@@ -54,7 +54,7 @@ from bench.harness import (
 )
 from bench.procstat import cpu_s, rss_kib
 from bench.throughput import ThroughputResult, closed_loop, nonstream_body, open_loop
-from gateway.stats import percentiles
+from core.stats import percentiles
 
 CHAT = "/v1/chat/completions"
 MAX_SEQS = ["--max-num-seqs", "4096"]  # the simulator must never queue a benchmark stream

@@ -44,7 +44,7 @@ from bench.harness import (
     summarize,
     write_json,
 )
-from gateway.stats import percentiles
+from core.stats import percentiles
 
 ADDED_TTFT_P50_MS = 1.0
 ADDED_TTFT_P99_MS = 2.0

@@ -1,6 +1,6 @@
 """The gateway as ``specshadow serve`` builds it, plus one read-only route for its receive stamps.
 
-``python -m bench.stamp_probe --port P --primary URL`` runs ``create_app`` with the same settings,
+``python -m bench.stamp_probe --port P --primary URL`` runs ``build_app`` with the same settings,
 telemetry, loop (uvloop), switch interval and ``run_app`` flags as ``gateway.serve``, and adds an
 in-memory exchange sink next to the usual ones. ``GET /bench/stamps`` answers
 ``{request_id: [received_ns, ...]}`` — the recorder's per-event receive times (perf_counter_ns)
@@ -19,12 +19,13 @@ import argparse
 
 from aiohttp import web
 
-from gateway import jsonx
-from gateway.app import create_app
+from core import jsonx
+from core.sinks import MemorySink
 from gateway.serve import serve_app
 from gateway.settings import Settings
-from gateway.sinks import MemorySink
-from otel.setup import TelemetrySettings, build_telemetry
+from otel.settings import TelemetrySettings
+from otel.setup import build_telemetry
+from specshadow.app import build_app
 
 SINK = web.AppKey("bench_sink", MemorySink)
 
@@ -46,7 +47,7 @@ def main() -> None:
     args = p.parse_args()
     settings = Settings.from_env(host=args.host, port=args.port, primary_url=args.primary)
     sink = MemorySink()
-    app = create_app(settings, sink=sink, telemetry=build_telemetry(TelemetrySettings.from_env()))
+    app = build_app(settings, sinks=[sink], telemetry=build_telemetry(TelemetrySettings.from_env()))
     app[SINK] = sink
     app.router.add_get("/bench/stamps", stamps)
     serve_app(app, settings)

@@ -11,7 +11,7 @@ import ipaddress
 
 from aiohttp import web
 
-from gateway import jsonx
+from core import jsonx
 from gateway.errors import GatewayError
 from gateway.state import GATEWAY
 

@@ -1,32 +1,35 @@
 """Application wiring: ``create_app()``, the route table and the cleanup context.
 
-Startup order: policy (fails fast on an invalid file), primary pool, shadow dispatcher, policy
-watcher. Shutdown runs in reverse: the watcher stops, background tasks (shadow legs, exchange
-assembly) drain within ``shutdown_timeout_s``, then the pools close.
+Startup order: policy (fails fast on an invalid file), the sinks that have a lifecycle, the
+primary pool, the shadow dispatcher, the policy watcher. Shutdown runs in reverse, each resource
+closed by its own step (one failing close never skips the rest): the watcher stops, background
+tasks (shadow legs, exchange assembly) drain within ``shutdown_timeout_s``, the pools close, the
+sinks stop (after the last exchange reached them), telemetry shuts down (bounded).
+
+The gateway hands finished exchanges to its ``sinks`` and knows nothing of what they do with them:
+the evidence pipeline, records and metrics are composed on top (``specshadow.app``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from aiohttp import web
 
+from core.exchange import ExchangeSink, ManagedSink
+from core.sinks import FanoutSink
+from core.tasks import TaskSet
 from gateway import admin, errors, handlers
-from gateway.evidence import comparison_hook, metrics_handler, record_log_hook
-from gateway.exchange import ExchangeSink
-from gateway.records.sink import build_record_sink
 from gateway.settings import Settings
 from gateway.shadow import ShadowDispatcher
-from gateway.sinks import FanoutSink, ThreadedSink
 from gateway.state import GATEWAY, Gateway, ReadyProbe
-from gateway.tasks import TaskSet
 from gateway.upstream import UpstreamClient, UpstreamTarget
-from otel.setup import TelemetrySettings, build_telemetry
+from otel.settings import TelemetrySettings
+from otel.setup import build_telemetry
 from otel.telemetry import Telemetry
 from policies.compile import policy_from_flags
-from policies.compiled import CompiledPolicy
 from policies.store import PolicyStore
 from policies.watch import watch_policy_file
 
@@ -44,18 +47,25 @@ def open_policy(settings: Settings) -> PolicyStore:
     return PolicyStore(policy, primary_url=settings.primary_url)
 
 
+def _managed(sink: ExchangeSink) -> ManagedSink | None:
+    start, stop = getattr(sink, "start", None), getattr(sink, "stop", None)
+    return sink if callable(start) and callable(stop) else None  # type: ignore[return-value]
+
+
 def create_app(
     settings: Settings,
     *,
-    sink: ExchangeSink | None = None,
+    sinks: Sequence[ExchangeSink] = (),
     policy: PolicyStore | None = None,
     telemetry: Telemetry | None = None,
 ) -> web.Application:
     """The gateway as an aiohttp application (not yet started).
 
-    ``telemetry`` is built by the caller (``serve`` reads the ``OTEL_*`` variables); by default
-    metrics are served at ``/metrics`` and nothing is exported. The app shuts it down on cleanup.
-    Raises PolicyError (invalid policy) or ValueError (no primary) at once: startup fails fast.
+    ``sinks`` receive every finished exchange; those with ``start()``/``stop()`` are started
+    before the first request and stopped after the last. ``telemetry`` is built by the caller
+    (``serve`` reads the ``OTEL_*`` variables); by default metrics are served at ``/metrics`` and
+    nothing is exported. The app shuts it down on cleanup. Raises PolicyError (invalid policy) or
+    ValueError (no primary) at once: startup fails fast.
     """
     store = policy if policy is not None else open_policy(settings)
     tel = telemetry if telemetry is not None else build_telemetry(TelemetrySettings.from_env({}))
@@ -68,85 +78,62 @@ def create_app(
         )
     app = web.Application(
         middlewares=[errors.middleware],
-        # Checked by handlers.read_body first (OpenAI-shaped 413); this is the hard backstop.
+        # Checked by proxy.read_body first (OpenAI-shaped 413); this is the hard backstop.
         client_max_size=settings.max_body_bytes,
         handler_args={"max_line_size": 65536, "max_field_size": 65536},
     )
-    metrics_sink = ThreadedSink(
-        "telemetry",
-        metrics_handler(tel),
-        # Visible as specshadow.telemetry.dropped{signal=metrics, reason=queue_full}.
-        on_drop=lambda: tel.count_telemetry_dropped("metrics", "queue_full", 1),
-    )
-    records = (
-        build_record_sink(
-            settings.store_path,
-            capture_default=store.current.capture,
-            scrape_targets=scrape_targets(store.current),
-            scrape_interval_s=settings.scrape_interval_s,
-            hooks=[comparison_hook(tel)] + ([record_log_hook(tel)] if tel.exports_records else []),
-        )
-        if settings.store_path
-        else None
-    )
-    sinks: list[ExchangeSink] = [metrics_sink]
-    sinks += [s for s in (sink, records) if s is not None]
     tel.bind_policy_status(lambda: (store.generation, store.last_reload_ok))
     store.listeners.append(lambda ok: tel.count_policy_reload("ok" if ok else "error"))
+    managed = [m for m in map(_managed, sinks) if m is not None]
 
     async def gateway_ctx(app: web.Application) -> AsyncIterator[None]:
-        tasks = TaskSet()
-        primary = UpstreamClient(UpstreamTarget("primary", primary_url), settings.upstream)
-        gw = Gateway(
-            settings=settings,
-            primary=primary,
-            sink=FanoutSink(sinks),
-            ready=ReadyProbe(primary_url, cache_s=settings.ready_cache_s),
-            policy=store,
-            shadows=ShadowDispatcher(tasks, settings.upstream, tel),
-            telemetry=tel,
-            tasks=tasks,
-        )
-        app[GATEWAY] = gw
-        if records is not None:
-            # Its own task set: the scraper runs until records.stop(), after the drain below
-            # (in the gateway's set, the drain would wait out shutdown_timeout_s for it).
-            await records.start()
-        watcher = None
-        if settings.policy_path:
-            watcher = tasks.spawn(
-                watch_policy_file(
-                    settings.policy_path,
-                    store,
-                    interval_s=settings.policy_poll_s,
-                    sighup=settings.reload_on_sighup,
-                ),
-                name="policy-watcher",
-            )
-        try:
-            yield
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
-            await tasks.drain(settings.shutdown_timeout_s)
-            await gw.shadows.close()
-            await primary.close()
-            if records is not None:
-                await records.stop()
-            await asyncio.to_thread(metrics_sink.close, 2.0)
+        async with contextlib.AsyncExitStack() as stack:
+            # Pushed first, run last: telemetry outlives everything that reports into it.
             # Bounded even with a black-holed collector (the exporters run on their own threads).
-            await asyncio.to_thread(tel.shutdown, 5.0)
+            stack.push_async_callback(asyncio.to_thread, tel.shutdown, 5.0)
+            for sink in managed:
+                await sink.start()
+                stack.push_async_callback(sink.stop)
+            tasks = TaskSet()
+            primary = UpstreamClient(UpstreamTarget("primary", primary_url), settings.upstream)
+            stack.push_async_callback(primary.close)
+            shadows = ShadowDispatcher(tasks, settings.upstream, tel)
+            stack.push_async_callback(shadows.close)
+            # Shadow legs and exchange assembly finish (or are cancelled) before the pools close
+            # and before the sinks stop, so every exchange reaches them.
+            stack.push_async_callback(tasks.drain, settings.shutdown_timeout_s)
+            app[GATEWAY] = Gateway(
+                settings=settings,
+                primary=primary,
+                sink=FanoutSink(sinks),
+                ready=ReadyProbe(primary_url, cache_s=settings.ready_cache_s),
+                policy=store,
+                shadows=shadows,
+                telemetry=tel,
+                tasks=tasks,
+            )
+            if settings.policy_path:
+                watcher = tasks.spawn(
+                    watch_policy_file(
+                        settings.policy_path,
+                        store,
+                        interval_s=settings.policy_poll_s,
+                        sighup=settings.reload_on_sighup,
+                    ),
+                    name="policy-watcher",
+                )
+                stack.push_async_callback(_cancel, watcher)
+            yield
 
     app.cleanup_ctx.append(gateway_ctx)
     add_routes(app)
     return app
 
 
-def scrape_targets(policy: CompiledPolicy) -> dict[str, str]:
-    """Backend name → its ``/metrics`` URL, for backends that expose vLLM's counters."""
-    return {name: b.metrics_url for name, b in policy.backends.items() if b.metrics_url}
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def add_routes(app: web.Application) -> None:

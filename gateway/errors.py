@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway import jsonx
+from core import jsonx
 
 log = logging.getLogger(__name__)
 

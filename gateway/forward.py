@@ -17,9 +17,9 @@ import zlib
 import aiohttp
 from aiohttp import web
 
+from core.recorder import StreamRecorder
+from core.timings import StreamOutcome
 from gateway.headers import client_response_headers, known_content_length
-from gateway.recorder import StreamRecorder
-from gateway.timings import StreamOutcome
 
 
 class RecorderTee:

@@ -6,7 +6,7 @@
   and re-sends with a stale encoding). ``Content-Length`` is recomputed by aiohttp for requests and
   preserved for responses whose length is known.
 - Credentials (``Authorization``, API keys, cookies) go to the primary, which the client addressed,
-  but never to a shadow unless a policy allow-list says so (``policies.shape``).
+  but never to a shadow unless a policy allow-list says so (the rules: ``policies.headers``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from core.wire import REQUEST_ID_HEADER
 
 HOP_BY_HOP = frozenset(
     {
@@ -32,20 +34,6 @@ HOP_BY_HOP = frozenset(
 # Recomputed or owned by the transport, never copied from the other side.
 _REQUEST_SKIP = HOP_BY_HOP | {"host", "content-length"}
 _RESPONSE_SKIP = HOP_BY_HOP | {"content-length"}
-
-CREDENTIAL_HEADERS = frozenset(
-    {
-        "authorization",
-        "proxy-authorization",
-        "cookie",
-        "api-key",
-        "x-api-key",
-        "openai-organization",
-        "openai-project",
-    }
-)
-
-REQUEST_ID = "x-request-id"
 
 
 def _connection_tokens(headers: Mapping[str, str] | CIMultiDictProxy[str]) -> frozenset[str]:
@@ -71,7 +59,7 @@ def upstream_request_headers(
 ) -> CIMultiDict[str]:
     """Headers for the primary: the client's end-to-end headers, the request id, and ``extra``."""
     out = _filtered(client_headers, _REQUEST_SKIP)
-    out[REQUEST_ID] = request_id
+    out[REQUEST_ID_HEADER] = request_id
     for name, value in extra:
         out[name] = value
     return out
@@ -82,7 +70,7 @@ def client_response_headers(
 ) -> CIMultiDict[str]:
     """Headers for the client: the upstream's end-to-end headers plus ``x-request-id``."""
     out = _filtered(upstream_headers, _RESPONSE_SKIP)
-    out[REQUEST_ID] = request_id
+    out[REQUEST_ID_HEADER] = request_id
     return out
 
 

@@ -6,7 +6,7 @@ The one promise: a shadow never slows, changes or breaks what the client gets.
   the primary's.
 - Admission never queues: a leg over the in-flight budget, over the rate, or to a backend whose
   breaker is open is **dropped** and counted by reason.
-- Legs run as tracked tasks (:class:`~gateway.tasks.TaskSet`); the body is shaped inside the task,
+- Legs run as tracked tasks (:class:`~core.tasks.TaskSet`); the body is shaped inside the task,
   so the primary's handler pays nothing for it. Any exception is contained at the task boundary
   and becomes the leg's outcome.
 - A shadow stream is read to its end; an exchange deadline (``timeouts.total_s``) bounds the wait,
@@ -25,20 +25,20 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
+from core.exchange import LegResult
+from core.tasks import TaskSet
+from core.timings import StreamOutcome
+from core.wire import CATEGORY_HEADER
 from gateway.errors import UpstreamError
-from gateway.exchange import OPERATION_NAMES, ROUTE_PATHS, LegResult, Route
-from gateway.forward import RecorderTee, drain, recorder_for
+from gateway.forward import drain
+from gateway.legs import LegRun
 from gateway.settings import UpstreamSettings
-from gateway.tasks import TaskSet
-from gateway.timings import StreamOutcome
 from gateway.upstream import UpstreamClient, UpstreamTarget
 from otel.telemetry import Telemetry
 from policies.compiled import BackendSpec, BreakerSpec, CompiledPolicy, LegPlan
 from policies.shape import shadow_headers, shape_shadow_body
 
 log = logging.getLogger(__name__)
-
-CATEGORY_HEADER = "x-specshadow-category"
 
 # Breaker states, also the value of the ``specshadow.shadow.breaker.state`` gauge.
 CLOSED, HALF_OPEN, OPEN = 0, 1, 2
@@ -126,6 +126,19 @@ class RateLimiter:
         return False
 
 
+@dataclass(frozen=True, slots=True)
+class ShadowRequest:
+    """What every shadow leg of one exchange is derived from (read-only; shaped per leg)."""
+
+    path_qs: str
+    payload: Mapping[str, Any]  # the client's parsed JSON body
+    client_headers: Mapping[str, str]  # case-insensitive (aiohttp's CIMultiDictProxy)
+    request_id: str
+    parent_span: Span  # the exchange's SERVER span
+    stream: bool  # the client asked for a stream
+    operation: str  # GenAI operation name of the route (``chat``, ``text_completion``)
+
+
 @dataclass
 class ShadowBatch:
     """The shadow legs of one exchange, in flight."""
@@ -210,16 +223,7 @@ class ShadowDispatcher:
         self.clients.clear()
 
     def launch(
-        self,
-        policy: CompiledPolicy,
-        legs: tuple[LegPlan, ...],
-        *,
-        path_qs: str,
-        payload: Mapping[str, Any],
-        client_headers: Mapping[str, str],
-        request_id: str,
-        parent_span: Span,
-        stream: bool,
+        self, policy: CompiledPolicy, legs: tuple[LegPlan, ...], request: ShadowRequest
     ) -> tuple[ShadowBatch, str | None]:
         """Admit and start ``legs``; returns the batch and the first drop reason (if any)."""
         batch = ShadowBatch()
@@ -241,19 +245,9 @@ class ShadowDispatcher:
                 continue
             self.in_flight += 1
             self.in_flight_by_role[leg.role] += 1
-            coro = self._run_leg(
-                policy,
-                leg,
-                batch,
-                path_qs=path_qs,
-                payload=payload,
-                client_headers=client_headers,
-                request_id=request_id,
-                inflight=self.in_flight_by_role[leg.role],
-                parent_span=parent_span,
-                stream=stream,
-            )
-            batch.tasks.append(self.tasks.spawn(coro, name=f"shadow:{leg.role}:{request_id}"))
+            coro = self._run_leg(policy, leg, batch, request, self.in_flight_by_role[leg.role])
+            name = f"shadow:{leg.role}:{request.request_id}"
+            batch.tasks.append(self.tasks.spawn(coro, name=name))
         return batch, drop_reason
 
     async def _run_leg(
@@ -261,34 +255,23 @@ class ShadowDispatcher:
         policy: CompiledPolicy,
         leg: LegPlan,
         batch: ShadowBatch,
-        *,
-        path_qs: str,
-        payload: Mapping[str, Any],
-        client_headers: Mapping[str, str],
-        request_id: str,
+        request: ShadowRequest,
         inflight: int,
-        parent_span: Span,
-        stream: bool,
     ) -> LegResult:
         backend = leg.backend
-        client = self.client(backend)
-        requested = payload.get("model")
-        upstream_model = leg.model or (requested if isinstance(requested, str) else None)
-        tel = self.telemetry
-        started_unix_ns = time.time_ns()
-        t0_ns = time.perf_counter_ns()
-        span = tel.start_leg_span(
-            parent_span,
-            operation=OPERATION_NAMES.get(_route_of(path_qs), "chat"),
-            model=upstream_model,
+        requested = request.payload.get("model")
+        run = LegRun(
+            self.telemetry,
+            request.parent_span,
             role=leg.role,
             backend=backend.name,
             server_address=backend.server_address,
-            stream=policy.shaping.force_stream or stream,
-            start_unix_ns=started_unix_ns,
+            operation=request.operation,
+            model=leg.model or (requested if isinstance(requested, str) else None),
+            stream=policy.shaping.force_stream or request.stream,
+            capture_text=policy.capture.text == "full",
+            chunk_events=policy.chunk_events,
         )
-        tee: RecorderTee | None = None
-        status: int | None = None
         outcome: StreamOutcome = "upstream_error"
         error_type: str | None = None
         shaped = False  # a request the gateway could not shape is no fault of the backend's
@@ -297,25 +280,27 @@ class ShadowDispatcher:
             # aiohttp writes a request's headers and body from a task it queues as it sends
             # (CPython < 3.12 has no eager tasks): one yield puts this leg's set-up behind it.
             await asyncio.sleep(0)
-            body = shape_shadow_body(payload, leg, policy.shaping)
+            body = shape_shadow_body(request.payload, leg, policy.shaping)
             shaped = True
             headers = shadow_headers(
-                client_headers,
+                request.client_headers,
                 leg,
                 policy,
-                request_id=request_id,
+                request_id=request.request_id,
                 # Our leg span's context; with tracing off (no-op span) the client's own
                 # traceparent, so a traced backend still joins the client's trace.
-                traceparent=tel.traceparent_headers(span).get("traceparent")
-                or client_headers.get("traceparent"),
+                traceparent=run.trace_headers().get("traceparent")
+                or request.client_headers.get("traceparent"),
             )
-            category = client_headers.get(CATEGORY_HEADER)
+            category = request.client_headers.get(CATEGORY_HEADER)
             if category:  # gateway-owned, so never in the allow-list: set here on purpose
                 headers[CATEGORY_HEADER] = category
-            started_unix_ns, t0_ns = time.time_ns(), time.perf_counter_ns()
-            async with client.open("POST", path_qs, headers=headers, data=body, retry=False) as up:
-                status = up.status
-                tee = recorder_for(up, t0_ns)
+            run.dispatch(inflight)
+            client = self.client(backend)
+            async with client.open(
+                "POST", request.path_qs, headers=headers, data=body, retry=False
+            ) as up:
+                tee = run.attach(up)
                 self.count("sent", leg.role, backend.name)
                 outcome, error_type = await drain(up, tee)
         except UpstreamError as exc:
@@ -335,34 +320,7 @@ class ShadowDispatcher:
         # deeper than orjson.dumps allows) must not be able to open the breaker for everyone.
         if shaped and outcome not in ("cancelled", "deadline"):
             self.breaker(backend, policy.budgets.breaker).record(
-                ok or (outcome == "upstream_status" and (status or 0) < 500)
+                ok or (outcome == "upstream_status" and (run.status or 0) < 500)
             )
         self.count("completed" if ok else "failed", leg.role, backend.name, "" if ok else outcome)
-        recording = tee.recorder.finish(outcome=outcome, status=status) if tee is not None else None
-        end_ns = time.perf_counter_ns()
-        result = LegResult(
-            role=leg.role,
-            backend=backend.name,
-            server_address=backend.server_address,
-            upstream_model=upstream_model,
-            status=status,
-            outcome=outcome,
-            error_type=error_type,
-            recording=recording,
-            started_unix_ns=started_unix_ns,
-            t0_ns=t0_ns,
-            end_ns=end_ns,
-            inflight_at_dispatch=inflight,
-        )
-        tel.finish_leg_span(
-            span,
-            result,
-            end_unix_ns=started_unix_ns + (end_ns - t0_ns),
-            capture_text=policy.capture.text == "full",
-            max_chunk_events=policy.chunk_events,
-        )
-        return result
-
-
-def _route_of(path_qs: str) -> Route:
-    return ROUTE_PATHS.get(path_qs.split("?", 1)[0], "chat")
+        return run.finish(outcome, error_type)

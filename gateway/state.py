@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from yarl import URL
 
-from gateway.exchange import Exchange, ExchangeSink
+from core.exchange import Exchange, ExchangeSink
+from core.tasks import TaskSet
 from gateway.settings import Settings
 from gateway.shadow import ShadowDispatcher
-from gateway.tasks import TaskSet
 from gateway.upstream import UpstreamClient
 from otel.telemetry import Telemetry
 from policies.store import PolicyStore

@@ -1,7 +1,7 @@
 """Send one request and measure it with the gateway's own recorder (I/O shell).
 
 Every network read is stamped with ``time.perf_counter_ns()`` as it comes off the socket and fed
-to :class:`gateway.timings.StreamRecorder`, so ``ttft``, ``tpot``, ``chunk_gap``, ``e2e`` and
+to :class:`core.timings.StreamRecorder`, so ``ttft``, ``tpot``, ``chunk_gap``, ``e2e`` and
 ``tokens_per_event`` mean exactly what they mean in the gateway (DESIGN §1).
 
 ``t0`` here: closed loop, the moment this client starts sending; open loop (rate or trace
@@ -20,14 +20,14 @@ from typing import Any
 
 import aiohttp
 
-from gateway import jsonx
-from gateway.recorder import StreamRecorder
-from gateway.timings import Recording, StreamOutcome
+from core import jsonx
+from core.recorder import StreamRecorder
+from core.timings import Recording, StreamOutcome
+from core.wire import CATEGORY_HEADER
 from loadgen.trace import ROUTE_PATHS, TraceRecord
 
-__all__ = ["CATEGORY_HEADER", "RequestResult", "RequestSettings", "prepare_body", "send_request"]
+__all__ = ["RequestResult", "RequestSettings", "prepare_body", "send_request"]
 
-CATEGORY_HEADER = "x-specshadow-category"
 _NS_PER_S = 1e9
 
 

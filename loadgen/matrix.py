@@ -53,8 +53,8 @@ import aiohttp
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gateway import jsonx
-from gateway.stats import mean, percentiles
+from core import jsonx
+from core.stats import mean, percentiles
 from loadgen.client import RequestResult, RequestSettings
 from loadgen.progress import Progress
 from loadgen.results import meets_slos
@@ -321,7 +321,7 @@ async def started_backend(config: BackendConfig) -> AsyncIterator[LiveBackend]:
         return
     argv = shlex.split(fill(config.command) or "")
     if argv and argv[0] == "specshadow":  # run the CLI of this very installation
-        argv = [sys.executable, "-m", "gateway", *argv[1:]]
+        argv = [sys.executable, "-m", "specshadow", *argv[1:]]
     log.info("starting backend %s: %s", config.name, shlex.join(argv))
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -411,7 +411,7 @@ async def _run_cell(
     stop = asyncio.Event()
     sampler = None
     if live.metrics_url:
-        from gateway.tasks import TaskSet
+        from core.tasks import TaskSet
 
         sampler = TaskSet()
         _ = sampler.spawn(_sample_kv(live.metrics_url, peak, stop), name="matrix-kv-sampler")

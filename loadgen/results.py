@@ -1,7 +1,7 @@
 """Results of a load run: per-request JSONL, a machine-readable summary, goodput, a table (pure
 except the two ``write_*`` functions).
 
-Summary percentiles use :func:`gateway.stats.percentiles` (the project's one definition) over
+Summary percentiles use :func:`core.stats.percentiles` (the project's one definition) over
 measured requests that succeeded; warm-ups are excluded everywhere. Goodput (DistServe's term, as
 in ``vllm bench serve --goodput``): the share and rate of measured requests that succeeded AND met
 every SLO given, e.g. ``ttft_s=0.5``; a request whose metric is undefined (e.g. tpot of a
@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway import jsonx
-from gateway.stats import mean, percentiles
+from core import jsonx
+from core.stats import mean, percentiles
 from loadgen.client import RequestResult
 
 __all__ = [

@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.tasks import TaskSet
+from core.tasks import TaskSet
 from loadgen.client import RequestResult, RequestSettings, send_request
 from loadgen.schedule import Mode, ScheduleSpec, Slot, measured_slots, warmup_slots
 from loadgen.trace import TraceRecord, trace_records as to_records

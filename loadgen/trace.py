@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
-from gateway import jsonx
+from core import jsonx
 
 __all__ = [
     "EXTRA_KEYS",

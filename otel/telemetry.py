@@ -1,39 +1,70 @@
-"""Telemetry: the one object the gateway holds to emit traces and metrics.
+"""Telemetry: the one telemetry API — traces, metrics, records as logs — for one process.
 
-Owns a ``TracerProvider`` and a ``MeterProvider`` (never the global ones), the instruments, and the
-Prometheus pull reader. Its methods are the gateway-facing API; the domain → attribute mapping
-lives in :mod:`otel.record`. Every method is safe to call on the event loop: span operations and
-metric records are in-memory, exports happen on SDK threads, and nothing here raises into the
-caller. Built by :func:`otel.setup.build_telemetry`.
+Owns a ``TracerProvider``, a ``MeterProvider`` and a ``LoggerProvider`` (never the global ones),
+the instruments and the Prometheus pull reader. The gateway calls the span methods as a request
+runs (request span, one leg span per leg); the evidence worker calls :meth:`Telemetry.handle` with
+every exchange's :class:`~core.evidence.Evidence` (metrics of every leg, comparison counts, the
+``compare`` span with its evaluation events, and the record as an OTLP log record). Which attribute
+carries what is decided in :mod:`otel.attributes`.
+
+Every method follows the OTel ``_safe_finalize`` rule: it never raises into the caller (it logs at
+debug and returns a harmless value), builds attributes only when ``span.is_recording()``, and is
+cheap enough for the event loop: span operations and metric records are in memory, exports happen
+on SDK threads. Built by :func:`otel.setup.build_telemetry`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Tracer
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from gateway import jsonx
-from gateway.exchange import Exchange, LegResult
-from otel import instruments as inst, record, semconv as sc
+from core import jsonx
+from core.evidence import Evidence
+from core.exchange import Exchange, LegResult
+from otel import attributes as at, instruments as inst, semconv as sc
+from otel.attributes import Attributes, EvaluationResult
 from otel.prometheus import CONTENT_TYPE, PullMetricReader, render
-from otel.record import EvaluationResult, nothing, safe
-
-if TYPE_CHECKING:
-    from otel.setup import TelemetrySettings
+from otel.settings import TelemetrySettings
 
 _log = logging.getLogger(__name__)
 _PROPAGATOR = TraceContextTextMapPropagator()
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def safe(fallback: Callable[[], R]) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorator: run a telemetry method; on any exception log at debug, return ``fallback()``."""
+
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(fn)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return fn(*args, **kwargs)
+            except Exception:  # noqa: BLE001 — telemetry must never break the data path (OTel rule)
+                _log.debug("telemetry call %s failed", fn.__qualname__, exc_info=True)
+                return fallback()
+
+        return wrapper
+
+    return decorate
+
+
+def nothing() -> None:
+    """Fallback of telemetry methods that return nothing."""
+
 
 PolicyStatus = Callable[[], tuple[int, bool]]  # (generation, last reload succeeded)
 
@@ -110,7 +141,7 @@ class Telemetry:
         """
         context = _PROPAGATOR.extract(carrier)
         return self.tracer.start_span(
-            record.request_span_name(method, route),
+            at.request_span_name(method, route),
             context=context,
             kind=SpanKind.SERVER,
             attributes={sc.HTTP_ROUTE: route, sc.HTTP_REQUEST_METHOD: method},
@@ -136,11 +167,11 @@ class Telemetry:
         A shadow leg may end after its parent request span; it stays in the same trace.
         """
         return self.tracer.start_span(
-            record.leg_span_name(operation, model),
+            at.leg_span_name(operation, model),
             context=trace.set_span_in_context(parent),
             kind=SpanKind.CLIENT,
             start_time=start_unix_ns,
-            attributes=record.leg_start_attributes(
+            attributes=at.leg_start_attributes(
                 operation=operation,
                 model=model,
                 role=role,
@@ -171,8 +202,9 @@ class Telemetry:
         _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
         return headers
 
-    @staticmethod
+    @safe(nothing)
     def finish_leg_span(
+        self,
         span: Span,
         leg: LegResult,
         *,
@@ -180,50 +212,113 @@ class Telemetry:
         capture_text: bool,
         max_chunk_events: int = 0,
     ) -> None:
-        """See :func:`otel.record.finish_leg_span`."""
-        record.finish_leg_span(
-            span,
-            leg,
-            end_unix_ns=end_unix_ns,
-            capture_text=capture_text,
-            max_chunk_events=max_chunk_events,
-        )
+        """Set a leg's result attributes, bounded chunk events and error status; end the span.
 
-    @staticmethod
+        Args:
+            end_unix_ns: wall-clock end (the moment the leg's stream ended).
+            capture_text: add ``gen_ai.output.messages`` (only when the policy allows capture).
+            max_chunk_events: add up to this many ``specshadow.chunk`` events (first output events).
+        """
+        try:
+            if span.is_recording():
+                span.set_attributes(at.leg_result_attributes(leg, capture_text=capture_text))
+                if max_chunk_events > 0 and leg.recording is not None:
+                    _add_chunk_events(span, leg, max_chunk_events)
+                if leg.outcome != "completed":
+                    span.set_status(Status(StatusCode.ERROR, leg.outcome))
+        finally:
+            span.end(end_time=end_unix_ns)
+
+    @safe(nothing)
     def annotate_request_span(
-        span: Span, exchange: Exchange, *, capture_text: bool = False
+        self, span: Span, exchange: Exchange, *, capture_text: bool = False
     ) -> None:
-        """See :func:`otel.record.annotate_request_span`."""
-        record.annotate_request_span(span, exchange, capture_text=capture_text)
+        """Put the exchange's ids, policy and sampling decision (and, if allowed, the prompt) on
+        the request span."""
+        if not span.is_recording():
+            return
+        span.set_attributes(at.exchange_span_attributes(exchange))
+        if capture_text and exchange.request_json is not None:
+            span.set_attribute(
+                sc.GEN_AI_INPUT_MESSAGES, at.input_messages_json(exchange.request_json)
+            )
 
-    @staticmethod
+    @safe(nothing)
     def end_request_span(
+        self,
         span: Span,
         *,
         status_code: int | None,
         error_type: str | None = None,
         end_unix_ns: int | None = None,
     ) -> None:
-        """See :func:`otel.record.end_request_span`."""
-        record.end_request_span(
-            span, status_code=status_code, error_type=error_type, end_unix_ns=end_unix_ns
-        )
+        """Set the response status (error status for 5xx or an error type, per HTTP semconv) and
+        end the request span."""
+        try:
+            if span.is_recording():
+                if status_code is not None:
+                    span.set_attribute(sc.HTTP_RESPONSE_STATUS_CODE, status_code)
+                if error_type is None and status_code is not None and status_code >= 500:
+                    error_type = str(status_code)
+                if error_type is not None:
+                    span.set_attribute(sc.ERROR_TYPE, error_type)
+                    span.set_status(Status(StatusCode.ERROR, error_type))
+        finally:
+            span.end(end_time=end_unix_ns)
 
-    @staticmethod
-    def add_evaluation_events(span: Span, results: Sequence[EvaluationResult]) -> None:
-        """See :func:`otel.record.add_evaluation_events`."""
-        record.add_evaluation_events(span, results)
+    @safe(nothing)
+    def record_comparisons(self, evidence: Evidence) -> None:
+        """Count match/diverge per role and category, and add the comparison verdicts as
+        ``gen_ai.evaluation.result`` events on a ``compare`` span in the exchange's trace.
+
+        The request span has usually ended by now; the compare span is its child through the
+        exchange's ``traceparent`` (no span without one: nothing would join it to the request).
+        """
+        comparisons = evidence.comparisons
+        for c in comparisons:
+            if c.exact_match is not None:
+                outcome = "match" if c.exact_match else "diverge"
+                self.count_comparison(outcome, role=c.b, category=evidence.category)
+        traceparent = evidence.exchange.traceparent
+        if not comparisons or traceparent is None:
+            return
+        span = self.tracer.start_span(
+            "compare",
+            context=_PROPAGATOR.extract({"traceparent": traceparent}),
+            attributes={sc.EXCHANGE_ID: evidence.exchange.exchange_id},
+        )
+        try:
+            for c in comparisons:
+                _add_evaluation_events(span, at.evaluation_results(c))
+        finally:
+            span.end()
 
     # --- metrics ------------------------------------------------------------------------------------
 
+    @safe(nothing)
     def record_exchange_metrics(self, exchange: Exchange, *, category: str | None = None) -> None:
-        """See :func:`otel.record.record_exchange_metrics`."""
-        record.record_exchange_metrics(
-            self.instruments,
-            exchange,
-            category=category,
-            max_chunk_gap_observations=self._max_gaps,
-        )
+        """Record every histogram and counter an exchange feeds, for every leg.
+
+        Per leg: operation duration (e2e, or leg end for legs without output), time to first
+        chunk, time per output token, chunk gaps (an even stride of at most
+        ``max_chunk_gap_observations``), input/output token usage, tokens per event, vLLM
+        acceptance length. Per primary leg: gateway overhead — the recorder keeps only the
+        per-chunk p50/p99/max, so those three values are recorded under
+        ``specshadow.overhead.stat``. Per shadow leg: ``specshadow.shadow.requests`` ``completed``
+        or ``failed`` (reason = outcome); ``sampled``/``sent``/``dropped`` are counted by the
+        gateway as they happen (:meth:`count_shadow`). ``category`` (the classifier's answer)
+        stands in for ``exchange.category``.
+        """
+        category = category or exchange.category or "none"
+        for leg in exchange.legs:
+            _record_leg(self.instruments, exchange, leg, category, self._max_gaps)
+
+    def handle(self, evidence: Evidence) -> None:
+        """An evidence consumer: metrics, comparisons and (when configured) the record as a log."""
+        self.record_exchange_metrics(evidence.exchange, category=evidence.category)
+        self.record_comparisons(evidence)
+        if self._record_logger is not None:
+            self.emit_record(evidence.record, unix_ns=evidence.exchange.started_unix_ns)
 
     @safe(nothing)
     def count_shadow(
@@ -373,3 +468,87 @@ class Telemetry:
             _log.warning("%s did not finish within %.1f s; abandoning it", name, timeout_s)
             return False
         return True
+
+
+def _add_chunk_events(span: Span, leg: LegResult, limit: int) -> None:
+    rec = leg.recording
+    assert rec is not None
+    index = 0
+    for stamp in rec.stamps:
+        if stamp.kind != "output":
+            continue
+        if index >= limit:
+            break
+        attributes: Attributes = {sc.CHUNK_INDEX: index}
+        at.put(attributes, sc.CHUNK_TOKENS, stamp.tokens)
+        span.add_event(
+            sc.EVENT_CHUNK,
+            attributes,
+            timestamp=leg.started_unix_ns + (stamp.received_ns - leg.t0_ns),
+        )
+        index += 1
+
+
+def _add_evaluation_events(span: Span, results: Sequence[EvaluationResult]) -> None:
+    """One ``gen_ai.evaluation.result`` event per comparison verdict."""
+    if not span.is_recording():
+        return
+    for result in results:
+        span.add_event(sc.EVENT_EVALUATION_RESULT, at.evaluation_attributes(result))
+
+
+def _record_leg(
+    instruments: inst.Instruments,
+    exchange: Exchange,
+    leg: LegResult,
+    category_name: str,
+    max_gaps: int,
+) -> None:
+    base = at.leg_metric_attributes(exchange, leg)
+    category = {sc.CATEGORY: category_name}
+    duration_attributes = dict(base)
+    if leg.outcome != "completed":
+        duration_attributes[sc.ERROR_TYPE] = at.leg_error_type(leg)
+    rec = leg.recording
+    e2e_s = rec.timings.e2e_s if rec is not None else None
+    duration_s = e2e_s if e2e_s is not None else max(0.0, (leg.end_ns - leg.t0_ns) / 1e9)
+    instruments.operation_duration.record(duration_s, duration_attributes)
+    if leg.role != "primary":
+        outcome = "completed" if leg.outcome == "completed" else "failed"
+        counted = {sc.OUTCOME: outcome, sc.LEG_ROLE: leg.role, sc.BACKEND: leg.backend}
+        if outcome == "failed":
+            counted[sc.REASON] = leg.outcome
+        instruments.shadow_requests.add(1, counted)
+    if rec is None:
+        return
+    t = rec.timings
+    if t.ttft_s is not None:
+        instruments.time_to_first_chunk.record(t.ttft_s, base)
+    if t.tpot_s is not None:
+        instruments.time_per_output_token.record(t.tpot_s, base)
+    gaps = t.chunk_gaps_s
+    # One Histogram.record per gap is the costliest part of recording (profiled): a long stream
+    # contributes an evenly strided sample of at most max_gaps gaps, which keeps the quantiles
+    # unbiased over the stream's length (a prefix would over-weight the first tokens).
+    step = max(1, -(-len(gaps) // max(1, max_gaps)))
+    instruments.time_per_output_chunk.record_many(gaps[::step], base)
+    if rec.prompt_tokens is not None:
+        instruments.token_usage.record(
+            rec.prompt_tokens, {**base, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_INPUT}
+        )
+    if rec.output_tokens is not None:
+        instruments.token_usage.record(
+            rec.output_tokens, {**base, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_OUTPUT}
+        )
+    if t.tokens_per_event is not None:
+        instruments.tokens_per_event.record(t.tokens_per_event, {**base, **category})
+    mean_length, _rate = at.vllm_acceptance(rec)
+    if mean_length is not None:
+        instruments.acceptance_length.record(mean_length, {**base, **category})
+    for stat, value in (
+        ("p50", t.overhead_p50_s),
+        ("p99", t.overhead_p99_s),
+        ("max", t.overhead_max_s),
+    ):
+        if value is not None:
+            instruments.gateway_overhead.record(value, {**base, sc.OVERHEAD_STAT: stat})

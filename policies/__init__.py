@@ -5,15 +5,14 @@ documented ``examples/``), its parsing with field-path errors (``parse``, ``erro
 compilation into a hot-path form (``compile`` → ``compiled.CompiledPolicy.decide``),
 deterministic sampling (``sample``), shadow request shaping (``shape``), the active-policy
 holder (``store``), hot reload on file change and SIGHUP (``watch``) and the ``specshadow policy``
-CLI (``cli``). Everything but ``watch`` and ``cli`` is pure. It imports nothing from ``gateway``
-except the leaf JSON codec ``gateway.jsonx``.
+CLI (``cli``). Everything but ``watch`` and ``cli`` is pure. It builds on :mod:`core`
+only.
 """
 
 from policies.compile import load_policy, parse_policy, policy_from_flags
 from policies.compiled import (
     BackendSpec,
     Budgets,
-    CaptureSpec,
     CompiledPolicy,
     Decision,
     LegPlan,
@@ -25,15 +24,13 @@ from policies.compiled import (
 )
 from policies.errors import PolicyError
 from policies.sample import sample_unit
-from policies.shape import SHADOW_MARKER_HEADER, shadow_headers, shape_shadow_body
+from policies.shape import shadow_headers, shape_shadow_body
 from policies.store import PolicyStore
 from policies.watch import reload_in_thread, reload_now, watch_policy_file
 
 __all__ = [
-    "SHADOW_MARKER_HEADER",
     "BackendSpec",
     "Budgets",
-    "CaptureSpec",
     "CompiledPolicy",
     "Decision",
     "LegPlan",

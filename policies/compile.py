@@ -17,11 +17,11 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from urllib.parse import urlsplit
 
+from core.exchange import CaptureSpec
 from policies.compiled import (
     BackendSpec,
     BreakerSpec,
     Budgets,
-    CaptureSpec,
     CompiledPolicy,
     Decision,
     LegPlan,

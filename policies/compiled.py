@@ -14,12 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from core.exchange import CaptureSpec, Route, ShadowRole
 from policies.sample import is_sampled
 
-Route = Literal["chat", "completions"]
-ShadowRole = Literal["candidate", "baseline"]
 BackendKind = Literal["vllm", "openai", "sim"]
-CaptureText = Literal["off", "hashes", "redacted", "full"]
 SkipReason = Literal["kill_switch", "not_sampled", "no_rule", "retry", "body_size", "no_legs"]
 
 # Bound on the (route, model) → candidate-rules cache: model names come from clients.
@@ -58,14 +56,6 @@ class LegPlan:
     role: ShadowRole
     backend: BackendSpec
     model: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class CaptureSpec:
-    """What text may be captured; ``text`` is ``off`` when the policy says ``false``."""
-
-    text: CaptureText
-    redact: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,13 +23,12 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from gateway import jsonx  # the project's one JSON codec; a leaf module with no gateway deps
+from core import jsonx
+from core.exchange import Route, ShadowRole
+from policies.compiled import BackendKind
 
 SCHEMA_DRAFT = "https://json-schema.org/draft/2020-12/schema"
 
-Route = Literal["chat", "completions"]
-BackendKind = Literal["vllm", "openai", "sim"]
-ShadowRole = Literal["candidate", "baseline"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 _NAME_PATTERN = _NAME_RE.pattern

@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway import jsonx
+from core import jsonx
+from core.wire import SHADOW_MARKER_HEADER
 from policies.compiled import CompiledPolicy, LegPlan, Shaping
 from policies.headers import is_credential, is_gateway_owned
 
-SHADOW_MARKER_HEADER = "x-specshadow-shadow"
 # Backends that accept vLLM's extra request fields; strict OpenAI-compatible servers reject them.
 _VLLM_LIKE = frozenset({"vllm", "sim"})
 

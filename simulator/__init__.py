@@ -15,9 +15,7 @@ and ``state``; ``cli`` (``specshadow simulate``).
 from simulator.acceptance import ExpectedRates, expected_rates
 from simulator.app import SimServer, create_sim_app, run_simulator
 from simulator.config import (
-    CATEGORY_HEADER,
     FAULT_HEADER,
-    REQUEST_ID_HEADER,
     Faults,
     SimConfig,
     parse_faults,
@@ -25,9 +23,7 @@ from simulator.config import (
 from simulator.state import RequestRecord, SentEvent, SimState
 
 __all__ = [
-    "CATEGORY_HEADER",
     "FAULT_HEADER",
-    "REQUEST_ID_HEADER",
     "ExpectedRates",
     "Faults",
     "RequestRecord",

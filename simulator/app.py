@@ -23,12 +23,11 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway import jsonx
+from core import jsonx
+from core.wire import CATEGORY_HEADER, REQUEST_ID_HEADER
 from simulator.acceptance import Step
 from simulator.config import (
-    CATEGORY_HEADER,
     FAULT_HEADER,
-    REQUEST_ID_HEADER,
     Faults,
     FaultSyntaxError,
     SimConfig,

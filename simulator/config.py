@@ -14,12 +14,8 @@ from typing import Literal
 Mode = Literal["plain", "speculative"]
 Acceptance = float | tuple[float, ...]
 
-# Header that overrides the request's category (otherwise classified from the body).
-CATEGORY_HEADER = "x-specshadow-category"
 # Header that injects faults into one request (same syntax as ``SimConfig.faults``).
 FAULT_HEADER = "x-sim-fault"
-# Header that names the request in the ground truth (vLLM also reads it for the response id).
-REQUEST_ID_HEADER = "x-request-id"
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway import jsonx
+from core import jsonx
 from simulator.config import SimConfig
 from simulator.textgen import count_prompt_tokens
 

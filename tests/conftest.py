@@ -10,9 +10,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gateway.app import create_app
+from core.sinks import MemorySink
 from gateway.settings import Settings, UpstreamSettings
-from gateway.sinks import MemorySink
+from specshadow.app import build_app
 from tests.fakes.upstream import FakeUpstream, Script
 from tests.receivers.otlp import otlp_grpc_receiver, otlp_http_receiver
 from tests.receivers.prometheus import prometheus_server
@@ -73,7 +73,7 @@ def gateway(servers: list[TestServer]) -> Callable[..., Awaitable[RunningGateway
         overrides.setdefault("upstream", FAST_UPSTREAM)
         settings = Settings(primary_url=primary_url, shutdown_timeout_s=2.0, **overrides)
         sink = MemorySink()
-        server = await start_server(create_app(settings, sink=sink, telemetry=telemetry))
+        server = await start_server(build_app(settings, sinks=[sink], telemetry=telemetry))
         servers.append(server)
         return RunningGateway(server=server, sink=sink, settings=settings)
 

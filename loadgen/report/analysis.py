@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gateway.stats import mean, percentiles
+from core.stats import mean, percentiles
 from loadgen.speedup import Speedup, paired_speedup, samples_needed
 
 __all__ = [

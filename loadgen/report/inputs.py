@@ -1,6 +1,6 @@
 """Report inputs: comparison records from the gateway's store, and loadgen/matrix result files.
 
-Records: the embedded SQLite store (read through :func:`gateway.records.query_records`), or JSON
+Records: the embedded SQLite store (read through :func:`evidence.query_records`), or JSON
 lines as ``specshadow records --store PATH`` prints them (``.jsonl``), or a folder of ``.jsonl``.
 Results: JSONL, one object per line — matrix cells (``schema specshadow.matrix/1``) and/or
 per-request loadgen results; :func:`loadgen.report.analysis.analyze` tells them apart.
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gateway import jsonx
+from core import jsonx
 
 __all__ = ["read_jsonl", "read_records", "read_results"]
 
@@ -37,7 +37,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
         return [r for f in sorted(p.glob("*.jsonl")) for r in read_jsonl(f)]
     if p.suffix in (".jsonl", ".json", ".ndjson"):
         return list(read_jsonl(p))
-    from gateway.records import query_records
+    from evidence.store import query_records
 
     return list(query_records(p))
 

@@ -179,7 +179,7 @@ def _matrix_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
 
 
 def _loadgen_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
-    from gateway.stats import percentiles
+    from core.stats import percentiles
 
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for r in rows:

@@ -3,14 +3,12 @@
 - ``setup``: create vLLM's environment and the tiny models (cached; instant when done).
 - ``serve --config plain|ngram|draft --port P``: one server in the foreground; Ctrl-C stops it.
 - ``up [--base-port P]``: plain, n-gram and draft-model servers on P, P+1, P+2 for a demo.
-- ``agreement [--primary-url URL | --config plain|ngram]``: ``vllm bench serve`` through the
-  gateway, its TTFT / TPOT / ITL medians next to the gateway's (:mod:`loadgen.vllm.agreement`).
+``specshadow vllm agreement`` (which needs the gateway) is added by :mod:`specshadow.agreement`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import signal
 import sys
@@ -32,9 +30,12 @@ from loadgen.vllm.setup import setup
 log = logging.getLogger(__name__)
 
 
-def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+def register(subparsers: argparse._SubParsersAction[Any]) -> argparse._SubParsersAction[Any]:
+    """Add ``vllm`` and its actions; returns its sub-parsers so ``agreement`` can join them."""
     parser = subparsers.add_parser("vllm", help="real vLLM CPU backends (setup, serve, up)")
-    sub = parser.add_subparsers(dest="vllm_command", required=True, metavar="ACTION")
+    sub: argparse._SubParsersAction[Any] = parser.add_subparsers(
+        dest="vllm_command", required=True, metavar="ACTION"
+    )
 
     p_setup = sub.add_parser("setup", help="create vLLM's venv and the tiny models (cached)")
     p_setup.add_argument(
@@ -45,32 +46,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p_serve = sub.add_parser("serve", help="run one vLLM server in the foreground")
     p_serve.add_argument("--config", choices=["plain", "ngram", "draft"], default="plain")
     p_serve.add_argument("--port", type=int, default=8100)
-    _common(p_serve)
+    add_common(p_serve)
     p_serve.set_defaults(func=_cmd_serve)
 
     p_up = sub.add_parser("up", help="run plain, ngram and draft servers on consecutive ports")
     p_up.add_argument("--base-port", type=int, default=8101)
-    _common(p_up)
+    add_common(p_up)
     p_up.set_defaults(func=_cmd_up)
 
-    p_agree = sub.add_parser(
-        "agreement", help="run `vllm bench serve` through the gateway and compare medians"
-    )
-    p_agree.add_argument(
-        "--primary-url", help="a running vLLM server (default: start one of --config)"
-    )
-    p_agree.add_argument(
-        "--candidate-url", help="also mirror every request to this server (shadow load)"
-    )
-    p_agree.add_argument("--config", choices=["plain", "ngram", "draft"], default="plain")
-    p_agree.add_argument("--requests", type=int, default=30)
-    p_agree.add_argument("--max-tokens", type=int, default=48)
-    p_agree.add_argument("--out", type=Path, default=Path("specshadow-out/agreement"))
-    _common(p_agree)
-    p_agree.set_defaults(func=_cmd_agreement)
+    return sub
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", type=Path)
     p.add_argument("--num-speculative-tokens", type=int, default=4)
     p.add_argument(
@@ -107,41 +94,6 @@ def _cmd_up(args: argparse.Namespace) -> int:
         for i, config in enumerate(configs)
     ]
     return _serve_until_interrupted(specs, args.cache)
-
-
-def _cmd_agreement(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from gateway import jsonx
-    from loadgen.trace import bundled_trace
-    from loadgen.vllm.agreement import dataset_prompts, format_agreement, run_agreement
-    from loadgen.vllm.server import running_servers
-
-    env = setup(args.cache)
-    prompts = dataset_prompts([row.body for row in bundled_trace()], args.requests)
-    with contextlib.ExitStack() as stack:
-        primary = args.primary_url
-        if primary is None:
-            spec = VllmServerSpec(
-                name=args.config, config=args.config,
-                num_speculative_tokens=args.num_speculative_tokens, enforce_eager=not args.compile,
-            )  # fmt: skip
-            (server,) = stack.enter_context(running_servers([spec], env))
-            primary = server.base_url
-        result = asyncio.run(
-            run_agreement(
-                env,
-                primary.rstrip("/").removesuffix("/v1"),
-                args.out,
-                prompts=prompts,
-                output_len=args.max_tokens,
-                candidate_url=args.candidate_url,
-            )
-        )
-    (args.out / "agreement.json").write_bytes(jsonx.dumps(result.to_json()))
-    print(format_agreement(result, f"vllm bench serve via the gateway → {primary}"))
-    print(f"bench result: {args.out / 'bench.json'}\nagreement:    {args.out / 'agreement.json'}")
-    return 0
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

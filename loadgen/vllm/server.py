@@ -33,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
 
-from gateway import jsonx
+from core import jsonx
 from loadgen.vllm.setup import VllmEnv
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from gateway.exchange import Exchange, LegResult, ModelName, RequestId, Role
-from gateway.recorder import StreamRecorder
-from policies.compiled import CaptureSpec
+from core.exchange import CaptureSpec, Exchange, LegResult, ModelName, RequestId, Role
+from core.recorder import StreamRecorder
 
 MS = 1_000_000
 
@@ -114,7 +113,6 @@ def exchange(
         drop_reason=None,
         primary=primary if primary is not None else leg("primary"),
         shadows=tuple(shadows) if shadows is not None else (leg("candidate"),),
-        request_body=None,
         request_json=request_json,
         capture=capture,
     )

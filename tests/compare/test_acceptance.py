@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.acceptance import (
+from evidence.acceptance import (
     concurrency_bucket,
     leg_acceptance,
     output_length_bucket,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.classify import RAG_MIN_CHARS, categorize, classify_request, request_traits
+from evidence.classify import RAG_MIN_CHARS, categorize, classify_request, request_traits
 
 
 def chat(*contents: object, **extra: object) -> dict[str, Any]:

@@ -7,16 +7,22 @@ import time
 
 import pytest
 
-from gateway.compare import (
+from evidence.compare import (
     MAX_SIMILARITY_UNITS,
     compare,
-    evaluations,
     is_greedy,
     is_refusal,
     json_equal,
     similarity,
 )
+from otel.attributes import evaluation_results
 from tests.compare.legs import leg, some
+
+
+def evaluations(c: object) -> list[tuple[str, float | None, str | None]]:
+    """The comparison's evaluation events as (name, value, label)."""
+    return [(r.name, r.score_value, r.score_label) for r in evaluation_results(c)]  # type: ignore[arg-type]
+
 
 WORDS = [" alpha", " beta", " gamma", " delta", " eps", " zeta"]
 

@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.scrape import MetricsSample, MetricsScraper, parse_sample, window_stats
-from gateway.tasks import TaskSet
+from core.tasks import TaskSet
+from evidence.scrape import MetricsSample, MetricsScraper, parse_sample, window_stats
 from simulator.acceptance import Step
 from simulator.app import run_simulator
 from simulator.config import SimConfig

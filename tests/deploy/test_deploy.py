@@ -16,7 +16,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from otel import TelemetrySettings, build_telemetry
+from otel.settings import TelemetrySettings
+from otel.setup import build_telemetry
 from policies.parse import read_yaml, validate_policy
 from tests.otel.exchanges import make_exchange
 from tests.receivers.prometheus import PROMTOOL, requires_promtool

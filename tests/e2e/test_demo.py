@@ -17,7 +17,7 @@ def test_demo_replays_through_the_gateway_and_writes_records_and_a_report(tmp_pa
         [
             sys.executable,
             "-m",
-            "gateway",
+            "specshadow",
             "--log-level",
             "WARNING",
             "demo",

@@ -123,7 +123,7 @@ def test_an_invalid_policy_fails_startup_with_the_field_path(tmp_path, text, fra
         [
             sys.executable,
             "-m",
-            "gateway",
+            "specshadow",
             "serve",
             "--port",
             str(free_port()),
@@ -141,7 +141,7 @@ def test_an_invalid_policy_fails_startup_with_the_field_path(tmp_path, text, fra
 
 def test_serve_without_a_primary_fails_fast():
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--port", str(free_port())],
+        [sys.executable, "-m", "specshadow", "serve", "--port", str(free_port())],
         capture_output=True,
         timeout=30,
     )

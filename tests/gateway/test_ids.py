@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from gateway.ids import new_id
+from core.ids import new_id
 
 
 def test_ids_are_32_lowercase_hex_digits_and_do_not_repeat() -> None:

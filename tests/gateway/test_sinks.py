@@ -6,8 +6,8 @@ import dataclasses
 import threading
 import time
 
-from gateway.exchange import Exchange, RequestId
-from gateway.sinks import FanoutSink, ThreadedSink
+from core.exchange import Exchange, RequestId
+from core.sinks import FanoutSink, ThreadedSink
 from tests.otel.exchanges import make_exchange
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gateway.sse import SSEDecoder, SSEEvent
+from core.sse import SSEDecoder, SSEEvent
 
 
 def decode(*chunks: bytes) -> tuple[list[SSEEvent], SSEDecoder]:

@@ -7,7 +7,7 @@ import statistics
 import pytest
 from hypothesis import given, strategies as st
 
-from gateway.stats import mean, percentile, percentile_sorted, percentiles
+from core.stats import mean, percentile, percentile_sorted, percentiles
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from otel import TelemetrySettings, build_telemetry
+from otel.settings import TelemetrySettings
+from otel.setup import build_telemetry
 from tests.fakes.upstream import Script, sse
 from tests.receivers.otlp import OtlpGrpcReceiver, OtlpHttpReceiver, ReceivedSpan
 from tests.receivers.prometheus import promtool_check_metrics

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.recorder import MAX_BODY_BYTES, StreamRecorder
-from gateway.timings import Recording
+from core.recorder import MAX_BODY_BYTES, StreamRecorder
+from core.timings import Recording
 
 T0 = 5_000_000_000  # an arbitrary perf_counter_ns origin
 MS = 1_000_000

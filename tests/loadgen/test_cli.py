@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.cli import main
+from specshadow.main import main
 
 FIELDS = {
     "category", "status", "error", "ttft_s", "tpot_s", "e2e_s", "chunk_gap_p50_s",
@@ -22,7 +22,7 @@ FIELDS = {
 @pytest.fixture
 async def simulator_url() -> AsyncIterator[str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "simulate", "--port", "0", "--mode", "speculative",
+        sys.executable, "-m", "specshadow", "simulate", "--port", "0", "--mode", "speculative",
         "--prefill-ms", "5", "--step-ms", "2", stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -46,7 +46,7 @@ async def test_loadgen_command_as_written_writes_one_result_line_per_request(
     ))  # fmt: skip
     out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "loadgen", "--base-url", simulator_url,
+        sys.executable, "-m", "specshadow", "loadgen", "--base-url", simulator_url,
         "--trace", str(trace), "--concurrency", "2", "--max-requests", "5", "--out", str(out),
         "--summary", str(summary), "--slo", "ttft_s=5", "--slo", "tpot_s=1",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

@@ -94,7 +94,7 @@ async def test_a_matrix_sweep_starts_backends_and_finds_the_speculative_gain(tmp
     )
     out = tmp_path / "results.jsonl"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "matrix", str(tmp_path / "matrix.yaml"), "--out", str(out),
+        sys.executable, "-m", "specshadow", "matrix", str(tmp_path / "matrix.yaml"), "--out", str(out),
         "--no-progress", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     stdout, stderr = await asyncio.wait_for(proc.communicate(), 90)

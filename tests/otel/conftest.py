@@ -9,7 +9,9 @@ import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel import Telemetry, TelemetrySettings, build_telemetry
+from otel.settings import TelemetrySettings
+from otel.setup import build_telemetry
+from otel.telemetry import Telemetry
 
 
 @dataclass

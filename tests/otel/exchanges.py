@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.exchange import Exchange, LegResult, ModelName, RequestId, Role
-from gateway.timings import (
+from core.exchange import Exchange, LegResult, ModelName, RequestId, Role
+from core.timings import (
     ChoiceOutput,
     EventKind,
     EventStamp,
@@ -150,5 +150,9 @@ def make_exchange(
         drop_reason=None,
         primary=make_leg("primary", backend="primary"),
         shadows=shadows,
-        request_body=b'{"model":"tiny-llama","messages":[{"role":"user","content":"Hi"}],"stream":true}',
+        request_json={
+            "model": "tiny-llama",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "stream": True,
+        },
     )

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from otel import Telemetry, TelemetrySettings, build_telemetry, semconv as sc
+from otel import semconv as sc
+from otel.settings import TelemetrySettings
+from otel.setup import build_telemetry
+from otel.telemetry import Telemetry
 from tests.otel.exchanges import make_exchange
 from tests.otel.test_record import trace_exchange
 from tests.receivers.otlp import BlackHole, OtlpGrpcReceiver, OtlpHttpReceiver, ReceivedSpan

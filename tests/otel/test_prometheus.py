@@ -7,8 +7,9 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from otel import TelemetrySettings, build_telemetry
 from otel.prometheus import CONTENT_TYPE, label_name, metric_name, render
+from otel.settings import TelemetrySettings
+from otel.setup import build_telemetry
 from tests.otel.conftest import InMemoryTelemetry
 from tests.otel.exchanges import make_exchange
 from tests.receivers.prometheus import promtool_check_metrics, requires_promtool

@@ -10,7 +10,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from otel import TelemetrySettings, build_telemetry
+from otel.settings import TelemetrySettings
+from otel.setup import build_telemetry
 from tests.otel.exchanges import make_exchange
 from tests.receivers.prometheus import PrometheusServer, promtool_check_metrics, requires_prometheus
 

@@ -11,8 +11,9 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from gateway.exchange import Exchange
-from otel import EvaluationResult, Telemetry, record as rec, semconv as sc
+from core.exchange import Exchange
+from otel import attributes as rec, semconv as sc
+from otel.telemetry import Telemetry
 from tests.otel.conftest import InMemoryTelemetry
 from tests.otel.exchanges import (
     SPEC_METRICS,
@@ -195,32 +196,43 @@ def test_incoming_traceparent_is_continued_and_propagated_upstream(mem: InMemory
     assert span_id == format(primary.context.span_id, "016x")
 
 
-def test_evaluation_results_become_genai_evaluation_events(mem: InMemoryTelemetry) -> None:
-    span = mem.telemetry.start_request_span(route=ROUTE, method="POST", carrier={})
-    mem.telemetry.add_evaluation_events(
-        span,
-        [
-            EvaluationResult(
-                "exact_match",
-                score_value=0.0,
-                score_label="diverge",
-                explanation="first divergence at token 12",
-            ),
-            EvaluationResult("similarity", score_value=0.93),
-        ],
+def test_comparisons_become_genai_evaluation_events_on_a_compare_span_in_the_trace(
+    mem: InMemoryTelemetry,
+) -> None:
+    from evidence.worker import build_evidence
+    from tests.compare.legs import exchange, leg
+
+    request = mem.telemetry.start_request_span(route=ROUTE, method="POST", carrier={})
+    traceparent = mem.telemetry.traceparent(request)
+    mem.telemetry.end_request_span(request, status_code=200)
+    words = ["Hello", " world", " and", " more"]
+    ex = replace(
+        exchange(
+            primary=leg("primary", words, logprobs=True),
+            shadows=[leg("candidate", [*words[:2], " q", *words[3:]], logprobs=True)],
+        ),
+        traceparent=traceparent,
     )
-    mem.telemetry.end_request_span(span, status_code=200)
-    (finished,) = mem.spans.get_finished_spans()
-    events = [e for e in finished.events if e.name == "gen_ai.evaluation.result"]
-    assert [dict(e.attributes or {}) for e in events] == [
-        {
-            "gen_ai.evaluation.name": "exact_match",
-            "gen_ai.evaluation.score.value": 0.0,
-            "gen_ai.evaluation.score.label": "diverge",
-            "gen_ai.evaluation.explanation": "first divergence at token 12",
-        },
-        {"gen_ai.evaluation.name": "similarity", "gen_ai.evaluation.score.value": 0.93},
-    ]
+    mem.telemetry.record_comparisons(build_evidence(ex))
+    spans = mem.spans.get_finished_spans()
+    (compare,) = [s for s in spans if s.name == "compare"]
+    assert (
+        compare.parent is not None and compare.parent.span_id == server_span(spans).context.span_id
+    )
+    events = {
+        str((e.attributes or {})["gen_ai.evaluation.name"]): dict(e.attributes or {})
+        for e in compare.events
+        if e.name == "gen_ai.evaluation.result"
+    }
+    assert events["exact_match"] == {
+        "gen_ai.evaluation.name": "exact_match",
+        "gen_ai.evaluation.score.value": 0.0,
+        "gen_ai.evaluation.score.label": "diverge",
+        "gen_ai.evaluation.explanation": "candidate vs primary",
+    }
+    assert events["first_divergence"]["gen_ai.evaluation.score.value"] == 2.0
+    assert events["first_divergence"]["gen_ai.evaluation.score.label"] == "token"
+    assert 0 < float(events["similarity"]["gen_ai.evaluation.score.value"]) < 1  # type: ignore[arg-type]
 
 
 def test_request_span_with_5xx_status_is_an_error(mem: InMemoryTelemetry) -> None:
@@ -237,14 +249,15 @@ def test_recording_functions_never_raise_and_still_end_the_span(mem: InMemoryTel
     mem.telemetry.finish_leg_span(span, broken, end_unix_ns=STARTED_UNIX_NS, capture_text=False)
     assert len(mem.spans.get_finished_spans()) == 1  # ended despite the bad recording
     mem.telemetry.record_exchange_metrics(None)  # type: ignore[arg-type]
-    mem.telemetry.add_evaluation_events(span, None)  # type: ignore[arg-type]
+    mem.telemetry.record_comparisons(None)  # type: ignore[arg-type]
     mem.telemetry.annotate_request_span(span, None)  # type: ignore[arg-type]
 
 
 def test_spans_that_are_not_recorded_cost_no_attributes() -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from otel import TelemetrySettings, build_telemetry
+    from otel.settings import TelemetrySettings
+    from otel.setup import build_telemetry
 
     exported = InMemorySpanExporter()
     telemetry = build_telemetry(TelemetrySettings(sampler="always_off"), span_exporter=exported)
@@ -267,7 +280,8 @@ def test_spans_that_are_not_recorded_cost_no_attributes() -> None:
 
 
 def test_without_a_trace_exporter_no_span_is_built() -> None:
-    from otel import TelemetrySettings, build_telemetry
+    from otel.settings import TelemetrySettings
+    from otel.setup import build_telemetry
 
     telemetry = build_telemetry(TelemetrySettings())
     span = telemetry.start_request_span(route=ROUTE, method="POST", carrier={})

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from otel import OtlpTarget, TelemetrySettings, build_telemetry
+from otel.settings import OtlpTarget, TelemetrySettings
+from otel.setup import build_telemetry
 
 
 def test_defaults_export_nothing_over_otlp_but_serve_prometheus() -> None:

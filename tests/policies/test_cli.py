@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
 from policies.model import render_json_schema
+from specshadow.main import main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "policies" / "examples"
 
 
 def specshadow(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
+        [sys.executable, "-m", "specshadow", *args],
         capture_output=True,
         text=True,
         timeout=60,

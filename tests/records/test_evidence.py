@@ -14,29 +14,30 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from core.sinks import MemorySink
+from evidence.store import RecordWriter, query_records
+from evidence.worker import EvidenceWorker
 from gateway.app import create_app
-from gateway.cli import main as cli_main
-from gateway.records import RecordSink, build_record_sink, query_records
 from gateway.settings import Settings
-from gateway.sinks import FanoutSink, MemorySink
 from simulator.acceptance import expected_rates
+from specshadow.main import main as cli_main
 from tests.conftest import FAST_UPSTREAM, start_server
 from tests.gateway.test_shadow import policy_yaml
 
 FAST = {"step_s": 0.0, "prefill_base_s": 0.0}
 EXTRA = "budgets: {max_in_flight: 256}\n"
 
-StartGateway = Callable[..., Awaitable[tuple[str, RecordSink, MemorySink]]]
+StartGateway = Callable[..., Awaitable[tuple[str, EvidenceWorker, MemorySink]]]
 
 
 @pytest.fixture
 async def recorded_gateway(
     servers: list[TestServer], tmp_path: Path
 ) -> AsyncIterator[StartGateway]:
-    sinks: list[RecordSink] = []
+    sinks: list[EvidenceWorker] = []
 
-    async def start(policy_path: str, **options: Any) -> tuple[str, RecordSink, MemorySink]:
-        sink = build_record_sink(tmp_path / "records.db", **options)
+    async def start(policy_path: str, **options: Any) -> tuple[str, EvidenceWorker, MemorySink]:
+        sink = EvidenceWorker([RecordWriter(tmp_path / "records.db", **options)])
         await sink.start()
         sinks.append(sink)
         memory = MemorySink()
@@ -46,7 +47,7 @@ async def recorded_gateway(
             shutdown_timeout_s=2.0,
             upstream=FAST_UPSTREAM,
         )
-        server = await start_server(create_app(settings, sink=FanoutSink([memory, sink])))
+        server = await start_server(create_app(settings, sinks=[memory, sink]))
         servers.append(server)
         return str(server.make_url("")).rstrip("/"), sink, memory
 
@@ -84,7 +85,7 @@ def chat(i: int, **extra: Any) -> dict[str, Any]:
     }
 
 
-async def wait_records(sink: RecordSink, memory: MemorySink, n: int) -> None:
+async def wait_records(sink: EvidenceWorker, memory: MemorySink, n: int) -> None:
     await memory.wait_for(lambda _: len(memory.exchanges) >= n, timeout_s=60)
     assert await sink.flush(30)
 
@@ -225,7 +226,9 @@ async def test_records_written_under_concurrent_load_are_all_readable(
     ids = {e.exchange_id for e in memory.exchanges}
     records = list(query_records(tmp_path / "records.db"))
     assert {r["exchange_id"] for r in records} == ids and len(records) == total
-    assert sink.dropped == 0 and sink.failed == 0
+    writer = sink.consumers[0]
+    assert isinstance(writer, RecordWriter)
+    assert sink.dropped == 0 and sink.failed == 0 and writer.failed == 0
     assert max(r["concurrency"] for r in records) > 1  # they really overlapped
 
     # the CLI prints the same records as JSON lines, filtered

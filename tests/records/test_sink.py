@@ -1,5 +1,5 @@
-"""RecordSink: O(1) submit that drops when full, records with the promised fields, capture modes,
-hooks, and a store that survives a killed writer process."""
+"""The evidence worker with the record writer: O(1) submit that drops when full, records with the
+promised fields, capture modes, consumers, and a store that survives a killed writer process."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ from typing import Any
 
 import pytest
 
-from gateway.records import SCHEMA, RecordEvidence, build_record_sink, query_records
-from policies.compiled import CaptureSpec
+from core.evidence import Evidence
+from core.exchange import CaptureSpec
+from evidence.schema import SCHEMA
+from evidence.store import RecordWriter, query_records
+from evidence.worker import EvidenceWorker
 from tests.compare.legs import exchange, leg
 
 LEG_FIELDS = {
@@ -26,6 +29,13 @@ LEG_FIELDS = {
 }  # fmt: skip
 COMPARISON_FIELDS = {"a", "b", "exact_match", "first_divergence", "divergence_unit", "similarity"}
 SECRET_TEXT = "mail bob@example.com with key sk-abcdefghijklmnop1234"
+
+
+def pipeline(
+    path: Path, *consumers: Any, queue_size: int = 10_000, batch_size: int = 256
+) -> tuple[EvidenceWorker, RecordWriter]:
+    writer = RecordWriter(path, batch_size=batch_size)
+    return EvidenceWorker([writer, *consumers], maxsize=queue_size), writer
 
 
 def assert_promised_fields(record: dict[str, Any]) -> None:
@@ -43,14 +53,15 @@ def assert_promised_fields(record: dict[str, Any]) -> None:
 async def test_every_submitted_exchange_becomes_one_record_with_the_promised_fields(
     tmp_path: Path,
 ) -> None:
-    seen: list[RecordEvidence] = []
-    async with build_record_sink(tmp_path / "r.db", hooks=[seen.append]) as sink:
+    seen: list[Evidence] = []
+    sink, writer = pipeline(tmp_path / "r.db", seen.append)
+    async with sink:
         base = leg("baseline")
         for i in range(50):
             sink.submit(exchange(i, shadows=[leg("candidate", ["Hi", " there"]), base]))
         assert await sink.flush()
     records = list(query_records(tmp_path / "r.db"))
-    assert len(records) == 50 == sink.written == len(seen)
+    assert len(records) == 50 == writer.written == len(seen)
     for record in records:
         assert_promised_fields(record)
         pairs = [(c["a"], c["b"]) for c in record["comparisons"]]
@@ -62,7 +73,7 @@ async def test_every_submitted_exchange_becomes_one_record_with_the_promised_fie
 
 
 async def test_submit_never_blocks_and_drops_when_the_queue_is_full(tmp_path: Path) -> None:
-    sink = build_record_sink(tmp_path / "r.db", queue_size=5)
+    sink, _writer = pipeline(tmp_path / "r.db", queue_size=5)
     ex = exchange()
     started = time.perf_counter()
     for _ in range(1000):
@@ -89,7 +100,8 @@ async def test_text_leaves_only_as_capture_allows(
 ) -> None:
     body = {"messages": [{"role": "user", "content": SECRET_TEXT}]}
     primary = leg("primary", [SECRET_TEXT])
-    async with build_record_sink(tmp_path / "r.db", capture_default="off") as sink:
+    sink, _writer = pipeline(tmp_path / "r.db")
+    async with sink:
         sink.submit(
             exchange(
                 primary=primary,
@@ -118,7 +130,8 @@ async def test_the_category_comes_from_the_classifier_when_no_header_was_sent(
         "messages": [{"role": "user", "content": "x"}],
         "response_format": {"type": "json_object"},
     }
-    async with build_record_sink(tmp_path / "r.db") as sink:
+    sink, _writer = pipeline(tmp_path / "r.db")
+    async with sink:
         sink.submit(exchange(category=None, request_json=body))
         sink.submit(exchange(1, category="rag", request_json=body))
         await sink.flush()
@@ -128,24 +141,25 @@ async def test_the_category_comes_from_the_classifier_when_no_header_was_sent(
     assert first["comparisons"][0]["json_expected"] is True
 
 
-async def test_a_failing_hook_is_counted_and_the_record_still_written(tmp_path: Path) -> None:
-    def broken(_: RecordEvidence) -> None:
+async def test_a_failing_consumer_is_counted_and_the_record_still_written(tmp_path: Path) -> None:
+    def broken(_: Evidence) -> None:
         raise RuntimeError("boom")
 
-    async with build_record_sink(tmp_path / "r.db", hooks=[broken]) as sink:
+    sink, writer = pipeline(tmp_path / "r.db", broken)
+    async with sink:
         sink.submit(exchange())
         await sink.flush()
-    assert sink.hook_failures == 1 and sink.written == 1
+    assert sink.consumer_failures == 1 and writer.written == 1
 
 
 WRITER = textwrap.dedent(
     """
     import asyncio, sys
-    from gateway.records import build_record_sink
+    from tests.records.test_sink import pipeline
     from tests.compare.legs import exchange, leg
 
     async def main(path):
-        sink = build_record_sink(path, batch_size=8)
+        sink, writer = pipeline(path, batch_size=8)
         await sink.start()
         shadows = [leg("candidate"), leg("baseline")]
         i = 0
@@ -154,7 +168,7 @@ WRITER = textwrap.dedent(
                 sink.submit(exchange(i, shadows=shadows))
                 i += 1
             await sink.flush()
-            print(sink.written, flush=True)
+            print(writer.written, flush=True)
 
     asyncio.run(main(sys.argv[1]))
     """

@@ -1,7 +1,7 @@
 """Helpers shared by the reliability tests and ``scripts/soak.py`` (no tests here).
 
 - In-process: request helpers over real sockets, exchange waiting, the shadow policy text.
-- Subprocess: :func:`spawn_gateway` starts ``python -m gateway serve`` and exposes what the
+- Subprocess: :func:`spawn_gateway` starts ``python -m specshadow serve`` and exposes what the
   leak checks read from ``/proc`` (resident memory, open descriptors) and from ``/admin/shadow``.
 """
 
@@ -22,8 +22,8 @@ from typing import IO, Any
 
 import aiohttp
 
-from gateway.exchange import Exchange
-from gateway.sinks import MemorySink
+from core.exchange import Exchange
+from core.sinks import MemorySink
 
 PROMPT = "Tell me about speculative decoding."
 
@@ -186,14 +186,14 @@ async def spawn_gateway(
     *,
     preexec: Callable[[], None] | None = None,
 ) -> AsyncIterator[GatewayProcess]:
-    """``python -m gateway serve --port P ARGS``; waits for /healthz; SIGTERM on exit."""
+    """``python -m specshadow serve --port P ARGS``; waits for /healthz; SIGTERM on exit."""
     port = free_port()
     log = tempfile.TemporaryFile()  # noqa: SIM115 — closed in finally
     proc = subprocess.Popen(  # noqa: ASYNC220 — started once; the loop is idle meanwhile
         [
             sys.executable,
             "-m",
-            "gateway",
+            "specshadow",
             "--log-level",
             "WARNING",
             "serve",

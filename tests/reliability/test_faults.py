@@ -19,7 +19,8 @@ import aiohttp
 import pytest
 
 from gateway.settings import UpstreamSettings
-from otel import TelemetrySettings, build_telemetry
+from otel.settings import TelemetrySettings
+from otel.setup import build_telemetry
 from simulator.config import parse_faults
 from tests.gateway.test_shadow import strip_stamps
 from tests.receivers.otlp import BlackHole

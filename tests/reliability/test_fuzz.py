@@ -25,12 +25,12 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from gateway.app import create_app
-from gateway.recorder import StreamRecorder
+from core.recorder import StreamRecorder
+from core.sinks import MemorySink
+from core.sse import SSEDecoder
 from gateway.settings import Settings, UpstreamSettings
-from gateway.sinks import MemorySink
-from gateway.sse import SSEDecoder
 from gateway.state import GATEWAY, Gateway
+from specshadow.app import build_app
 from tests.fakes.upstream import FakeUpstream, Script
 from tests.gateway.test_shadow import strip_stamps
 from tests.reliability.helpers import chat, fetch, shadow_policy, wait_for_exchanges
@@ -53,7 +53,9 @@ class _Errors(logging.Handler):
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.name.startswith(("gateway", "policies", "otel", "aiohttp")):
+        if record.name.startswith(
+            ("core", "evidence", "gateway", "policies", "otel", "specshadow", "aiohttp")
+        ):
             self.records.append(record)
 
 
@@ -114,7 +116,7 @@ class ThreadedGateway:
             shutdown_timeout_s=2.0,
             upstream=UpstreamSettings(connect_timeout_s=2.0, idle_timeout_s=5.0),
         )
-        self.app = create_app(settings_, sink=self.sink)
+        self.app = build_app(settings_, sinks=[self.sink])
         g_runner, self.port = await self._site(self.app)
         self._ready.set()
         await self._stop.wait()

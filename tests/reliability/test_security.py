@@ -17,7 +17,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.admin import AdminForbidden, authorize
 from gateway.state import GATEWAY
-from otel import TelemetrySettings, build_telemetry
+from otel.settings import TelemetrySettings
+from otel.setup import build_telemetry
 from policies.compile import load_policy
 from policies.errors import PolicyError
 from tests.fakes.upstream import Script

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
-from gateway.records import RecordStore
+from evidence.store import RecordStore
 from loadgen.matrix import mark_stable
 from loadgen.report import build_report
+from specshadow.main import main
 from tests.report.synthetic import records
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

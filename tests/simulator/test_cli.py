@@ -14,7 +14,7 @@ import pytest
 @pytest.mark.e2e
 async def test_simulate_command_serves_on_the_printed_url_and_stops_on_sigterm():
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "simulate", "--port", "0", "--mode", "speculative",
+        sys.executable, "-m", "specshadow", "simulate", "--port", "0", "--mode", "speculative",
         "--model", "cli-model", "--k", "3", "--acceptance", "0.9,0.5,0.2",
         "--category-acceptance", "code=1.0", "--prefill-ms", "0", "--step-ms", "0",
         stdout=asyncio.subprocess.PIPE,

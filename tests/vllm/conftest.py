@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway import jsonx
+from core import jsonx
 from loadgen.vllm.server import (
     SERVED_MODEL_NAME,
     VllmServer,

@@ -3,7 +3,7 @@
 ``vllm bench serve`` (from vLLM's environment, concurrency 1, greedy, 24 prompts of the bundled
 trace, 48 output tokens) runs through an in-process gateway in front of the session's plain and
 n-gram servers; its per-request TTFT / TPOT / ITL are paired by ``x-request-id`` with the
-gateway's primary-leg recordings (:mod:`loadgen.vllm.agreement`). Tolerances, from measurements on
+gateway's primary-leg recordings (:mod:`specshadow.agreement`). Tolerances, from measurements on
 a 2-core machine (docs/vllm.md):
 
 - TTFT: the bench's clock contains the gateway's, so its TTFT is larger by the gateway's own path
@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from loadgen.trace import bundled_trace
-from loadgen.vllm.agreement import Agreement, dataset_prompts, format_agreement, run_agreement
 from loadgen.vllm.server import VllmServer
 from loadgen.vllm.setup import VllmEnv
+from specshadow.agreement import Agreement, dataset_prompts, format_agreement, run_agreement
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 

@@ -8,17 +8,17 @@ from typing import Any
 
 import pytest
 
-from gateway.demo import parse_vllm_urls
-from gateway.exchange import Exchange, LegResult, ModelName, RequestId
-from gateway.recorder import StreamRecorder
-from loadgen.vllm.agreement import (
+from core.exchange import Exchange, LegResult, ModelName, RequestId
+from core.recorder import StreamRecorder
+from loadgen.vllm.setup import VllmEnv
+from specshadow.agreement import (
     MAX_PROMPT_CHARS,
     REQUEST_ID_PREFIX,
     bench_command,
     compare_runs,
     dataset_prompts,
 )
-from loadgen.vllm.setup import VllmEnv
+from specshadow.demo import parse_vllm_urls
 
 MS = 1_000_000  # ns
 
@@ -49,7 +49,7 @@ def exchange(request_id: str, *, ttft_ms: int, gap_ms: int, tokens: int) -> Exch
         exchange_id="e", request_id=RequestId(request_id), route="chat",
         requested_model=ModelName("m"), stream=True, started_unix_ns=1_000_000_000,
         temperature=0, seed=None, category=None, policy_generation=1, policy_rule=None,
-        sampled=False, drop_reason=None, primary=leg, shadows=(), request_body=None,
+        sampled=False, drop_reason=None, primary=leg, shadows=(),
     )  # fmt: skip
 
 

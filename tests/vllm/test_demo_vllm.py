@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway import jsonx
+from core import jsonx
 from loadgen.vllm.server import VllmServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -28,7 +28,7 @@ def test_demo_vllm_mirrors_every_request_and_finds_the_candidate_lossless(
     urls = ",".join(vllm_servers[name].base_url for name in ("plain", "ngram", "baseline"))
     args = ["--vllm-urls", urls, "--requests", "6", "--ratio", "1.0", "--out", str(out)]
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway", "--log-level", "WARNING", "demo", "--vllm", *args],
+        [sys.executable, "-m", "specshadow", "--log-level", "WARNING", "demo", "--vllm", *args],
         capture_output=True,
         timeout=300,
     )

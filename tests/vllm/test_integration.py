@@ -29,10 +29,10 @@ import aiohttp
 import openai
 import pytest
 
-from gateway.exchange import Exchange
-from gateway.records.store import query_records
-from loadgen.vllm.inprocess import running_gateway, shadow_policy
+from core.exchange import Exchange
+from evidence.store import query_records
 from loadgen.vllm.server import VllmServer, VllmServerSpec
+from specshadow.inprocess import running_gateway, shadow_policy
 from tests.vllm.conftest import trace_requests
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
@@ -83,7 +83,7 @@ class ShadowRun:
 
 async def spec_counters(server: VllmServer) -> dict[str, float]:
     """The server's spec-decode counters, summed over label sets (an oracle independent of
-    gateway.scrape)."""
+    evidence.scrape)."""
     async with aiohttp.ClientSession() as session, session.get(server.metrics_url) as resp:
         text = await resp.text()
     totals: dict[str, float] = {}

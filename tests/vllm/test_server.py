@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway import jsonx
+from core import jsonx
 from loadgen.vllm.server import (
     SERVED_MODEL_NAME,
     VllmServer,

@@ -13,8 +13,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway import jsonx
-from gateway.records.store import query_records
+from core import jsonx
+from evidence.store import query_records
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

@@ -1,8 +1,8 @@
-"""Recorder: observes one leg's response bytes and turns them into a :class:`~gateway.timings.Recording`.
+"""Recorder: observes one leg's response bytes and turns them into a :class:`~core.timings.Recording`.
 
 Pure and incremental (no I/O): the gateway feeds it every chunk it relayed, the load generator
 every chunk it read, each with the ``perf_counter_ns`` receive time — so both measure with one
-definition of each timing (see :mod:`gateway.timings`).
+definition of each timing (see :mod:`core.timings`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from itertools import pairwise
 from typing import Any
 
-from gateway.jsonx import JSONDecodeError, loads
-from gateway.sse import SSEDecoder
-from gateway.stats import percentile_sorted
-from gateway.timings import (
+from core.jsonx import JSONDecodeError, loads
+from core.sse import SSEDecoder
+from core.stats import percentile_sorted
+from core.timings import (
     ChoiceOutput,
     EventKind,
     EventStamp,

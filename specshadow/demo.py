@@ -24,17 +24,17 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.app import create_app
-from gateway.exchange import Exchange, LegResult
-from gateway.records.store import query_records
+from core.exchange import Exchange, LegResult
+from core.sinks import MemorySink
+from core.stats import percentile
+from evidence.store import query_records
 from gateway.settings import Settings
-from gateway.sinks import MemorySink
-from gateway.stats import percentile
 from policies.compile import parse_policy
-from policies.model import BackendKind
+from policies.compiled import BackendKind
 from policies.store import PolicyStore
 from simulator.app import run_simulator
 from simulator.config import SimConfig
+from specshadow.app import build_app
 
 MODEL = "sim-model"
 # The simulated candidate: per-category acceptance (conditional, per draft position) and proposer
@@ -258,7 +258,7 @@ async def replay_through_gateway(
         store = demo_policy(b.primary, b.candidate, b.baseline, args.ratio, kind=b.kind)
         settings = Settings(primary_url=None, store_path=str(store_path), scrape_interval_s=2.0)
         runner = web.AppRunner(
-            create_app(settings, sink=sink, policy=store),
+            build_app(settings, sinks=[sink], policy=store),
             handler_cancellation=True,
             access_log=None,
         )
@@ -351,7 +351,7 @@ def print_summary(exchanges: Sequence[Exchange]) -> None:
 
 def print_vllm_evidence(exchanges: Sequence[Exchange]) -> None:
     """The candidate's acceptance, three ways (DESIGN §4), pooled over the demo's requests."""
-    from gateway.acceptance import leg_acceptance, summarize
+    from evidence.acceptance import leg_acceptance, summarize
 
     legs = [
         leg_acceptance(leg.recording)

@@ -10,12 +10,13 @@ Layout: one table ``records`` with indexed columns ``time_unix_ns``, ``category`
 ``exchange_id`` and the record as JSON text. Retention: ``max_rows`` (oldest deleted first) and
 ``max_age_s``, enforced by :meth:`RecordStore.prune`, which the writer calls periodically.
 
-A :class:`RecordStore` belongs to the thread that opened it (the sink's writer thread);
+A :class:`RecordStore` is used by one thread at a time (:class:`RecordWriter`: the evidence worker's);
 :func:`query_records` opens its own read-only connection and may run in any process.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,7 +24,10 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from gateway import jsonx
+from core import jsonx
+from core.evidence import Evidence
+
+log = logging.getLogger(__name__)
 
 _DDL = (
     "CREATE TABLE IF NOT EXISTS records ("
@@ -57,13 +61,21 @@ class RecordStore:
     """Appends records in transactions and enforces retention."""
 
     def __init__(
-        self, path: str | Path, *, max_rows: int | None = None, max_age_s: float | None = None
+        self,
+        path: str | Path,
+        *,
+        max_rows: int | None = None,
+        max_age_s: float | None = None,
+        threaded: bool = False,
     ) -> None:
         self.path = Path(path)
         self.max_rows = max_rows
         self.max_age_s = max_age_s
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+        # threaded: opened on one thread, used (only) by another — the evidence worker's.
+        self._db = sqlite3.connect(
+            self.path, isolation_level=None, timeout=30.0, check_same_thread=not threaded
+        )
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         for statement in _DDL:
@@ -159,3 +171,59 @@ def query_records(
     with closing(sqlite3.connect(p, timeout=30.0)) as db:
         for (text,) in db.execute(sql, args):
             yield jsonx.loads(text)
+
+
+class RecordWriter:
+    """The record store as an evidence consumer: one record per exchange, committed in batches.
+
+    ``handle`` appends the exchange's record to the open batch; the batch is committed when it
+    holds ``batch_size`` records and whenever the worker's queue has run empty (``flush``), so a
+    killed process loses at most the batch in flight and the store stays consistent. Retention runs
+    every ``prune_interval_s``. A failed commit (disk full, locked file) counts the batch in
+    ``failed`` and keeps serving. The store is opened at construction (a bad path fails fast, at
+    startup) and used only from the evidence worker's thread afterwards.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        batch_size: int = 256,
+        max_rows: int | None = 1_000_000,
+        max_age_s: float | None = 30 * 86_400.0,
+        prune_interval_s: float = 60.0,
+    ) -> None:
+        self.path = Path(path)
+        self.batch_size = max(1, batch_size)
+        self.prune_interval_s = prune_interval_s
+        self.written = 0
+        self.failed = 0
+        self._store = RecordStore(self.path, max_rows=max_rows, max_age_s=max_age_s, threaded=True)
+        self._batch: list[Mapping[str, Any]] = []
+        self._next_prune = time.monotonic() + prune_interval_s
+
+    def handle(self, evidence: Evidence) -> None:
+        self._batch.append(evidence.record)
+        if len(self._batch) >= self.batch_size:
+            self.flush()
+
+    def flush(self) -> None:
+        batch, self._batch = self._batch, []
+        if batch:
+            try:
+                self._store.append(batch)
+            except Exception:  # disk full, locked file…: count, keep serving
+                self.failed += len(batch)
+                log.exception("could not write %d records to %s", len(batch), self.path)
+            else:
+                self.written += len(batch)
+        if time.monotonic() >= self._next_prune:
+            self._next_prune = time.monotonic() + self.prune_interval_s
+            try:
+                self._store.prune()
+            except Exception:  # retention is retried at the next interval
+                log.warning("record retention on %s failed", self.path, exc_info=True)
+
+    def close(self) -> None:
+        self.flush()
+        self._store.close()

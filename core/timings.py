@@ -1,6 +1,6 @@
 """Timings: the one definition of each timing, and the value types a recording is made of.
 
-The recorder that fills them in is :mod:`gateway.recorder`.
+The recorder that fills them in is :mod:`core.recorder`.
 
 Definitions (DESIGN §1) — one each, shared by the gateway and ``loadgen``:
 

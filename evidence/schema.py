@@ -1,6 +1,6 @@
 """Comparison records: one versioned JSON object per exchange (pure). Documented in docs/records.md.
 
-:func:`build_record` turns an :class:`~gateway.exchange.Exchange` and its comparisons into a plain
+:func:`build_record` turns an :class:`~core.exchange.Exchange` and its comparisons into a plain
 dict with schema :data:`SCHEMA`. Unknown values are ``None`` (JSON ``null``), never invented.
 Text leaves only as the capture setting allows (:func:`captured_text`):
 
@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.acceptance import concurrency_bucket, leg_acceptance, output_length_bucket
-from gateway.classify import prompt_text
-from gateway.compare import Comparison
-from gateway.exchange import Exchange, LegResult
-from gateway.jsonx import loads
-from gateway.scrape import BackendSnapshot
-from policies.compiled import CaptureSpec
+from core.evidence import Comparison, Evidence, LegAcceptance
+from core.exchange import CaptureSpec, Exchange, LegResult
+from evidence.acceptance import concurrency_bucket, output_length_bucket
+from evidence.classify import prompt_text
+from evidence.scrape import BackendSnapshot
 
 SCHEMA = "specshadow.record/1"
 
@@ -88,16 +86,9 @@ def _output_text(leg: LegResult) -> str | None:
 
 
 def _request_text(exchange: Exchange) -> str | None:
-    if exchange.request_json is not None:
-        return prompt_text(exchange.request_json)
-    if exchange.request_body is not None:
-        try:
-            payload = loads(exchange.request_body)
-        except ValueError:
-            return exchange.request_body.decode("utf-8", "replace")
-        if isinstance(payload, Mapping):
-            return prompt_text(payload)
-    return None
+    if exchange.request_json is None:
+        return None
+    return prompt_text(exchange.request_json)
 
 
 def _backend_window(snap: BackendSnapshot | None) -> dict[str, Any] | None:
@@ -116,11 +107,13 @@ def _backend_window(snap: BackendSnapshot | None) -> dict[str, Any] | None:
 
 
 def leg_record(
-    leg: LegResult, capture: CaptureSpec, scraped: Mapping[str, BackendSnapshot] | None
+    leg: LegResult,
+    acc: LegAcceptance,
+    capture: CaptureSpec,
+    scraped: Mapping[str, BackendSnapshot] | None,
 ) -> dict[str, Any]:
     rec = leg.recording
     t = rec.timings if rec is not None else None
-    acc = leg_acceptance(rec)
     choice = rec.choices[0] if rec is not None and rec.choices else None
     return {
         "role": leg.role,
@@ -198,16 +191,13 @@ def comparison_record(c: Comparison) -> dict[str, Any]:
 
 
 def build_record(
-    exchange: Exchange,
+    evidence: Evidence,
     *,
-    category: str | None,
-    category_source: str,
     capture: CaptureSpec,
-    comparisons: Sequence[Comparison],
-    greedy: bool,
     scraped: Mapping[str, BackendSnapshot] | None = None,
 ) -> dict[str, Any]:
-    """The record of one exchange (schema :data:`SCHEMA`)."""
+    """The record of one exchange's evidence (schema :data:`SCHEMA`)."""
+    exchange = evidence.exchange
     primary = exchange.primary.recording
     return {
         "schema": SCHEMA,
@@ -218,9 +208,9 @@ def build_record(
         "route": exchange.route,
         "requested_model": exchange.requested_model,
         "stream": exchange.stream,
-        "category": category,
-        "category_source": category_source,
-        "greedy": greedy,
+        "category": evidence.category,
+        "category_source": evidence.category_source,
+        "greedy": evidence.greedy,
         "temperature": exchange.temperature,
         "seed": exchange.seed,
         "policy": {"generation": exchange.policy_generation, "rule": exchange.policy_rule},
@@ -230,6 +220,9 @@ def build_record(
         "concurrency": exchange.primary.inflight_at_dispatch,
         "concurrency_bucket": concurrency_bucket(exchange.primary.inflight_at_dispatch),
         "request": captured_text(_request_text(exchange), capture),
-        "legs": [leg_record(leg, capture, scraped) for leg in exchange.legs],
-        "comparisons": [comparison_record(c) for c in comparisons],
+        "legs": [
+            leg_record(leg, acc, capture, scraped)
+            for leg, acc in zip(exchange.legs, evidence.acceptance, strict=True)
+        ],
+        "comparisons": [comparison_record(c) for c in evidence.comparisons],
     }

@@ -24,7 +24,9 @@ Pure core: :func:`bench_command`, :func:`dataset_prompts`, :func:`compare_runs`.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,11 +34,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway import jsonx
-from gateway.exchange import Exchange
-from loadgen.vllm.inprocess import running_gateway, shadow_policy
-from loadgen.vllm.server import SERVED_MODEL_NAME, server_environment
-from loadgen.vllm.setup import VllmEnv
+from core import jsonx
+from core.exchange import Exchange
+from loadgen.trace import bundled_trace
+from loadgen.vllm.cli import add_common
+from loadgen.vllm.server import (
+    SERVED_MODEL_NAME,
+    VllmServerSpec,
+    running_servers,
+    server_environment,
+)
+from loadgen.vllm.setup import VllmEnv, setup
+from specshadow.inprocess import running_gateway, shadow_policy
 
 REQUEST_ID_PREFIX = "specshadow-agreement-"
 MAX_PROMPT_CHARS = 2000  # the tiny model's context is 1024 tokens
@@ -305,3 +314,50 @@ def format_agreement(result: Agreement, label: str) -> str:
         + (f"{overhead:.3f} ms" if overhead is not None else "n/a")
     )
     return "\n".join(lines)
+
+
+def register(vllm: argparse._SubParsersAction[Any]) -> None:
+    """Add ``agreement`` to the ``specshadow vllm`` actions."""
+    p_agree = vllm.add_parser(
+        "agreement", help="run `vllm bench serve` through the gateway and compare medians"
+    )
+    p_agree.add_argument(
+        "--primary-url", help="a running vLLM server (default: start one of --config)"
+    )
+    p_agree.add_argument(
+        "--candidate-url", help="also mirror every request to this server (shadow load)"
+    )
+    p_agree.add_argument("--config", choices=["plain", "ngram", "draft"], default="plain")
+    p_agree.add_argument("--requests", type=int, default=30)
+    p_agree.add_argument("--max-tokens", type=int, default=48)
+    p_agree.add_argument("--out", type=Path, default=Path("specshadow-out/agreement"))
+    add_common(p_agree)
+    p_agree.set_defaults(func=_cmd_agreement)
+
+
+def _cmd_agreement(args: argparse.Namespace) -> int:
+    env = setup(args.cache)
+    prompts = dataset_prompts([row.body for row in bundled_trace()], args.requests)
+    with contextlib.ExitStack() as stack:
+        primary = args.primary_url
+        if primary is None:
+            spec = VllmServerSpec(
+                name=args.config, config=args.config,
+                num_speculative_tokens=args.num_speculative_tokens, enforce_eager=not args.compile,
+            )  # fmt: skip
+            (server,) = stack.enter_context(running_servers([spec], env))
+            primary = server.base_url
+        result = asyncio.run(
+            run_agreement(
+                env,
+                primary.rstrip("/").removesuffix("/v1"),
+                args.out,
+                prompts=prompts,
+                output_len=args.max_tokens,
+                candidate_url=args.candidate_url,
+            )
+        )
+    (args.out / "agreement.json").write_bytes(jsonx.dumps(result.to_json()))
+    print(format_agreement(result, f"vllm bench serve via the gateway → {primary}"))
+    print(f"bench result: {args.out / 'bench.json'}\nagreement:    {args.out / 'agreement.json'}")
+    return 0

@@ -1,7 +1,7 @@
 """An in-process gateway in front of running vLLM servers, for tests, the agreement script and demos.
 
 Owns nothing on the request path: it only builds an embedded policy (:func:`shadow_policy`) and
-runs :func:`gateway.app.create_app` on a loopback port with a :class:`~gateway.sinks.MemorySink`
+runs :func:`specshadow.app.build_app` on a loopback port with a :class:`~core.sinks.MemorySink`
 (:func:`running_gateway`), the same way ``specshadow serve`` would but inside the caller's event
 loop, so a test can read the exchanges and the records store right after its traffic.
 """
@@ -16,11 +16,11 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.app import create_app
+from core.sinks import MemorySink
 from gateway.settings import Settings
-from gateway.sinks import MemorySink
 from policies.compile import parse_policy
 from policies.store import PolicyStore
+from specshadow.app import build_app
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +83,7 @@ async def running_gateway(
     """The gateway on ``127.0.0.1:<free port>``; on exit records flush.
 
     Callers wait for their exchanges (``sink.wait_for``) before leaving the block: shutdown gives
-    in-flight legs only ``shutdown_timeout_s``. Kept short because the cleanup's task drain also
-    waits for the records' metrics scraper, which only stops after the drain (gateway/app.py), so
-    every shutdown with a store and a ``vllm`` backend takes the full timeout.
+    in-flight legs only ``shutdown_timeout_s``.
     """
     sink = MemorySink()
     settings = Settings(
@@ -95,7 +93,7 @@ async def running_gateway(
         shutdown_timeout_s=shutdown_timeout_s,
     )
     runner = web.AppRunner(
-        create_app(settings, sink=sink, policy=policy), handler_cancellation=True, access_log=None
+        build_app(settings, sinks=[sink], policy=policy), handler_cancellation=True, access_log=None
     )
     await runner.setup()
     try:

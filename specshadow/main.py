@@ -1,30 +1,26 @@
 """The ``specshadow`` command: one console script, one subcommand per job.
 
-Each subcommand lives next to the code it drives and registers itself through a
-``register(subparsers)`` function in the module named in :data:`SUBCOMMAND_MODULES`; this module only
-assembles the parser, sets up logging and dispatches.
+Each subcommand lives next to the code it drives and registers itself with a ``register``
+function; this module imports them all (it is the top of the package graph, the one place that
+may), assembles the parser, sets up logging and dispatches. Registering imports no heavy library:
+each command imports what it needs (numpy, matplotlib, the openai SDK) when it runs, and says which
+extra to install when that is missing.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 from collections.abc import Sequence
 
-# Modules that expose ``register(subparsers) -> None``. Each registered subparser sets
-# ``func=callable(args) -> int``.
-SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "gateway.serve",
-    "gateway.demo",
-    "loadgen.vllm.cli",
-    "simulator.cli",
-    "policies.cli",
-    "gateway.records.cli",
-    "loadgen.cli",
-    "loadgen.report.cli",
-)
+from evidence import cli as records_cli
+from loadgen import cli as loadgen_cli
+from loadgen.report import cli as report_cli
+from loadgen.vllm import cli as vllm_cli
+from policies import cli as policy_cli
+from simulator import cli as simulator_cli
+from specshadow import agreement, demo, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,8 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in SUBCOMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    serve.register(sub)
+    demo.register(sub)
+    agreement.register(vllm_cli.register(sub))
+    simulator_cli.register(sub)
+    policy_cli.register(sub)
+    records_cli.register(sub)
+    loadgen_cli.register(sub)
+    report_cli.register(sub)
     return parser
 
 

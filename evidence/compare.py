@@ -34,14 +34,12 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from gateway import jsonx
-from gateway.exchange import LegResult, Role
-from gateway.timings import ChoiceOutput, Recording
-
-DivergenceUnit = Literal["token", "char"]
+from core import jsonx
+from core.evidence import Comparison, LatencyDelta
+from core.exchange import LegResult, Role
+from core.timings import ChoiceOutput, Recording
 
 MAX_SIMILARITY_UNITS = 2048  # per side, after stripping the common prefix and suffix
 REFUSAL_WINDOW_CHARS = 300
@@ -55,52 +53,6 @@ REFUSAL_PATTERNS: tuple[str, ...] = (
 _REFUSAL = re.compile("|".join(REFUSAL_PATTERNS), re.IGNORECASE)
 _CITATION = re.compile(r"\[(\d{1,4}(?:\s*,\s*\d{1,4})*)\]")
 _WORD_PIECES = re.compile(r"\S+|\s+")
-
-
-@dataclass(frozen=True, slots=True)
-class LatencyDelta:
-    """One paired latency quantity: ``delta = b − a`` (seconds, or tokens for tokens_per_event)."""
-
-    name: str  # ttft_s, tpot_s, chunk_gap_p50_s, chunk_gap_p99_s, e2e_s, tokens_per_event
-    a: float | None
-    b: float | None
-    delta: float | None
-    ratio: float | None  # b / a; None when either is unknown or a is 0
-
-
-@dataclass(frozen=True, slots=True)
-class Comparison:
-    """Leg ``b`` judged against leg ``a``. ``None`` means unknown or not applicable."""
-
-    a: Role
-    b: Role
-    comparable: bool  # both legs completed with a recording; otherwise text fields are None
-    greedy: bool
-    exact_match: bool | None
-    first_divergence: int | None
-    divergence_unit: DivergenceUnit | None
-    divergence_fraction: float | None
-    similarity: float | None
-    similarity_capped: bool
-    finish_reason_equal: bool | None
-    length_ratio: float | None  # b's output units / a's
-    json_expected: bool
-    json_valid_a: bool | None
-    json_valid_b: bool | None
-    json_equal: bool | None
-    tool_names_equal: bool | None
-    tool_arguments_equal: bool | None
-    refusal_a: bool | None
-    refusal_b: bool | None
-    one_sided_refusal: bool | None
-    citations_a: tuple[int, ...] | None
-    citations_b: tuple[int, ...] | None
-    citations_equal: bool | None
-    latency: tuple[LatencyDelta, ...]
-    flag: bool  # greedy and not an exact match: worth a look one by one
-
-    def latency_delta(self, name: str) -> LatencyDelta | None:
-        return next((d for d in self.latency if d.name == name), None)
 
 
 def is_greedy(temperature: float | None, seed: int | None) -> bool:
@@ -351,31 +303,3 @@ def _incomparable(
         latency=latency,
         flag=False,
     )
-
-
-# (name, score_value, score_label) — mapped to otel.record.EvaluationResult by the caller.
-Evaluation = tuple[str, float | None, str | None]
-
-
-def evaluations(comparison: Comparison) -> list[Evaluation]:
-    """Scores for ``gen_ai.evaluation.result`` span events; only the ones that are known."""
-    c = comparison
-    out: list[Evaluation] = []
-    if c.exact_match is not None:
-        out.append(("exact_match", float(c.exact_match), "match" if c.exact_match else "diverge"))
-    if c.first_divergence is not None:
-        out.append(("first_divergence", float(c.first_divergence), c.divergence_unit))
-    if c.similarity is not None:
-        out.append(("similarity", c.similarity, None))
-    if c.json_equal is not None:
-        out.append(("json_equal", float(c.json_equal), "equal" if c.json_equal else "differ"))
-    elif c.json_expected and c.comparable:
-        out.append(("json_valid", float(bool(c.json_valid_a and c.json_valid_b)), "invalid"))
-    if c.tool_arguments_equal is not None:
-        label = "equal" if c.tool_arguments_equal and c.tool_names_equal else "differ"
-        out.append(("tool_calls_equal", float(label == "equal"), label))
-    if c.one_sided_refusal:
-        out.append(("one_sided_refusal", 1.0, "refusal_a" if c.refusal_a else "refusal_b"))
-    if c.citations_equal is not None:
-        out.append(("citations_equal", float(c.citations_equal), None))
-    return out

@@ -13,7 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from gateway.exchange import Exchange, ExchangeSink
+from core.exchange import Exchange, ExchangeSink
 
 log = logging.getLogger(__name__)
 

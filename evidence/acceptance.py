@@ -11,7 +11,7 @@ Three sources, never conflated (DESIGN §4); each value carries its origin:
   sits below ``mean_acceptance_length``. Only from exact token counts (usage or logprobs) of a
   completed stream; ``None`` otherwise.
 - ``prometheus`` — the backend's ``vllm:spec_decode_*`` counters over a window
-  (:mod:`gateway.scrape`): per backend, not per request; recorded next to the per-request values.
+  (:mod:`evidence.scrape`): per backend, not per request; recorded next to the per-request values.
 
 ``coverage`` = (tokens_per_pass − 1) / (mean_acceptance_length − 1): the share of target passes
 that had a draft at all, when both per-request sources are present (see DESIGN §4: tokens per pass
@@ -24,11 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-from gateway.timings import Recording
-
-AcceptanceSource = Literal["vllm_metrics", "stream_shape", "prometheus"]
+from core.evidence import NO_ACCEPTANCE, LegAcceptance
+from core.timings import Recording
 
 # Upper bounds (exclusive) and labels; the last label takes everything above.
 OUTPUT_LENGTH_BUCKETS: tuple[tuple[int, str], ...] = (
@@ -45,21 +44,6 @@ CONCURRENCY_BUCKETS: tuple[tuple[int, str], ...] = (
 )
 CONCURRENCY_TOP = ">64"
 _EXACT_SOURCES = ("usage", "continuous_usage", "logprobs")
-
-
-@dataclass(frozen=True, slots=True)
-class LegAcceptance:
-    """One leg's per-request acceptance evidence; ``None`` where a source had nothing."""
-
-    mean_acceptance_length: float | None
-    draft_acceptance_rate: float | None
-    num_drafts: int | None
-    num_draft_tokens: int | None
-    num_accepted_tokens: int | None
-    source: Literal["vllm_metrics"] | None  # of the four fields above
-    tokens_per_pass: float | None
-    tokens_per_pass_source: Literal["stream_shape"] | None
-    coverage: float | None
 
 
 def _int(value: object) -> int | None:
@@ -95,7 +79,7 @@ def tokens_per_pass(rec: Recording) -> float | None:
 def leg_acceptance(rec: Recording | None) -> LegAcceptance:
     """Acceptance evidence of one leg's recording."""
     if rec is None:
-        return LegAcceptance(None, None, None, None, None, None, None, None, None)
+        return NO_ACCEPTANCE
     spec = _spec_metrics(rec.vllm_metrics)
     mal = rate = None
     drafts = draft_tokens = accepted = None

@@ -1,0 +1,145 @@
+"""The evidence vocabulary: what is learned from a finished exchange, as values.
+
+The evidence pipeline (:mod:`evidence`) computes these once per exchange — category, per-leg
+acceptance, comparisons between legs, the comparison record — and hands one :class:`Evidence` to
+every consumer (the record store, metrics and spans, OTLP logs, rollout guards). Consumers read
+these types only, so none of them depends on how the evidence was computed. Pure values; no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from core.exchange import Exchange, Role
+
+DivergenceUnit = Literal["token", "char"]
+
+# Where a per-request acceptance figure came from (see docs/acceptance.md).
+AcceptanceSource = Literal["vllm_metrics", "stream_shape", "prometheus"]
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyDelta:
+    """One paired latency quantity: ``delta = b − a`` (seconds, or tokens for tokens_per_event)."""
+
+    name: str  # ttft_s, tpot_s, chunk_gap_p50_s, chunk_gap_p99_s, e2e_s, tokens_per_event
+    a: float | None
+    b: float | None
+    delta: float | None
+    ratio: float | None  # b / a; None when either is unknown or a is 0
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Leg ``b`` judged against leg ``a``. ``None`` means unknown or not applicable."""
+
+    a: Role
+    b: Role
+    comparable: bool  # both legs completed with a recording; otherwise text fields are None
+    greedy: bool
+    exact_match: bool | None
+    first_divergence: int | None
+    divergence_unit: DivergenceUnit | None
+    divergence_fraction: float | None
+    similarity: float | None
+    similarity_capped: bool
+    finish_reason_equal: bool | None
+    length_ratio: float | None  # b's output units / a's
+    json_expected: bool
+    json_valid_a: bool | None
+    json_valid_b: bool | None
+    json_equal: bool | None
+    tool_names_equal: bool | None
+    tool_arguments_equal: bool | None
+    refusal_a: bool | None
+    refusal_b: bool | None
+    one_sided_refusal: bool | None
+    citations_a: tuple[int, ...] | None
+    citations_b: tuple[int, ...] | None
+    citations_equal: bool | None
+    latency: tuple[LatencyDelta, ...]
+    flag: bool  # greedy and not an exact match: worth a look one by one
+
+    def latency_delta(self, name: str) -> LatencyDelta | None:
+        return next((d for d in self.latency if d.name == name), None)
+
+
+@dataclass(frozen=True, slots=True)
+class LegAcceptance:
+    """One leg's per-request acceptance evidence; ``None`` where a source had nothing."""
+
+    mean_acceptance_length: float | None
+    draft_acceptance_rate: float | None
+    num_drafts: int | None
+    num_draft_tokens: int | None
+    num_accepted_tokens: int | None
+    source: Literal["vllm_metrics"] | None  # of the five fields above
+    tokens_per_pass: float | None
+    tokens_per_pass_source: Literal["stream_shape"] | None
+    coverage: float | None
+
+
+NO_ACCEPTANCE = LegAcceptance(None, None, None, None, None, None, None, None, None)
+
+
+class Evidence:
+    """Everything learned from one exchange; built once, read by every consumer.
+
+    ``acceptance`` has one entry per leg, in ``exchange.legs`` order. The comparison record (a
+    JSON-ready mapping, schema in docs/records.md) is built on first access of :attr:`record`:
+    consumers that never read it (metrics, guards) never pay for it.
+    """
+
+    __slots__ = (
+        "_record",
+        "_record_factory",
+        "acceptance",
+        "category",
+        "category_source",
+        "comparisons",
+        "exchange",
+        "greedy",
+    )
+
+    def __init__(
+        self,
+        exchange: Exchange,
+        *,
+        category: str | None,
+        category_source: str,
+        greedy: bool,
+        comparisons: tuple[Comparison, ...],
+        acceptance: tuple[LegAcceptance, ...],
+        record: Callable[[Evidence], Mapping[str, Any]],
+    ) -> None:
+        self.exchange = exchange
+        self.category = category
+        self.category_source = category_source
+        self.greedy = greedy
+        self.comparisons = comparisons
+        self.acceptance = acceptance
+        self._record_factory = record
+        self._record: Mapping[str, Any] | None = None
+
+    @property
+    def record(self) -> Mapping[str, Any]:
+        """The comparison record of this exchange (built once, on first use)."""
+        if self._record is None:
+            self._record = self._record_factory(self)
+        return self._record
+
+
+@runtime_checkable
+class EvidenceConsumer(Protocol):
+    """Receives every exchange's evidence on the evidence worker's thread, in order.
+
+    ``handle`` must not block for long (the worker serves every consumer in turn) and may raise:
+    the worker counts the failure and goes on with the next consumer. Optional steps, called when
+    the consumer defines them: ``flush()`` whenever the worker's queue has run empty (a consumer
+    that batches commits there) and ``close()`` once, at shutdown, after the last ``flush``. A
+    plain callable taking the evidence is a consumer too.
+    """
+
+    def handle(self, evidence: Evidence) -> None: ...

@@ -1,0 +1,227 @@
+"""The exchange vocabulary: a client request, its primary leg and any shadow legs, as values.
+
+An :class:`Exchange` is built when every leg has ended (or the exchange deadline passed) and is
+handed to an :class:`ExchangeSink` — the one interface that evidence, records and telemetry plug
+into. :class:`ExchangeDraft` is what is known of an exchange while its legs are still running.
+The role and route literals, and what text may be captured (:class:`CaptureSpec`), are defined
+here once for every package. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, NewType, Protocol
+
+from core.ids import new_id
+from core.timings import Recording, StreamOutcome
+from core.wire import CATEGORY_HEADER
+
+RequestId = NewType("RequestId", str)
+ModelName = NewType("ModelName", str)
+
+Role = Literal["primary", "candidate", "baseline"]
+ShadowRole = Literal["candidate", "baseline"]
+Route = Literal["chat", "completions"]
+ROUTE_PATHS: dict[str, Route] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+OPERATION_NAMES: dict[Route, str] = {"chat": "chat", "completions": "text_completion"}
+
+# What request/response text may leave the process: ``off`` (hashes and lengths only, the
+# default), ``hashes`` (the same, said explicitly), ``redacted`` (masked) or ``full``.
+CaptureText = Literal["off", "hashes", "redacted", "full"]
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureSpec:
+    """What text may be captured; ``redact`` names the classes ``redacted`` masks."""
+
+    text: CaptureText
+    redact: frozenset[str]
+
+
+CAPTURE_OFF = CaptureSpec(text="off", redact=frozenset({"emails", "secrets"}))
+
+
+@dataclass(frozen=True, slots=True)
+class LegResult:
+    """One leg's outcome: which backend, what it answered, and the recorder's output."""
+
+    role: Role
+    backend: str  # backend name from the policy ("primary" for the --primary quick flag)
+    server_address: str  # host:port of the upstream
+    upstream_model: str | None  # the model name sent upstream (after any policy rewrite)
+    status: int | None  # upstream HTTP status; None when no response arrived
+    outcome: StreamOutcome
+    error_type: str | None  # exception class or error code; None when fine
+    recording: Recording | None  # None when no response bytes could be recorded
+    started_unix_ns: int  # wall clock at t0 (for records and span start times)
+    t0_ns: int  # perf_counter_ns at t0
+    end_ns: int  # perf_counter_ns when the leg ended
+    inflight_at_dispatch: int  # legs of the same role in flight when this one started
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """A finished client request with every leg's result."""
+
+    exchange_id: str
+    request_id: RequestId
+    route: Route
+    requested_model: ModelName | None
+    stream: bool
+    started_unix_ns: int
+    temperature: float | None
+    seed: int | None
+    category: str | None
+    policy_generation: int | None
+    policy_rule: str | None
+    sampled: bool
+    drop_reason: str | None  # why a sampled request was not mirrored (budget, rate, …)
+    primary: LegResult
+    shadows: tuple[LegResult, ...]
+    # The parsed client payload, for off-hot-path classification, comparison and (where the
+    # capture setting allows) prompt text. In memory only: records and spans keep text from it
+    # only as ``capture`` allows.
+    request_json: Mapping[str, Any] | None = None
+    # The deciding rule's capture setting; None: the consumer's default applies.
+    capture: CaptureSpec | None = None
+    # W3C traceparent of the request's SERVER span: spans made later (off the event loop, after
+    # the request span ended) join the same trace.
+    traceparent: str | None = None
+
+    @property
+    def legs(self) -> tuple[LegResult, ...]:
+        return (self.primary, *self.shadows)
+
+
+class ExchangeSink(Protocol):
+    """Receives finished exchanges. ``submit`` runs on the event loop: it must not block or raise."""
+
+    def submit(self, exchange: Exchange) -> None: ...
+
+
+class ManagedSink(ExchangeSink, Protocol):
+    """A sink with a lifecycle: started before the first request, stopped after the last one."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+class ExchangeDraft:
+    """What is known about an exchange before its legs end; :meth:`build` makes the Exchange."""
+
+    __slots__ = (
+        "capture",
+        "category",
+        "drop_reason",
+        "exchange_id",
+        "policy_generation",
+        "policy_rule",
+        "request_id",
+        "request_json",
+        "requested_model",
+        "route",
+        "sampled",
+        "seed",
+        "started_unix_ns",
+        "stream",
+        "temperature",
+        "traceparent",
+    )
+
+    def __init__(
+        self,
+        *,
+        request_id: RequestId,
+        route: Route,
+        requested_model: ModelName | None,
+        stream: bool,
+        temperature: float | None,
+        seed: int | None,
+        category: str | None,
+        request_json: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.exchange_id = new_id()
+        self.request_id = request_id
+        self.route = route
+        self.requested_model = requested_model
+        self.stream = stream
+        self.started_unix_ns = time.time_ns()
+        self.temperature = temperature
+        self.seed = seed
+        self.category = category
+        self.request_json = request_json
+        self.policy_generation: int | None = None
+        self.policy_rule: str | None = None
+        self.sampled = False
+        self.drop_reason: str | None = None
+        self.capture: CaptureSpec | None = None
+        self.traceparent: str | None = None
+
+    @classmethod
+    def from_payload(
+        cls,
+        payload: Mapping[str, Any],
+        headers: Mapping[str, str],
+        *,
+        route: Route,
+        request_id: str,
+    ) -> ExchangeDraft:
+        """The draft of a client request: its JSON ``payload`` and (case-insensitive) ``headers``."""
+        model = payload.get("model")
+        seed = payload.get("seed")
+        return cls(
+            request_id=RequestId(request_id),
+            route=route,
+            requested_model=ModelName(model) if isinstance(model, str) else None,
+            stream=payload.get("stream") is True,
+            temperature=_number(payload.get("temperature")),
+            seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
+            category=headers.get(CATEGORY_HEADER),
+            request_json=payload,
+        )
+
+    def decided(
+        self,
+        generation: int,
+        *,
+        rule: str | None,
+        sampled: bool,
+        capture: CaptureSpec,
+        skip_reason: str | None,
+    ) -> None:
+        """Note the policy's decision (a sampled request skipped for a reason is a drop)."""
+        self.policy_generation = generation
+        self.policy_rule = rule
+        self.sampled = sampled
+        self.capture = capture
+        if sampled and skip_reason is not None:
+            self.drop_reason = skip_reason
+
+    def build(self, primary: LegResult, shadows: tuple[LegResult, ...]) -> Exchange:
+        return Exchange(
+            exchange_id=self.exchange_id,
+            request_id=self.request_id,
+            route=self.route,
+            requested_model=self.requested_model,
+            stream=self.stream,
+            started_unix_ns=self.started_unix_ns,
+            temperature=self.temperature,
+            seed=self.seed,
+            category=self.category,
+            policy_generation=self.policy_generation,
+            policy_rule=self.policy_rule,
+            sampled=self.sampled,
+            drop_reason=self.drop_reason,
+            primary=primary,
+            shadows=shadows,
+            request_json=self.request_json,
+            capture=self.capture,
+            traceparent=self.traceparent,
+        )

@@ -1,0 +1,126 @@
+"""One leg's lifecycle, the same for the primary and every shadow leg.
+
+A :class:`LegRun` owns a leg while it is in flight: its CLIENT span (started when the leg is
+created, so set-up time is visible), its two clocks (wall clock for records and span times,
+``perf_counter_ns`` for every duration; both taken again at :meth:`LegRun.dispatch`, the moment
+the request goes upstream — ``t0``), the recorder tee on its response, and its end: :meth:`finish`
+freezes the recording, builds the :class:`~core.exchange.LegResult` and ends the span at the time
+the leg's stream ended. What differs between legs — who reads the response (the client relay or a
+drain), admission and breakers for shadows — stays with the caller.
+"""
+
+from __future__ import annotations
+
+import time
+
+import aiohttp
+from opentelemetry.trace import Span
+
+from core.exchange import LegResult, Role
+from core.timings import StreamOutcome
+from gateway.forward import RecorderTee, recorder_for
+from otel.telemetry import Telemetry
+
+
+class LegRun:
+    """A leg in flight. Create it, :meth:`dispatch` when the request leaves, :meth:`attach` the
+    response, :meth:`finish` exactly once."""
+
+    __slots__ = (
+        "backend",
+        "capture_text",
+        "chunk_events",
+        "inflight",
+        "model",
+        "role",
+        "server_address",
+        "span",
+        "started_unix_ns",
+        "status",
+        "t0_ns",
+        "tee",
+        "telemetry",
+    )
+
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        parent_span: Span,
+        *,
+        role: Role,
+        backend: str,
+        server_address: str,
+        operation: str,
+        model: str | None,
+        stream: bool,
+        capture_text: bool,
+        chunk_events: int,
+    ) -> None:
+        self.telemetry = telemetry
+        self.role: Role = role
+        self.backend = backend
+        self.server_address = server_address
+        self.model = model
+        self.capture_text = capture_text
+        self.chunk_events = chunk_events
+        self.started_unix_ns = time.time_ns()
+        self.t0_ns = time.perf_counter_ns()
+        self.inflight = 0
+        self.status: int | None = None
+        self.tee: RecorderTee | None = None
+        self.span = telemetry.start_leg_span(
+            parent_span,
+            operation=operation,
+            model=model,
+            role=role,
+            backend=backend,
+            server_address=server_address,
+            stream=stream,
+            start_unix_ns=self.started_unix_ns,
+        )
+
+    def trace_headers(self) -> dict[str, str]:
+        """``traceparent`` (and ``tracestate``) for this leg's upstream request."""
+        return self.telemetry.traceparent_headers(self.span)
+
+    def dispatch(self, inflight: int) -> None:
+        """The request leaves now (``t0``); ``inflight``: legs of this role in flight, this one
+        included."""
+        self.inflight = inflight
+        self.started_unix_ns, self.t0_ns = time.time_ns(), time.perf_counter_ns()
+
+    def attach(self, response: aiohttp.ClientResponse) -> RecorderTee:
+        """The upstream answered (headers): record its status and tee its body to a recorder."""
+        self.status = response.status
+        self.tee = recorder_for(response, self.t0_ns)
+        return self.tee
+
+    def finish(self, outcome: StreamOutcome, error_type: str | None) -> LegResult:
+        """End the leg: freeze the recording, build its LegResult, end its CLIENT span."""
+        tee = self.tee
+        recording = (
+            tee.recorder.finish(outcome=outcome, status=self.status) if tee is not None else None
+        )
+        end_ns = time.perf_counter_ns()
+        leg = LegResult(
+            role=self.role,
+            backend=self.backend,
+            server_address=self.server_address,
+            upstream_model=self.model,
+            status=self.status,
+            outcome=outcome,
+            error_type=error_type,
+            recording=recording,
+            started_unix_ns=self.started_unix_ns,
+            t0_ns=self.t0_ns,
+            end_ns=end_ns,
+            inflight_at_dispatch=self.inflight,
+        )
+        self.telemetry.finish_leg_span(
+            self.span,
+            leg,
+            end_unix_ns=self.started_unix_ns + (end_ns - self.t0_ns),
+            capture_text=self.capture_text,
+            max_chunk_events=self.chunk_events,
+        )
+        return leg

@@ -1,0 +1,73 @@
+"""The product assembled: the gateway, the evidence pipeline behind it, telemetry and records.
+
+:func:`build_app` is what ``specshadow serve`` runs (and the demo, the in-process gateway and the
+tests' gateway fixture): :func:`gateway.app.create_app` with one
+:class:`~evidence.worker.EvidenceWorker` as its sink, whose consumers are the telemetry (metrics,
+comparison counts, ``compare`` spans, records as OTLP logs when configured) and — with
+``--store`` — the embedded record store. The backends' ``/metrics`` are scraped whenever the
+policy names a metrics URL, with or without a store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from core.evidence import EvidenceConsumer
+from core.exchange import ExchangeSink
+from evidence.scrape import MetricsScraper
+from evidence.store import RecordWriter
+from evidence.worker import EvidenceWorker
+from gateway.app import create_app, open_policy
+from gateway.settings import Settings
+from otel.settings import TelemetrySettings
+from otel.setup import build_telemetry
+from otel.telemetry import Telemetry
+from policies.compiled import CompiledPolicy
+from policies.store import PolicyStore
+
+
+def scrape_targets(policy: CompiledPolicy) -> dict[str, str]:
+    """Backend name → its ``/metrics`` URL, for backends that expose one."""
+    return {name: b.metrics_url for name, b in policy.backends.items() if b.metrics_url}
+
+
+def evidence_worker(
+    settings: Settings,
+    policy: PolicyStore,
+    telemetry: Telemetry,
+    *,
+    consumers: Sequence[EvidenceConsumer] = (),
+) -> EvidenceWorker:
+    """The evidence pipeline for ``settings``: telemetry, the store (``--store``), ``consumers``."""
+    first: list[EvidenceConsumer] = []
+    if settings.store_path:
+        first.append(RecordWriter(settings.store_path))  # opened now: a bad path fails fast
+    targets = scrape_targets(policy.current)
+    scraper = MetricsScraper(targets, settings.scrape_interval_s) if targets else None
+    return EvidenceWorker(
+        [*first, telemetry, *consumers],
+        capture_default=policy.current.capture,
+        scraper=scraper,
+        # Visible as specshadow.telemetry.dropped{signal=metrics, reason=queue_full}.
+        on_drop=lambda: telemetry.count_telemetry_dropped("metrics", "queue_full", 1),
+    )
+
+
+def build_app(
+    settings: Settings,
+    *,
+    sinks: Sequence[ExchangeSink] = (),
+    policy: PolicyStore | None = None,
+    telemetry: Telemetry | None = None,
+    consumers: Sequence[EvidenceConsumer] = (),
+) -> web.Application:
+    """The gateway with its evidence pipeline; ``sinks`` also get every raw exchange.
+
+    Raises PolicyError, ValueError or OSError (e.g. an unusable ``--store`` path) at once.
+    """
+    store = policy if policy is not None else open_policy(settings)
+    tel = telemetry if telemetry is not None else build_telemetry(TelemetrySettings.from_env({}))
+    worker = evidence_worker(settings, store, tel, consumers=consumers)
+    return create_app(settings, sinks=[worker, *sinks], policy=store, telemetry=tel)

@@ -1,0 +1,108 @@
+"""``specshadow serve``: the command line of the gateway process.
+
+Flags and ``SPECSHADOW_*`` variables become :class:`~gateway.settings.Settings`, the ``OTEL_*``
+variables telemetry settings, and :func:`specshadow.app.build_app` the application — all inside
+one fail-fast path: any bad value ends the command with exit status 2 and one line that names
+what was wrong, before anything listens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from gateway.serve import serve_app
+from gateway.settings import Settings, UpstreamSettings
+from otel.settings import TelemetrySettings
+from otel.setup import build_telemetry
+from policies.errors import PolicyError
+from specshadow.app import build_app
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve", help="run the gateway in front of the primary upstream"
+    )
+    p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port to bind (default 8080)")
+    p.add_argument(
+        "--primary",
+        default=None,
+        help="the primary upstream's base URL, e.g. http://127.0.0.1:8000",
+    )
+    p.add_argument(
+        "--policy", default=None, help="policy file (YAML); hot-reloaded on change/SIGHUP"
+    )
+    p.add_argument(
+        "--shadow",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="policy-free start: mirror to this candidate (repeatable)",
+    )
+    p.add_argument(
+        "--baseline", default=None, metavar="URL", help="policy-free start: a baseline leg"
+    )
+    p.add_argument(
+        "--shadow-ratio", type=float, default=None, help="policy-free start: share mirrored (0..1)"
+    )
+    p.add_argument(
+        "--store", default=None, metavar="PATH", help="write comparison records to this SQLite file"
+    )
+    p.add_argument(
+        "--scrape-interval", type=float, default=None, help="seconds between vLLM /metrics scrapes"
+    )
+    p.add_argument("--max-body-bytes", type=int, default=None, help="larger bodies get 413")
+    p.add_argument("--connect-timeout", type=float, default=None, help="seconds (default 10)")
+    p.add_argument(
+        "--idle-timeout", type=float, default=None, help="max seconds between reads (default 600)"
+    )
+    p.add_argument("--max-connections", type=int, default=None, help="pool size per upstream")
+    p.set_defaults(func=run)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    base = Settings.from_env()
+    up = base.upstream
+    up_overrides = {
+        "connect_timeout_s": args.connect_timeout,
+        "idle_timeout_s": args.idle_timeout,
+        "max_connections": args.max_connections,
+    }
+    upstream = UpstreamSettings(
+        **{
+            **{f: getattr(up, f) for f in up.__dataclass_fields__},
+            **{k: v for k, v in up_overrides.items() if v is not None},
+        }
+    )
+    return Settings.from_env(
+        host=args.host,
+        port=args.port,
+        primary_url=args.primary,
+        max_body_bytes=args.max_body_bytes,
+        upstream=upstream,
+        policy_path=args.policy,
+        shadow_urls=tuple(args.shadow) or None,
+        baseline_url=args.baseline,
+        shadow_ratio=args.shadow_ratio,
+        reload_on_sighup=True,
+        store_path=args.store,
+        scrape_interval_s=args.scrape_interval,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    try:
+        telemetry = build_telemetry(TelemetrySettings.from_env())
+        app = build_app(settings, telemetry=telemetry)
+    except (PolicyError, OSError, ValueError) as exc:
+        # Startup fails fast, with the same message a reload would log.
+        print(f"specshadow serve: {exc}", file=sys.stderr)
+        return 2
+    serve_app(app, settings, print_=lambda msg: log.info("%s", msg))
+    return 0
