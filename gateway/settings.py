@@ -1,18 +1,49 @@
 """Process settings: fixed for the life of the process, from the environment and the CLI.
 
-Policy (what is mirrored where) is separate, file-based and hot-reloaded (``policies``).
-Every field can be set by an environment variable ``SPECSHADOW_<FIELD>`` (upper case); CLI flags
-override the environment.
+Policy (what is mirrored where) is separate, file-based and hot-reloaded (``policies``). Every
+field can be set by an environment variable ``SPECSHADOW_<FIELD>`` (upper case; the upstream
+fields as ``SPECSHADOW_UPSTREAM_<FIELD>``); CLI flags override the environment.
+
+Strict, because a typo in a deployment manifest must fail the rollout, not be ignored:
+
+- booleans take exactly ``true/1/yes/on`` or ``false/0/no/off`` (any case) — ``false`` is false;
+- numbers must parse and lie in their range (a port is 0–65535, a timeout is positive, …);
+- a ``SPECSHADOW_*`` variable that nothing reads is an error (with the closest known name);
+- every error names the variable (or the CLI flag) it came from, and all are reported at once.
+
+:meth:`Settings.from_env` raises :class:`SettingsError`; ``specshadow serve`` turns it into one
+line per problem and exit status 2, before anything listens.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, get_type_hints
 
 MIB = 1024 * 1024
+PREFIX = "SPECSHADOW_"
+
+# SPECSHADOW_* variables that other parts of specshadow read (not process settings of the gateway).
+OTHER_VARIABLES: Mapping[str, str] = {
+    "SPECSHADOW_TELEMETRY": "telemetry on/off (otel.settings)",
+    "SPECSHADOW_CACHE": "cache folder for vLLM's environment and models (loadgen.vllm)",
+    "SPECSHADOW_SKIP_VLLM": "skip the real-vLLM tests (tests/vllm)",
+    "SPECSHADOW_VLLM_URLS": "reuse running vLLM servers in the tests (tests/vllm)",
+}
+
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+
+
+class SettingsError(ValueError):
+    """One or more settings are invalid; ``problems`` names each variable or flag."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +57,13 @@ class UpstreamSettings:
     retry_initial_s: float = 0.05
     retry_max_s: float = 1.0
     retry_deadline_s: float = 5.0
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(field, message) for every value out of its range."""
+        out = _positive(self, ("connect_timeout_s", "idle_timeout_s", "retry_deadline_s"))
+        out += _at_least(self, {"max_connections": 1, "retry_attempts": 1})
+        out += _at_least(self, {"retry_initial_s": 0.0, "retry_max_s": 0.0})
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,30 +87,132 @@ class Settings:
     # (docs/benchmarks.md) found 0.5 ms no better for latency and 3-12 % costlier in CPU.
     gil_switch_interval_s: float | None = None
     store_path: str | None = None  # comparison records (embedded SQLite store); None: not kept
-    scrape_interval_s: float = 15.0  # how often vLLM backends' /metrics are scraped (with --store)
+    scrape_interval_s: float = 15.0  # how often backends' /metrics are scraped
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(field, message) for every value out of its range (nested upstream fields included)."""
+        out = _positive(
+            self, ("policy_poll_s", "shutdown_timeout_s", "scrape_interval_s", "ready_cache_s")
+        )
+        out += _at_least(self, {"max_body_bytes": 1})
+        if not 0 <= self.port <= 65535:
+            out.append(("port", f"must be 0–65535, got {self.port}"))
+        if not 0.0 <= self.shadow_ratio <= 1.0:
+            out.append(("shadow_ratio", f"must be between 0 and 1, got {self.shadow_ratio}"))
+        if self.gil_switch_interval_s is not None and not self.gil_switch_interval_s > 0:
+            out.append(("gil_switch_interval_s", "must be positive"))
+        out += [(f"upstream_{name}", msg) for name, msg in self.upstream.problems()]
+        return out
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: Any) -> Settings:
-        """Build from ``SPECSHADOW_*`` variables, then apply non-``None`` ``overrides``."""
+    def from_env(
+        cls,
+        environ: Mapping[str, str] = os.environ,
+        *,
+        flags: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> Settings:
+        """Build from ``SPECSHADOW_*`` variables, then apply the non-``None`` ``overrides``
+        (field names; upstream fields as ``upstream_<field>``).
+
+        ``flags`` maps an override's name to the CLI flag that set it, so an error names
+        ``--port`` rather than ``port``. Raises :class:`SettingsError`.
+        """
+        problems: list[str] = []
         values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = environ.get(f"SPECSHADOW_{f.name.upper()}")
-            if raw is None or f.name == "upstream":
-                continue
-            values[f.name] = _coerce(f.type, raw)
         up: dict[str, Any] = {}
-        for f in fields(UpstreamSettings):
-            raw = environ.get(f"SPECSHADOW_UPSTREAM_{f.name.upper()}")
-            if raw is not None:
-                up[f.name] = _coerce(f.type, raw)
+        origin: dict[str, str] = {}  # field → where its value came from
+        top, nested = _field_types(cls), _field_types(UpstreamSettings)
+        for name in sorted(environ):
+            if not name.startswith(PREFIX) or name in OTHER_VARIABLES:
+                continue
+            key = name[len(PREFIX) :].lower()
+            raw = environ[name]
+            if key.startswith("upstream_") and key[len("upstream_") :] in nested:
+                target, types, fname = up, nested, key[len("upstream_") :]
+            elif key in top and key != "upstream":
+                target, types, fname = values, top, key
+            else:
+                problems.append(f"{name}: {_unknown(name, top, nested)}")
+                continue
+            try:
+                target[fname] = _parse(types[fname], raw)
+            except ValueError as exc:
+                problems.append(f"{name}: {exc}")
+            origin[key] = name
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            if key.startswith("upstream_") and key[len("upstream_") :] in nested:
+                up[key[len("upstream_") :]] = value
+            elif key in top and key != "upstream":
+                values[key] = value
+            else:
+                raise TypeError(f"Settings has no field {key!r}")
+            origin[key] = (flags or {}).get(key, key)
+        if problems:
+            raise SettingsError(problems)
         settings = cls(**values, upstream=UpstreamSettings(**up))
-        return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+        problems = [
+            f"{origin.get(key, PREFIX + key.upper())}: {msg}" for key, msg in settings.problems()
+        ]
+        if problems:
+            raise SettingsError(problems)
+        return settings
 
 
-def _coerce(annotation: Any, raw: str) -> Any:
-    text = str(annotation)
-    if "int" in text and "str" not in text:
-        return int(raw)
-    if "float" in text:
-        return float(raw)
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+def _unknown(name: str, top: Mapping[str, Any], nested: Mapping[str, Any]) -> str:
+    known = [PREFIX + k.upper() for k in top if k != "upstream"]
+    known += [f"{PREFIX}UPSTREAM_{k.upper()}" for k in nested]
+    known += list(OTHER_VARIABLES)
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"unknown setting{hint} (known: {', '.join(sorted(known))})"
+
+
+def _parse(annotation: Any, raw: str) -> Any:
+    """``raw`` as the field's type; ValueError with a message that names what was expected."""
+    text = raw.strip()
+    if getattr(annotation, "__origin__", None) is tuple:
+        return tuple(part.strip() for part in text.split(",") if part.strip())
+    optional = type(None) in getattr(annotation, "__args__", ())
+    if optional and text == "":
+        return None
+    base = next(a for a in getattr(annotation, "__args__", (annotation,)) if a is not type(None))
+    if base is bool:
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise ValueError(f"expected true/false (or 1/0, yes/no, on/off), got {raw!r}")
+    if base is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {raw!r}") from None
+    if base is float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"expected a number, got {raw!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"expected a finite number, got {raw!r}")
+        return value
     return raw
+
+
+def _positive(obj: object, names: tuple[str, ...]) -> list[tuple[str, str]]:
+    return [(n, f"must be positive, got {getattr(obj, n)}") for n in names if getattr(obj, n) <= 0]
+
+
+def _at_least(obj: object, minima: Mapping[str, float]) -> list[tuple[str, str]]:
+    return [
+        (n, f"must be at least {m:g}, got {getattr(obj, n)}")
+        for n, m in minima.items()
+        if getattr(obj, n) < m
+    ]

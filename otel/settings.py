@@ -29,6 +29,8 @@ _SAMPLERS = (
     "parentbased_traceidratio",
 )
 _TRUE = {"true", "1", "yes", "on"}
+_ON = frozenset({"on", "true", "1", "yes"})
+_OFF = frozenset({"off", "false", "0", "no"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +73,12 @@ class TelemetrySettings:
             ValueError: a variable has a value outside its documented set; the message names it.
         """
         env = {k: v.strip() for k, v in environ.items() if v.strip()}
-        enabled = not (
-            env.get("OTEL_SDK_DISABLED", "").lower() in _TRUE
-            or env.get("SPECSHADOW_TELEMETRY", "on").lower() in {"off", "false", "0", "no"}
-        )
+        switch = env.get("SPECSHADOW_TELEMETRY", "on").lower()
+        if switch not in _ON | _OFF:
+            raise ValueError(
+                f"SPECSHADOW_TELEMETRY: expected on/off (or true/false, 1/0, yes/no), got {switch!r}"
+            )
+        enabled = not (env.get("OTEL_SDK_DISABLED", "").lower() in _TRUE or switch in _OFF)
         resource = _parse_pairs(env.get("OTEL_RESOURCE_ATTRIBUTES", ""), "OTEL_RESOURCE_ATTRIBUTES")
         service_name = env.get("OTEL_SERVICE_NAME") or resource.pop(
             sc.SERVICE_NAME, sc.DEFAULT_SERVICE_NAME

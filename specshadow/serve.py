@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from gateway.serve import serve_app
-from gateway.settings import Settings, UpstreamSettings
+from gateway.settings import Settings, SettingsError
 from otel.settings import TelemetrySettings
 from otel.setup import build_telemetry
 from policies.errors import PolicyError
@@ -65,41 +67,57 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    base = Settings.from_env()
-    up = base.upstream
-    up_overrides = {
-        "connect_timeout_s": args.connect_timeout,
-        "idle_timeout_s": args.idle_timeout,
-        "max_connections": args.max_connections,
-    }
-    upstream = UpstreamSettings(
-        **{
-            **{f: getattr(up, f) for f in up.__dataclass_fields__},
-            **{k: v for k, v in up_overrides.items() if v is not None},
-        }
-    )
+# Settings field (or upstream_<field>) → the flag that sets it, for error messages.
+FLAGS: dict[str, str] = {
+    "host": "--host",
+    "port": "--port",
+    "primary_url": "--primary",
+    "policy_path": "--policy",
+    "shadow_urls": "--shadow",
+    "baseline_url": "--baseline",
+    "shadow_ratio": "--shadow-ratio",
+    "store_path": "--store",
+    "scrape_interval_s": "--scrape-interval",
+    "max_body_bytes": "--max-body-bytes",
+    "upstream_connect_timeout_s": "--connect-timeout",
+    "upstream_idle_timeout_s": "--idle-timeout",
+    "upstream_max_connections": "--max-connections",
+}
+
+
+def settings_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] = os.environ
+) -> Settings:
+    """Flags over ``SPECSHADOW_*`` variables; raises SettingsError naming the flag or variable."""
     return Settings.from_env(
+        environ,
+        flags=FLAGS,
         host=args.host,
         port=args.port,
         primary_url=args.primary,
-        max_body_bytes=args.max_body_bytes,
-        upstream=upstream,
         policy_path=args.policy,
         shadow_urls=tuple(args.shadow) or None,
         baseline_url=args.baseline,
         shadow_ratio=args.shadow_ratio,
-        reload_on_sighup=True,
         store_path=args.store,
         scrape_interval_s=args.scrape_interval,
+        max_body_bytes=args.max_body_bytes,
+        upstream_connect_timeout_s=args.connect_timeout,
+        upstream_idle_timeout_s=args.idle_timeout,
+        upstream_max_connections=args.max_connections,
+        reload_on_sighup=True,
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
     try:
+        settings = settings_from_args(args)
         telemetry = build_telemetry(TelemetrySettings.from_env())
         app = build_app(settings, telemetry=telemetry)
+    except SettingsError as exc:
+        for problem in exc.problems:
+            print(f"specshadow serve: {problem}", file=sys.stderr)
+        return 2
     except (PolicyError, OSError, ValueError) as exc:
         # Startup fails fast, with the same message a reload would log.
         print(f"specshadow serve: {exc}", file=sys.stderr)

@@ -145,3 +145,11 @@ def test_disabled_telemetry_is_a_no_op_everywhere() -> None:
     assert not span.is_recording()
     assert telemetry.traceparent_headers(span) == {}
     assert telemetry.force_flush(1.0) and telemetry.shutdown(1.0)
+
+
+def test_the_telemetry_switch_takes_fixed_words_and_names_itself() -> None:
+    import pytest
+
+    assert not TelemetrySettings.from_env({"SPECSHADOW_TELEMETRY": "false"}).enabled
+    with pytest.raises(ValueError, match="SPECSHADOW_TELEMETRY: expected on/off"):
+        TelemetrySettings.from_env({"SPECSHADOW_TELEMETRY": "sometimes"})
