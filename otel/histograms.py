@@ -13,6 +13,12 @@ tests see the same ``MetricsData`` they always did.
 Like the SDK: values that are negative or not finite are ignored, and an instrument holds at most
 ``cardinality_limit`` attribute sets; later sets land in one ``otel.metric.overflow=true`` series.
 Recording and collecting may run on different threads (one lock; recording never waits on I/O).
+
+It leans on three private seams of the OTel SDK — ``MetricReader._collect``,
+``MetricReader._set_collect_callback`` and ``sdk.metrics._internal.instrument._Histogram`` (the
+key of a reader's preferred temporality) — so the SDK is pinned in ``pyproject.toml`` to
+:data:`TESTED_SDK` (a test holds the two together and checks the seams exist).
+:func:`sdk_seams_present` lets setup fall back to the SDK's own histograms if they ever vanish.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 # The reader's temporality preferences are keyed by the SDK's instrument class.
-from opentelemetry.sdk.metrics._internal.instrument import _Histogram as SdkHistogram
+from opentelemetry.sdk.metrics import _internal as sdk_internal
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Histogram,
@@ -48,6 +54,22 @@ DEFAULT_CARDINALITY_LIMIT = 2000
 DEFAULT_BOUNDS: tuple[float, ...] = (
     0, 5, 10, 25, 50, 75, 100, 250, 500, 750, 1000, 2500, 5000, 7500, 10000,
 )  # fmt: skip
+# The opentelemetry-sdk releases this module was tested with (pyproject.toml pins the same range).
+TESTED_SDK = ">=1.45,<1.46"
+
+
+def sdk_seams_present() -> bool:
+    """True when the installed SDK still has the private seams :class:`HistogramTable` uses."""
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    instrument = getattr(sdk_internal, "instrument", None)
+    reader = InMemoryMetricReader()
+    return (
+        instrument is not None
+        and hasattr(instrument, "_Histogram")
+        and hasattr(reader, "_collect")
+        and callable(getattr(reader, "_set_collect_callback", None))
+    )
 
 
 @dataclass(slots=True)
@@ -248,7 +270,7 @@ class HistogramTable:
 
 def _temporality(reader: MetricReader) -> AggregationTemporality:
     preferred = reader._instrument_class_temporality
-    return preferred.get(SdkHistogram, AggregationTemporality.CUMULATIVE)
+    return preferred.get(sdk_internal.instrument._Histogram, AggregationTemporality.CUMULATIVE)
 
 
 def _delta(

@@ -4,7 +4,7 @@ Runs once at startup, before the app (``create_app(settings, telemetry)``); noth
 request path. No global provider is ever set: the returned :class:`~otel.telemetry.Telemetry` owns
 its ``TracerProvider`` and ``MeterProvider``, so several apps (and tests) live in one process.
 
-Failure model (DESIGN §6): spans go through a bounded ``BatchSpanProcessor`` (``Span.end()`` is a
+Failure model (docs/telemetry.md): spans go through a bounded ``BatchSpanProcessor`` (``Span.end()`` is a
 deque append; a full queue evicts and counts), metrics through a ``PeriodicExportingMetricReader``
 thread; exporter timeouts are short; ``Telemetry.shutdown(timeout_s)`` runs the flush in a thread
 and returns when the bound passes, so a black-holed collector cannot hang process exit.
@@ -40,7 +40,7 @@ from opentelemetry.sdk.version import __version__ as sdk_version
 
 from otel import semconv as sc
 from otel.export import CountingMetricExporter, DropCallback, DropCountingSpanProcessor
-from otel.histograms import HistogramTable
+from otel.histograms import HistogramTable, sdk_seams_present
 from otel.prometheus import PullMetricReader
 from otel.settings import OtlpTarget, TelemetrySettings
 from otel.telemetry import Telemetry
@@ -88,9 +88,13 @@ def build_telemetry(
     meter_provider = MeterProvider(metric_readers=readers, resource=resource)
     # Histograms are aggregated by specshadow (~1 µs a value, the SDK's record ~14 µs) and merged
     # into what every reader collects: see otel/histograms.py.
-    histograms = HistogramTable(resource=resource, scope=InstrumentationScope(sc.SCOPE_NAME))
-    for reader in readers:
-        histograms.attach(reader)
+    # If a future SDK dropped the private seams the table needs, the SDK's own (slower)
+    # histograms take over: same data, more CPU.
+    histograms = None
+    if sdk_seams_present():
+        histograms = HistogramTable(resource=resource, scope=InstrumentationScope(sc.SCOPE_NAME))
+        for reader in readers:
+            histograms.attach(reader)
     # No span is built when nothing would receive it: with no trace exporter the tracer is a
     # no-op (spans cost ~190 µs per request even unexported — profiled), and traceparent is
     # still forwarded from the client's own header by the no-op span's context.

@@ -198,3 +198,29 @@ def test_an_observed_counter_exports_a_monotonic_sum_of_adds_from_several_thread
     got = {(p.attributes or {})["outcome"]: p.value for p in metric.data.data_points}
     assert got == {"sent": 4000, "sampled": 8000}
     provider.shutdown()
+
+
+def test_the_sdk_pin_in_pyproject_is_the_range_the_table_was_tested_with() -> None:
+    import tomllib
+    from importlib.metadata import version
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    from otel.histograms import TESTED_SDK, sdk_seams_present
+
+    pyproject = tomllib.loads(
+        (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text(encoding="utf-8")
+    )
+    pins = {
+        req.name: req.specifier
+        for req in map(Requirement, pyproject["project"]["dependencies"])
+        if req.name.startswith("opentelemetry-")
+    }
+    assert pins == {
+        "opentelemetry-sdk": SpecifierSet(TESTED_SDK),
+        "opentelemetry-exporter-otlp": SpecifierSet(TESTED_SDK),
+    }
+    assert version("opentelemetry-sdk") in SpecifierSet(TESTED_SDK)
+    assert sdk_seams_present()
