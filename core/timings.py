@@ -2,7 +2,7 @@
 
 The recorder that fills them in is :mod:`core.recorder`.
 
-Definitions (DESIGN §1) — one each, shared by the gateway and ``loadgen``:
+Definitions — one each, shared by the gateway and ``loadgen``:
 
 - ``t0``: the moment the gateway (or loadgen client) starts sending that leg's request upstream.
 - ``ttft``: t0 → receive time of the first SSE event that carries generated output (text,

@@ -1,6 +1,6 @@
 """Acceptance: how many drafted tokens a leg accepted, per request, from what it recorded (pure).
 
-Three sources, never conflated (DESIGN §4); each value carries its origin:
+Three sources, never conflated (docs/concepts.md, "Acceptance, three ways"); each value carries its origin:
 
 - ``vllm_metrics`` — vLLM's per-request ``metrics.speculative_decoding``:
   ``mean_acceptance_length`` (1 + accepted drafts per *drafting* step),
@@ -14,7 +14,7 @@ Three sources, never conflated (DESIGN §4); each value carries its origin:
   (:mod:`evidence.scrape`): per backend, not per request; recorded next to the per-request values.
 
 ``coverage`` = (tokens_per_pass − 1) / (mean_acceptance_length − 1): the share of target passes
-that had a draft at all, when both per-request sources are present (see DESIGN §4: tokens per pass
+that had a draft at all, when both per-request sources are present (see docs/concepts.md: tokens per pass
 is what buys latency; acceptance length and coverage explain it).
 
 Attribution keys: category, :func:`output_length_bucket`, :func:`concurrency_bucket`.

@@ -5,7 +5,7 @@ Pure core: :func:`parse_sample` (Prometheus text → :class:`MetricsSample`, par
 :class:`MetricsScraper`, run as one tracked task (``TaskSet.spawn(scraper.run(), …)``); it never
 touches a request path.
 
-Window arithmetic (DESIGN §4), over the samples of the last ``window_s`` seconds:
+Window arithmetic (docs/concepts.md, "Acceptance, three ways"), over the samples of the last ``window_s`` seconds:
 
 - ``draft_acceptance_rate`` = Δ``vllm:spec_decode_num_accepted_tokens_total`` /
   Δ``vllm:spec_decode_num_draft_tokens_total``;

@@ -2,7 +2,7 @@
 
 Every network read is stamped with ``time.perf_counter_ns()`` as it comes off the socket and fed
 to :class:`core.timings.StreamRecorder`, so ``ttft``, ``tpot``, ``chunk_gap``, ``e2e`` and
-``tokens_per_event`` mean exactly what they mean in the gateway (DESIGN §1).
+``tokens_per_event`` mean exactly what they mean in the gateway.
 
 ``t0`` here: closed loop, the moment this client starts sending; open loop (rate or trace
 timing), the request's *scheduled* send time, so that a server that falls behind shows its

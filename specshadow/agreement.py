@@ -5,7 +5,7 @@ front of a vLLM primary; afterwards its per-request TTFT / ITL / TPOT (``--save-
 paired, by ``x-request-id`` (the bench sends ``<prefix><i>``, the gateway keeps the client's id),
 with what the gateway recorded for the primary leg of the same requests, and the medians compared.
 
-Both sides use the same definitions (DESIGN §1) but different clocks and vantage points:
+Both sides use the same definitions but different clocks and vantage points:
 
 - the bench's clock starts before it sends the request and stops when it has parsed the chunk;
   the gateway's starts when it sends the request upstream and stops when it reads the chunk. The

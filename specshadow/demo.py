@@ -350,7 +350,7 @@ def print_summary(exchanges: Sequence[Exchange]) -> None:
 
 
 def print_vllm_evidence(exchanges: Sequence[Exchange]) -> None:
-    """The candidate's acceptance, three ways (DESIGN §4), pooled over the demo's requests."""
+    """The candidate's acceptance, three ways (docs/concepts.md, "Acceptance, three ways"), pooled over the demo's requests."""
     from evidence.acceptance import leg_acceptance, summarize
 
     legs = [

@@ -163,7 +163,7 @@ async def test_per_category_acceptance_is_recovered_from_records_within_3_percen
         requests = PER_CATEGORY
         decode_per_pass = (tokens - requests) / (events - requests)
         assert decode_per_pass == pytest.approx(expected.tokens_per_step, rel=0.03), cat
-    # coverage below 1 makes tokens per pass fall short of the acceptance length (DESIGN §4)
+    # coverage below 1 makes tokens per pass fall short of the acceptance length (docs/concepts.md, "Acceptance, three ways")
     multi = sums["multi_turn"]
     assert multi[3] / multi[4] < 1 + multi[2] / multi[0] - 0.2
 

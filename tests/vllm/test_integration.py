@@ -1,4 +1,4 @@
-"""The gateway in front of real vLLM CPU servers, driven by the openai SDK (DESIGN §4, §5; issue 7).
+"""The gateway in front of real vLLM CPU servers, driven by the openai SDK (docs/concepts.md; docs/vllm.md).
 
 Servers (session fixture, see conftest): ``plain`` is the primary, ``baseline`` a second plain
 server (the noise floor), ``ngram`` and ``draft`` the speculative candidates. Prompts: the first
@@ -325,7 +325,7 @@ def test_stream_shape_estimate_agrees_with_vllms_per_request_counts(shadow_run: 
     """tokens per event ≈ tokens per target pass = output_tokens / (output_tokens − accepted).
 
     Not vLLM's ``mean_acceptance_length``: that counts only the steps in which the proposer
-    drafted (DESIGN §4); the gap is coverage, recorded as such.
+    drafted (docs/concepts.md, "Acceptance, three ways"); the gap is coverage, recorded as such.
     """
     legs = candidate_legs(shadow_run.ngram, shadow_run.draft)
     tokens = events = passes = exact = 0
