@@ -12,10 +12,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 from core.exchange import Exchange, ExchangeSink
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class MemorySink:
@@ -64,56 +67,75 @@ class FanoutSink:
                 log.exception("exchange sink %r failed", sink)
 
 
-class ThreadedSink:
-    """Runs ``handle(exchange)`` on one worker thread, in batches.
+class ThreadedSink(Generic[T]):
+    """Runs ``handle(item)`` on one worker thread, in batches.
 
     For CPU-bound consumers (metric recording walks every chunk gap). ``submit`` on the event loop
     is one ``deque.append`` — no lock, no wake-up: the worker wakes every ``interval_s`` (or on
-    :meth:`join`) and handles everything queued. A wake-up per exchange cost more than the work
+    :meth:`join`) and handles everything queued. A wake-up per item cost more than the work
     itself at 1,000 requests/s (futex, GIL hand-off; profiled in docs/benchmarks.md). After every
     ``slice_s`` of work the worker releases the GIL (``time.sleep(0)``), so the event loop waits at
     most about one slice — not CPython's whole 5 ms switch interval — when a chunk arrives
-    meanwhile. Not after every exchange: each hand-off is two context switches, and at one per
+    meanwhile. Not after every item: each hand-off is two context switches, and at one per
     exchange they cost the process more CPU than the metric recording itself (measured).
 
-    More than ``maxsize`` waiting exchanges drops the newest, counts it in :attr:`dropped` and
-    calls ``on_drop`` — telemetry is bounded in memory and never back-pressures the data path.
+    ``on_idle`` runs on the worker whenever it has emptied the queue after handling something (a
+    consumer that batches commits there); :meth:`join` returns once that has happened for
+    everything submitted before it. More than ``maxsize`` waiting items drops the newest, counts it
+    in :attr:`dropped` and calls ``on_drop`` — bounded in memory, never back-pressuring the data
+    path. ``start=False`` defers the thread to :meth:`start` (items queue meanwhile).
     """
 
     def __init__(
         self,
         name: str,
-        handle: Callable[[Exchange], None],
+        handle: Callable[[T], None],
         *,
         maxsize: int = 10_000,
         interval_s: float = 0.05,
         slice_s: float = 0.0005,
         on_drop: Callable[[], None] | None = None,
+        on_idle: Callable[[], None] | None = None,
+        start: bool = True,
     ) -> None:
         self.name = name
         self.handle = handle
-        self.maxsize = maxsize
+        self.maxsize = max(1, maxsize)
         self.on_drop = on_drop
+        self.on_idle = on_idle
         self.interval_s = interval_s
         self.slice_ns = int(slice_s * 1e9)
         self.dropped = 0
         self.failed = 0
-        self._submitted = 0  # written by the event loop only
-        self._handled = 0  # written by the worker only
-        self._pending: deque[Exchange] = deque()
+        self.submitted = 0  # written by the event loop only
+        self.handled = 0  # written by the worker only
+        self.idle_at = 0  # handled count when on_idle last ran (written by the worker only)
+        self._pending: deque[T] = deque()
         self._wake = threading.Event()
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=f"sink:{name}", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if start:
+            self.start()
 
-    def submit(self, exchange: Exchange) -> None:
+    def start(self) -> None:
+        """Start the worker thread (idempotent)."""
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._run, name=f"sink:{self.name}", daemon=True)
+            self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, item: T) -> None:
         if len(self._pending) >= self.maxsize:
             self.dropped += 1
             if self.on_drop is not None:
                 self.on_drop()
             return
-        self._pending.append(exchange)
-        self._submitted += 1
+        self._pending.append(item)
+        self.submitted += 1
 
     def _run(self) -> None:
         while not self._stopping:
@@ -124,32 +146,45 @@ class ThreadedSink:
 
     def _drain(self) -> None:
         pending, handle = self._pending, self.handle
+        if not pending:
+            return
         perf_ns, slice_ns = time.perf_counter_ns, self.slice_ns
         yielded_ns = perf_ns()
         while pending:
-            exchange = pending.popleft()
+            item = pending.popleft()
             try:
-                handle(exchange)
-            except Exception:  # the worker must outlive a bad exchange
+                handle(item)
+            except Exception:  # the worker must outlive a bad item
                 self.failed += 1
-                log.exception("sink %s failed on an exchange", self.name)
-            self._handled += 1
+                log.exception("sink %s failed on an item", self.name)
+            self.handled += 1
             if perf_ns() - yielded_ns >= slice_ns:
                 time.sleep(0)  # let the event loop take the GIL if it is waiting for it
                 yielded_ns = perf_ns()
+        if self.on_idle is not None:
+            try:
+                self.on_idle()
+            except Exception:  # e.g. a failed commit: logged by its owner, the worker goes on
+                log.exception("sink %s: idle step failed", self.name)
+        self.idle_at = self.handled
 
     def join(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` until everything submitted so far was handled."""
+        """Wait up to ``timeout_s`` until everything submitted so far was handled (and, with
+        ``on_idle``, followed by an idle step); False on timeout or with no running worker."""
         deadline = time.monotonic() + timeout_s
-        target = self._submitted
+        target = self.submitted
         self._wake.set()
-        while self._handled < target and time.monotonic() < deadline:
+        while self.idle_at < target and time.monotonic() < deadline and self.running:
             time.sleep(0.002)
-        return self._handled >= target
+        return self.idle_at >= target
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Finish what is queued (bounded), then stop the worker."""
+        thread = self._thread
+        if thread is None:
+            return
         self.join(timeout_s)
         self._stopping = True
         self._wake.set()
-        self._thread.join(timeout=max(0.0, timeout_s))
+        thread.join(timeout=max(0.0, timeout_s))
+        self._thread = None
