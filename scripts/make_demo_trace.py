@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Derive the bundled demo trace (loadgen/data/demo_trace.jsonl) from ../shared/traces.
+"""Derive the bundled demo trace (loadgen/data/demo_trace.jsonl) from the original traces.
+
+Usage: ``scripts/make_demo_trace.py SOURCE_DIR`` (the folder holding the two original trace files).
 
 Deterministic: the first rows of each category in file order, ``max_tokens`` capped so the demo
 stays short. The origin and licence of each source are in loadgen/data/ATTRIBUTION.md.
@@ -20,7 +22,10 @@ MAX_TOKENS = 96
 
 
 def main() -> int:
-    traces = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT.parent / "shared" / "traces"
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    traces = Path(sys.argv[1])
     rows = []
     for name, wanted in SOURCES.items():
         left = dict(wanted)

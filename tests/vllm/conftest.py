@@ -33,9 +33,8 @@ from loadgen.vllm.server import (
 )
 from loadgen.vllm.setup import VllmEnv, setup
 
-TRACES = Path(
-    os.environ.get("SPECSHADOW_TRACES", Path(__file__).resolve().parents[3] / "shared" / "traces")
-)
+# Short rows of two real traces, vendored with their origin and licence (ATTRIBUTION.md there).
+TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +85,7 @@ def vllm_servers(vllm_env: VllmEnv) -> Iterator[dict[str, VllmServer]]:
 def trace_requests(
     name: str, count: int, *, max_prompt_chars: int = 400, max_tokens: int = 32
 ) -> list[dict[str, object]]:
-    """The first ``count`` short requests of a shared trace, ready for the tiny model."""
+    """The first ``count`` short requests of a vendored trace, ready for the tiny model."""
     out: list[dict[str, object]] = []
     with (TRACES / name).open(encoding="utf-8") as fh:
         for line in fh:
