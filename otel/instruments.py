@@ -12,9 +12,9 @@ provider.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from opentelemetry.metrics import (
     CallbackOptions,
@@ -356,15 +356,107 @@ def compare_results(meter: Meter) -> Counter:
     )
 
 
+class LegacyGenAi:
+    """The GenAI client metrics under the names of core semconv ≤ 1.36 (the default)."""
+
+    def __init__(self, hist: HistogramSource) -> None:
+        self.duration = operation_duration(hist)
+        self.time_to_first_chunk = time_to_first_chunk(hist)
+        self.time_per_output_chunk = time_per_output_chunk(hist)
+        self.token_usage = token_usage(hist)
+
+    def record_usage(
+        self, input_tokens: int | None, output_tokens: int | None, base: Mapping[str, Any]
+    ) -> None:
+        if input_tokens is not None:
+            self.token_usage.record(
+                input_tokens, {**base, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_INPUT}
+            )
+        if output_tokens is not None:
+            self.token_usage.record(
+                output_tokens, {**base, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_OUTPUT}
+            )
+
+
+class LatestGenAi:
+    """The GenAI client metrics under the latest names (semantic-conventions-genai
+    :data:`~otel.semconv.GENAI_SEMCONV_VERSION`; opt-in).
+
+    Same measurements as :class:`LegacyGenAi` — duration, time to first chunk, time per output
+    chunk, measured from and to the same moments — and usage as the spec now splits it: monotonic
+    counters of input and output tokens (``gen_ai.token.modality`` = ``unknown``: OpenAI usage
+    has no per-modality split) and one histogram of each per operation.
+    """
+
+    def __init__(self, hist: HistogramSource, meter: Meter) -> None:
+        self.duration = hist.create_histogram(
+            sc.METRIC_INFERENCE_DURATION,
+            unit="s",
+            description="GenAI inference duration: t0 to the last output-bearing event (or leg end).",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
+        )
+        self.time_to_first_chunk = hist.create_histogram(
+            sc.METRIC_INFERENCE_TIME_TO_FIRST_CHUNK,
+            unit="s",
+            description="t0 to the first output-bearing SSE event of a streaming leg.",
+            explicit_bucket_boundaries_advisory=TTFT_BUCKETS_S,
+        )
+        self.time_per_output_chunk = hist.create_histogram(
+            sc.METRIC_INFERENCE_TIME_PER_OUTPUT_CHUNK,
+            unit="s",
+            description="Gap between consecutive output-bearing SSE events of one leg.",
+            explicit_bucket_boundaries_advisory=CHUNK_GAP_BUCKETS_S,
+        )
+        self.input_tokens = ObservedCounter(
+            meter,
+            sc.METRIC_INFERENCE_USAGE_INPUT_TOKENS,
+            unit="{token}",
+            description="Input tokens of every inference, from the upstream's usage.",
+        )
+        self.output_tokens = ObservedCounter(
+            meter,
+            sc.METRIC_INFERENCE_USAGE_OUTPUT_TOKENS,
+            unit="{token}",
+            description="Output tokens of every inference, from the upstream's usage.",
+        )
+        self.operation_input_tokens = hist.create_histogram(
+            sc.METRIC_INFERENCE_OPERATION_INPUT_TOKENS,
+            unit="{token}",
+            description="Input tokens per inference.",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+        self.operation_output_tokens = hist.create_histogram(
+            sc.METRIC_INFERENCE_OPERATION_OUTPUT_TOKENS,
+            unit="{token}",
+            description="Output tokens per inference.",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+
+    def record_usage(
+        self, input_tokens: int | None, output_tokens: int | None, base: Mapping[str, Any]
+    ) -> None:
+        counted = {**base, sc.GEN_AI_TOKEN_MODALITY: sc.TOKEN_MODALITY_UNKNOWN}
+        if input_tokens is not None:
+            self.input_tokens.add(input_tokens, counted)
+            self.operation_input_tokens.record(input_tokens, base)
+        if output_tokens is not None:
+            self.output_tokens.add(output_tokens, counted)
+            self.operation_output_tokens.record(output_tokens, base)
+
+
+GenAiMetrics = LegacyGenAi | LatestGenAi
+
+
 @dataclass(frozen=True, slots=True)
 class Instruments:
-    """The synchronous instruments of one Telemetry (observable gauges are held by Telemetry)."""
+    """The synchronous instruments of one Telemetry (observable gauges are held by Telemetry).
 
-    operation_duration: HistogramLike
-    time_to_first_chunk: HistogramLike
-    time_per_output_chunk: HistogramLike
+    ``genai`` holds one set of GenAI client metrics per naming generation the settings ask for
+    (``legacy``, ``latest``, or both); every measurement is recorded into each.
+    """
+
+    genai: tuple[GenAiMetrics, ...]
     time_per_output_token: HistogramLike
-    token_usage: HistogramLike
     gateway_overhead: HistogramLike
     tokens_per_event: HistogramLike
     acceptance_length: HistogramLike
@@ -375,16 +467,23 @@ class Instruments:
     compare_results: Counter
 
 
-def create_instruments(meter: Meter, histograms: HistogramSource | None = None) -> Instruments:
+def create_instruments(
+    meter: Meter,
+    histograms: HistogramSource | None = None,
+    *,
+    genai_names: sc.GenAiNames = "legacy",
+) -> Instruments:
     """Create every synchronous instrument: counters and gauges on ``meter``, histograms from
-    ``histograms`` (default: ``meter``'s own)."""
+    ``histograms`` (default: ``meter``'s own); the GenAI metrics under ``genai_names``."""
     hist = histograms if histograms is not None else MeterHistograms(meter)
+    genai: list[GenAiMetrics] = []
+    if genai_names in ("legacy", "both"):
+        genai.append(LegacyGenAi(hist))
+    if genai_names in ("latest", "both"):
+        genai.append(LatestGenAi(hist, meter))
     return Instruments(
-        operation_duration=operation_duration(hist),
-        time_to_first_chunk=time_to_first_chunk(hist),
-        time_per_output_chunk=time_per_output_chunk(hist),
+        genai=tuple(genai),
         time_per_output_token=time_per_output_token(hist),
-        token_usage=token_usage(hist),
         gateway_overhead=gateway_overhead(hist),
         tokens_per_event=tokens_per_event(hist),
         acceptance_length=acceptance_length(hist),

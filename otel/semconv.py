@@ -12,7 +12,7 @@ error.type. Request ids, exchange ids and text never go on a metric (span attrib
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 
 # --- Instrumentation scope -------------------------------------------------------------------
 SCOPE_NAME: Final = "specshadow"  # local: tracer/meter name
@@ -92,11 +92,38 @@ OVERHEAD_STAT: Final = "specshadow.overhead.stat"  # p50 | p99 | max (see instru
 
 ACCEPTANCE_SOURCE_VLLM: Final = "vllm_request_metrics"  # local value: vLLM per-request metrics
 
+# --- GenAI conventions: which version, and the opt-in between two generations of names --------
+# The GenAI conventions moved to their own repository (open-telemetry/semantic-conventions-genai)
+# and renamed the client metrics. Following its guidance for existing instrumentations, the names
+# emitted by default stay those specshadow always emitted (core semconv ≤ 1.36); the latest ones
+# are emitted under OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental (and both under
+# gen_ai_latest_experimental/dup — the /dup suffix the stable HTTP and database migrations define,
+# a local extension for GenAI). Pinned: the version below, the schema URL its manifest names.
+GENAI_SEMCONV_VERSION: Final = "1.42.0-dev"  # open-telemetry/semantic-conventions-genai
+GENAI_SCHEMA_URL: Final = "https://opentelemetry.io/schemas/gen-ai-dev/1.42.0-dev"
+LEGACY_SEMCONV_VERSION: Final = "1.36.0"  # core semantic-conventions: the default names below
+OPT_IN_ENV: Final = "OTEL_SEMCONV_STABILITY_OPT_IN"
+OPT_IN_LATEST: Final = "gen_ai_latest_experimental"
+OPT_IN_BOTH: Final = "gen_ai_latest_experimental/dup"
+GenAiNames = Literal["legacy", "latest", "both"]  # which generation(s) of names are emitted
+
 # --- Metric names ---------------------------------------------------------------------------------
-METRIC_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"  # spec
-METRIC_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.time_to_first_chunk"  # spec
-METRIC_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.operation.time_per_output_chunk"  # spec
-METRIC_TOKEN_USAGE: Final = "gen_ai.client.token.usage"  # spec
+# spec ≤ 1.36 (default): one token-usage histogram split by gen_ai.token.type.
+METRIC_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"  # spec (legacy)
+METRIC_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.time_to_first_chunk"  # spec (legacy)
+METRIC_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.operation.time_per_output_chunk"  # (legacy)
+METRIC_TOKEN_USAGE: Final = "gen_ai.client.token.usage"  # spec (legacy)
+# spec 1.42.0-dev (opt-in): inference metrics, usage as counters by modality plus per-operation
+# token histograms.
+METRIC_INFERENCE_DURATION: Final = "gen_ai.client.inference.duration"  # spec (latest)
+METRIC_INFERENCE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.inference.time_to_first_chunk"
+METRIC_INFERENCE_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.inference.time_per_output_chunk"
+METRIC_INFERENCE_USAGE_INPUT_TOKENS: Final = "gen_ai.client.inference.usage.input_tokens"
+METRIC_INFERENCE_USAGE_OUTPUT_TOKENS: Final = "gen_ai.client.inference.usage.output_tokens"
+METRIC_INFERENCE_OPERATION_INPUT_TOKENS: Final = "gen_ai.client.inference.operation.input_tokens"
+METRIC_INFERENCE_OPERATION_OUTPUT_TOKENS: Final = "gen_ai.client.inference.operation.output_tokens"
+GEN_AI_TOKEN_MODALITY: Final = "gen_ai.token.modality"  # spec (latest): required on usage counters
+TOKEN_MODALITY_UNKNOWN: Final = "unknown"  # spec value: OpenAI usage has no per-modality split
 # local: semconv has only the server-side gen_ai.server.time_per_output_token
 METRIC_TIME_PER_OUTPUT_TOKEN: Final = "specshadow.time_per_output_token"
 METRIC_GATEWAY_OVERHEAD: Final = "specshadow.gateway.overhead"  # local

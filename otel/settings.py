@@ -64,6 +64,8 @@ class TelemetrySettings:
         1.0  # OTEL_BSP_SCHEDULE_DELAY (spec default 5 s; 1 s is livelier)
     )
     max_chunk_gap_observations: int = 128  # per leg, for time_per_output_chunk
+    # Which names the GenAI client metrics carry (OTEL_SEMCONV_STABILITY_OPT_IN; otel.semconv).
+    genai_names: sc.GenAiNames = "legacy"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> TelemetrySettings:
@@ -100,6 +102,7 @@ class TelemetrySettings:
                 )
 
         return cls(
+            genai_names=_genai_names(env.get(sc.OPT_IN_ENV, "")),
             enabled=enabled,
             service_name=service_name,
             resource_attributes=resource,
@@ -152,6 +155,20 @@ def _target(
     )
     timeout_s = _ms(env, f"OTEL_EXPORTER_OTLP_{signal}_TIMEOUT", timeout_s * 1000.0)
     return OtlpTarget(endpoint=endpoint, protocol=protocol, headers=headers, timeout_s=timeout_s)
+
+
+def _genai_names(raw: str) -> sc.GenAiNames:
+    """``OTEL_SEMCONV_STABILITY_OPT_IN`` → which GenAI names to emit.
+
+    A comma-separated list shared by every instrumentation of the process: values for other
+    categories (``http``, ``database/dup``, …) belong to them and are ignored here.
+    """
+    values = {v.strip() for v in raw.split(",") if v.strip()}
+    if sc.OPT_IN_BOTH in values:
+        return "both"
+    if sc.OPT_IN_LATEST in values:
+        return "latest"
+    return "legacy"
 
 
 def _exporters(env: Mapping[str, str], name: str) -> set[str]:

@@ -114,7 +114,9 @@ class Telemetry:
             else trace.NoOpTracerProvider().get_tracer(sc.SCOPE_NAME)
         )
         self.meter: Meter = (meter_provider or NoOpMeterProvider()).get_meter(sc.SCOPE_NAME)
-        self.instruments = inst.create_instruments(self.meter, histograms)
+        self.instruments = inst.create_instruments(
+            self.meter, histograms, genai_names=settings.genai_names
+        )
         self._policy_gauges = (
             inst.policy_generation(self.meter, self._observe_generation),
             inst.policy_last_reload_success(self.meter, self._observe_reload_success),
@@ -512,7 +514,9 @@ def _record_leg(
     rec = leg.recording
     e2e_s = rec.timings.e2e_s if rec is not None else None
     duration_s = e2e_s if e2e_s is not None else max(0.0, (leg.end_ns - leg.t0_ns) / 1e9)
-    instruments.operation_duration.record(duration_s, duration_attributes)
+    genai = instruments.genai
+    for names in genai:
+        names.duration.record(duration_s, _genai_attributes(names, duration_attributes))
     if leg.role != "primary":
         outcome = "completed" if leg.outcome == "completed" else "failed"
         counted = {sc.OUTCOME: outcome, sc.LEG_ROLE: leg.role, sc.BACKEND: leg.backend}
@@ -523,7 +527,8 @@ def _record_leg(
         return
     t = rec.timings
     if t.ttft_s is not None:
-        instruments.time_to_first_chunk.record(t.ttft_s, base)
+        for names in genai:
+            names.time_to_first_chunk.record(t.ttft_s, _genai_attributes(names, base))
     if t.tpot_s is not None:
         instruments.time_per_output_token.record(t.tpot_s, base)
     gaps = t.chunk_gaps_s
@@ -531,15 +536,11 @@ def _record_leg(
     # contributes an evenly strided sample of at most max_gaps gaps, which keeps the quantiles
     # unbiased over the stream's length (a prefix would over-weight the first tokens).
     step = max(1, -(-len(gaps) // max(1, max_gaps)))
-    instruments.time_per_output_chunk.record_many(gaps[::step], base)
-    if rec.prompt_tokens is not None:
-        instruments.token_usage.record(
-            rec.prompt_tokens, {**base, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_INPUT}
-        )
-    if rec.output_tokens is not None:
-        instruments.token_usage.record(
-            rec.output_tokens, {**base, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_OUTPUT}
-        )
+    sampled = gaps[::step]
+    for names in genai:
+        attributes = _genai_attributes(names, base)
+        names.time_per_output_chunk.record_many(sampled, attributes)
+        names.record_usage(rec.prompt_tokens, rec.output_tokens, attributes)
     if t.tokens_per_event is not None:
         instruments.tokens_per_event.record(t.tokens_per_event, {**base, **category})
     mean_length, _rate = at.vllm_acceptance(rec)
@@ -552,3 +553,10 @@ def _record_leg(
     ):
         if value is not None:
             instruments.gateway_overhead.record(value, {**base, sc.OVERHEAD_STAT: stat})
+
+
+def _genai_attributes(names: inst.GenAiMetrics, base: at.Attributes) -> at.Attributes:
+    """The latest conventions require ``gen_ai.provider.name`` on every GenAI client metric."""
+    if isinstance(names, inst.LatestGenAi):
+        return {**base, sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_OPENAI}
+    return base

@@ -42,6 +42,7 @@ PROMQL_WORDS = {
     "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "topk",
     "bottomk", "clamp_min", "clamp_max", "abs", "label_values", "offset", "bool", "delta", "deriv",
     "avg_over_time", "max_over_time", "min_over_time", "quantile", "vector", "scalar", "time",
+    "label_replace",
 }  # fmt: skip
 
 
@@ -55,8 +56,9 @@ def load_all(path: Path) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def exposition() -> dict[str, set[str]]:
-    """Sample name → label names, from a Telemetry after one synthetic exchange and every counter."""
-    telemetry = build_telemetry(TelemetrySettings())
+    """Sample name → label names, from a Telemetry after one synthetic exchange and every counter
+    (GenAI metrics under both generations of names, as the dashboard reads either)."""
+    telemetry = build_telemetry(TelemetrySettings(genai_names="both"))
     telemetry.record_exchange_metrics(make_exchange())
     telemetry.count_shadow("dropped", role="candidate", backend="candidate", reason="budget")
     telemetry.set_breaker_state("candidate", 0)
@@ -161,6 +163,24 @@ def test_dashboard_covers_the_panels_sres_asked_for() -> None:
         assert metric in exprs, metric
     for quantile in ("0.5", "0.95", "0.99"):
         assert f"histogram_quantile({quantile}, sum by (le, specshadow_leg_role)" in exprs
+
+
+def test_every_genai_panel_reads_the_default_and_the_latest_names() -> None:
+    legacy_to_latest = {
+        "gen_ai_client_operation_time_to_first_chunk_seconds": "gen_ai_client_inference_time_to_first_chunk_seconds",
+        "gen_ai_client_operation_time_per_output_chunk_seconds": "gen_ai_client_inference_time_per_output_chunk_seconds",
+        "gen_ai_client_operation_duration_seconds": "gen_ai_client_inference_duration_seconds",
+        "gen_ai_client_token_usage": "gen_ai_client_inference_usage_output_tokens_total",
+    }
+    dashboard = json.loads(DASHBOARD.read_text())
+    checked = 0
+    for panel in dashboard["panels"]:
+        exprs = " ".join(target["expr"] for target in panel.get("targets", []))
+        for legacy, latest in legacy_to_latest.items():
+            if legacy in exprs:
+                assert latest in exprs, f"{panel['title']}: reads {legacy} but not {latest}"
+                checked += 1
+    assert checked >= 5
 
 
 def test_grafana_provisioning_points_at_the_dashboard_and_datasource() -> None:

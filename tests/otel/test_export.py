@@ -11,7 +11,13 @@ from otel.setup import build_telemetry
 from otel.telemetry import Telemetry
 from tests.otel.exchanges import make_exchange
 from tests.otel.test_record import trace_exchange
-from tests.receivers.otlp import BlackHole, OtlpGrpcReceiver, OtlpHttpReceiver, ReceivedSpan
+from tests.receivers.otlp import (
+    BlackHole,
+    OtlpGrpcReceiver,
+    OtlpHttpReceiver,
+    ReceivedMetric,
+    ReceivedSpan,
+)
 
 FAST = {
     "OTEL_METRIC_EXPORT_INTERVAL": "200",
@@ -150,3 +156,63 @@ def test_failed_exports_are_counted_as_dropped() -> None:
         time.sleep(0.05)
     assert 'specshadow_reason="export_failed",specshadow_signal="spans"} 4' in text, text[-1500:]
     assert telemetry.shutdown(5.0)
+
+
+LEGACY_GENAI = {
+    sc.METRIC_OPERATION_DURATION,
+    sc.METRIC_TIME_TO_FIRST_CHUNK,
+    sc.METRIC_TIME_PER_OUTPUT_CHUNK,
+    sc.METRIC_TOKEN_USAGE,
+}
+LATEST_GENAI = {
+    sc.METRIC_INFERENCE_DURATION,
+    sc.METRIC_INFERENCE_TIME_TO_FIRST_CHUNK,
+    sc.METRIC_INFERENCE_TIME_PER_OUTPUT_CHUNK,
+    sc.METRIC_INFERENCE_USAGE_INPUT_TOKENS,
+    sc.METRIC_INFERENCE_USAGE_OUTPUT_TOKENS,
+    sc.METRIC_INFERENCE_OPERATION_INPUT_TOKENS,
+    sc.METRIC_INFERENCE_OPERATION_OUTPUT_TOKENS,
+}
+
+
+async def _genai_metrics(
+    receiver: OtlpHttpReceiver, opt_in: str | None, service: str
+) -> list[ReceivedMetric]:
+    """The gen_ai.* metrics one Telemetry (its own service.name) delivered to ``receiver``."""
+    env = {**FAST, "OTEL_SERVICE_NAME": service}
+    if opt_in is not None:
+        env[sc.OPT_IN_ENV] = opt_in
+    telemetry = build_telemetry(TelemetrySettings.from_env(receiver.env(**env)))
+
+    def mine(ms: list[ReceivedMetric]) -> list[ReceivedMetric]:
+        return [m for m in ms if m.resource.get(sc.SERVICE_NAME) == service]
+
+    try:
+        telemetry.record_exchange_metrics(make_exchange())
+        await receiver.collected.wait_for_metrics(
+            lambda ms: sc.METRIC_TIME_PER_OUTPUT_TOKEN in {m.name for m in mine(ms)}
+        )
+    finally:
+        assert await asyncio.to_thread(telemetry.shutdown, 5.0)
+    return [m for m in mine(receiver.collected.snapshot_metrics()) if m.name.startswith("gen_ai.")]
+
+
+async def test_genai_metric_names_follow_the_semconv_opt_in_at_a_real_receiver(
+    otlp_http_receiver: OtlpHttpReceiver,
+) -> None:
+    default = await _genai_metrics(otlp_http_receiver, None, "default")
+    assert {m.name for m in default} == LEGACY_GENAI
+    latest = await _genai_metrics(otlp_http_receiver, f"http,{sc.OPT_IN_LATEST}", "latest")
+    assert {m.name for m in latest} == LATEST_GENAI
+    metrics = await _genai_metrics(otlp_http_receiver, sc.OPT_IN_BOTH, "both")
+    assert {m.name for m in metrics} == LEGACY_GENAI | LATEST_GENAI
+    counted = next(m for m in metrics if m.name == sc.METRIC_INFERENCE_USAGE_OUTPUT_TOKENS)
+    histogram = next(m for m in metrics if m.name == sc.METRIC_TOKEN_USAGE)
+    assert counted.kind == "sum" and histogram.kind == "histogram"
+    # The same usage, two shapes: the counter's total is the legacy histogram's output sum.
+    legacy_output = sum(
+        p.sum or 0.0 for p in histogram.points if p.attributes[sc.GEN_AI_TOKEN_TYPE] == "output"
+    )
+    assert sum(p.value or 0 for p in counted.points) == legacy_output
+    assert all(p.attributes[sc.GEN_AI_TOKEN_MODALITY] == "unknown" for p in counted.points)
+    assert all(p.attributes[sc.GEN_AI_PROVIDER_NAME] == "openai" for p in counted.points)
