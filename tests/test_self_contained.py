@@ -54,10 +54,12 @@ def test_no_file_names_a_path_outside_the_checkout() -> None:
         if path == Path(__file__).resolve():
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
-        for number, line in enumerate(text.splitlines(), 1):
-            for match in _CLIMB.finditer(line):
-                if climbs_out(path, match.group(1)):
-                    offenders.append(f"{path.relative_to(ROOT)}:{number}: {match.group(0)}")
+        offenders.extend(
+            f"{path.relative_to(ROOT)}:{number}: {match.group(0)}"
+            for number, line in enumerate(text.splitlines(), 1)
+            for match in _CLIMB.finditer(line)
+            if climbs_out(path, match.group(1))
+        )
     assert not offenders, "paths outside the repository:\n" + "\n".join(offenders)
 
 
