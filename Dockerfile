@@ -1,13 +1,18 @@
 # specshadow gateway image: the wheel built in a throwaway stage, run as a non-root user.
+# `pip install` of the wheel without extras is the gateway alone: no numpy, matplotlib or openai
+# SDK (reports and load generation are `specshadow[report]` / `[loadgen]`, not for this image).
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY gateway ./gateway
+COPY core ./core
 COPY policies ./policies
 COPY otel ./otel
-COPY loadgen ./loadgen
 COPY simulator ./simulator
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+COPY evidence ./evidence
+COPY gateway ./gateway
+COPY loadgen ./loadgen
+COPY specshadow ./specshadow
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin specshadow

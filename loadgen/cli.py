@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.extras import require
 from loadgen.progress import Progress
 from loadgen.results import (
     SloError,
@@ -187,6 +188,7 @@ def _add_matrix(sub: Any) -> None:
 
 
 def _run_matrix(args: argparse.Namespace) -> int:
+    require("loadgen", command="matrix")
     return run_matrix_file(args.file, out=args.out, progress=not args.no_progress)
 
 

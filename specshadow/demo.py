@@ -26,6 +26,7 @@ from aiohttp import web
 
 from core.exchange import Exchange, LegResult
 from core.sinks import MemorySink
+from core.extras import require
 from core.stats import percentile
 from evidence.store import query_records
 from gateway.settings import Settings
@@ -136,6 +137,7 @@ def simulated_backends() -> tuple[SimConfig, SimConfig]:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    require("report", command="demo")
     from loadgen.report import build_report
     from loadgen.results import summarize, write_results
     from loadgen.trace import bundled_trace, read_trace

@@ -14,6 +14,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from core.extras import MissingExtra
 from evidence import cli as records_cli
 from loadgen import cli as loadgen_cli
 from loadgen.report import cli as report_cli
@@ -51,5 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except MissingExtra as exc:
+        print(exc, file=sys.stderr)
+        return 2
     return result

@@ -6,10 +6,13 @@ import argparse
 import sys
 from typing import Any
 
+from core.extras import require
+
 __all__ = ["register"]
 
 
 def _run(args: argparse.Namespace) -> int:
+    require("report", command="report")
     # Imported here: numpy and matplotlib load only when a report is built, not for every command.
     from loadgen.report import build_report
     from loadgen.report.inputs import read_records, read_results

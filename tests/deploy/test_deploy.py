@@ -314,3 +314,12 @@ def test_prometheus_config_passes_promtool() -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr + shlex.join(proc.args)
+
+
+def test_the_image_copies_every_product_package_and_installs_no_extra() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", dockerfile, re.M))
+    packages = set(re.findall(r'"(\w+)\*"', (ROOT / "pyproject.toml").read_text()))
+    assert copied == packages  # pyproject's [tool.setuptools.packages.find] include list
+    installs = re.findall(r"pip install [^\n]*", dockerfile)
+    assert installs == ["pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels"]  # no [extra]
