@@ -25,8 +25,8 @@ from typing import Any
 from aiohttp import web
 
 from core.exchange import Exchange, LegResult
-from core.sinks import MemorySink
 from core.extras import require
+from core.sinks import MemorySink
 from core.stats import percentile
 from evidence.store import query_records
 from gateway.settings import Settings
