@@ -1,4 +1,4 @@
-"""``specshadow records --store PATH [--since ISO | --last 1h] [--category C] [--limit N]``.
+"""``specshadow records --store PATH [--store PATH …] [--since ISO | --last 1h] [--category C] [--limit N]``.
 
 Prints the store's comparison records as JSON lines (one record per line, oldest first), for
 scripts and other tools; the schema is in docs/records.md. ``--limit N`` keeps the newest N.
@@ -10,10 +10,13 @@ import argparse
 import re
 import sys
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from core import jsonx
+from evidence.sources import JSON_SUFFIXES, SourceError, read_records
 from evidence.store import query_records
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
@@ -43,7 +46,14 @@ def register(subparsers: Any) -> None:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "records", help="print comparison records from a store as JSON lines"
     )
-    p.add_argument("--store", required=True, help="the record store (SQLite file)")
+    p.add_argument(
+        "--store",
+        action="append",
+        required=True,
+        metavar="PATH",
+        help="a record store (SQLite), records JSONL, or a collector's OTLP JSON file; repeatable "
+        "(one per gateway replica): records are deduplicated by exchange id",
+    )
     when = p.add_mutually_exclusive_group()
     when.add_argument(
         "--since", type=parse_time_unix_ns, default=None, help="ISO 8601 time (UTC if no zone)"
@@ -62,19 +72,47 @@ def run(args: argparse.Namespace) -> int:
     if args.last is not None:
         since = time.time_ns() - int(args.last * 1e9)
     try:
+        if len(args.store) == 1 and Path(args.store[0]).suffix not in JSON_SUFFIXES:
+            # One store: the filters run as SQL, on its indexes.
+            records: Iterable[dict[str, Any]] = query_records(
+                args.store[0],
+                since_unix_ns=since,
+                until_unix_ns=args.until,
+                category=args.category,
+                limit=args.limit,
+            )
+        else:
+            records = select(
+                read_records(args.store), since, args.until, args.category, args.limit
+            )
         out = sys.stdout.buffer
-        for record in query_records(
-            args.store,
-            since_unix_ns=since,
-            until_unix_ns=args.until,
-            category=args.category,
-            limit=args.limit,
-        ):
+        for record in records:
             out.write(jsonx.dumps(record) + b"\n")
         out.flush()
-    except FileNotFoundError:
-        print(f"{args.store}: no such record store", file=sys.stderr)
+    except FileNotFoundError as exc:
+        print(f"{exc.filename or exc}: no such record store", file=sys.stderr)
+        return 1
+    except SourceError as exc:
+        print(f"specshadow records: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `specshadow records … | head` is normal use
         return 0
     return 0
+
+
+def select(
+    records: list[dict[str, Any]],
+    since_unix_ns: int | None,
+    until_unix_ns: int | None,
+    category: str | None,
+    limit: int | None,
+) -> list[dict[str, Any]]:
+    """The same filters as :func:`~evidence.store.query_records`, over records in memory."""
+    chosen = [
+        r
+        for r in records
+        if (since_unix_ns is None or r["started_unix_ns"] >= since_unix_ns)
+        and (until_unix_ns is None or r["started_unix_ns"] < until_unix_ns)
+        and (category is None or r.get("category") == category)
+    ]
+    return chosen[-limit:] if limit is not None else chosen

@@ -14,11 +14,12 @@ from core.sinks import MemorySink
 from gateway.settings import Settings, UpstreamSettings
 from specshadow.app import build_app
 from tests.fakes.upstream import FakeUpstream, Script
+from tests.receivers.collector_file import collector_file
 from tests.receivers.otlp import otlp_grpc_receiver, otlp_http_receiver
 from tests.receivers.prometheus import prometheus_server
 
 # Fixtures defined in tests/receivers, made available to every test directory.
-__all__ = ["otlp_grpc_receiver", "otlp_http_receiver", "prometheus_server"]
+__all__ = ["collector_file", "otlp_grpc_receiver", "otlp_http_receiver", "prometheus_server"]
 
 
 async def start_server(app: web.Application) -> TestServer:

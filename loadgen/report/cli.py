@@ -14,8 +14,9 @@ __all__ = ["register"]
 def _run(args: argparse.Namespace) -> int:
     require("report", command="report")
     # Imported here: numpy and matplotlib load only when a report is built, not for every command.
+    from evidence.sources import SourceError, read_records
     from loadgen.report import build_report
-    from loadgen.report.inputs import read_records, read_results
+    from loadgen.report.inputs import read_results
 
     if not args.store and not args.results:
         print("specshadow report: give --store and/or --results", file=sys.stderr)
@@ -23,10 +24,10 @@ def _run(args: argparse.Namespace) -> int:
     try:
         records = read_records(args.store) if args.store else []
         results = [r for path in args.results for r in read_results(path)]
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SourceError) as exc:
         print(f"specshadow report: {exc}", file=sys.stderr)
         return 2
-    sources = ([f"store {args.store}"] if args.store else []) + [
+    sources = [f"store {path}" for path in args.store] + [
         f"results {p}" for p in args.results
     ]
     paths = build_report(records, results, args.out, sources=sources)
@@ -42,7 +43,14 @@ def register(subparsers: Any) -> None:
         "report",
         help="build the adoption report (HTML + Markdown) from records and/or matrix results",
     )
-    p.add_argument("--store", default=None, help="record store (SQLite) or records JSONL")
+    p.add_argument(
+        "--store",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="record store (SQLite), records JSONL, or a collector's OTLP JSON file; repeatable "
+        "(one per gateway replica; deduplicated by exchange id)",
+    )
     p.add_argument(
         "--results", action="append", default=[], help="loadgen/matrix results JSONL (repeatable)"
     )

@@ -14,7 +14,7 @@ from typing import Any
 
 from core import jsonx
 
-__all__ = ["read_jsonl", "read_records", "read_results"]
+__all__ = ["read_jsonl", "read_results"]
 
 
 def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
@@ -28,18 +28,6 @@ def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
                 raise ValueError(f"{path}:{number}: invalid JSON: {exc}") from exc
             if isinstance(obj, dict):
                 yield obj
-
-
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """All records at ``path`` (SQLite store, JSONL file, or a folder of JSONL files)."""
-    p = Path(path)
-    if p.is_dir():
-        return [r for f in sorted(p.glob("*.jsonl")) for r in read_jsonl(f)]
-    if p.suffix in (".jsonl", ".json", ".ndjson"):
-        return list(read_jsonl(p))
-    from evidence.store import query_records
-
-    return list(query_records(p))
 
 
 def read_results(path: str | Path) -> list[dict[str, Any]]:

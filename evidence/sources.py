@@ -1,0 +1,112 @@
+"""Reading comparison records back: from several stores and files at once, deduplicated.
+
+A fleet of N gateway replicas keeps N embedded stores, or exports every record as an OTLP log
+record to a collector. :func:`read_records` takes any mix of:
+
+- an embedded SQLite store (``serve --store``);
+- a JSON Lines file of records (what ``specshadow records`` prints), or a folder of them;
+- a JSON Lines file the OpenTelemetry Collector's ``file`` exporter wrote (``format: json``): one
+  OTLP/JSON ``{"resourceLogs": [...]}`` object per line, records as the ``specshadow.record`` log
+  records' bodies (a folder of ``*.json``/``*.jsonl`` files — the exporter's rotated files — too).
+
+Records are deduplicated by ``exchange_id`` (the same exchange can arrive twice: an OTLP client
+that got no acknowledgement resends, a store and its log export can both be read) and returned in
+one canonical order — by start time, then exchange id — so a report over the union of several
+stores is the report over one store that holds the same exchanges.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from core import jsonx
+from evidence.store import query_records
+
+RECORD_EVENT = "specshadow.record"  # the event name of a record's log record (otel.semconv)
+JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
+
+
+class SourceError(ValueError):
+    """A source that is not a store, a records file or a collector file (message names it)."""
+
+
+def read_records(sources: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Every record in ``sources``, deduplicated by exchange id, oldest first."""
+    seen: dict[str, dict[str, Any]] = {}
+    for source in sources:
+        for record in records_in(source):
+            exchange_id = str(record.get("exchange_id", ""))
+            if exchange_id and exchange_id not in seen:
+                seen[exchange_id] = record
+    return sorted(seen.values(), key=lambda r: (int(r.get("started_unix_ns") or 0), str(r["exchange_id"])))
+
+
+def records_in(source: str | Path) -> Iterator[dict[str, Any]]:
+    """The records of one source, as stored (not deduplicated)."""
+    path = Path(source)
+    if path.is_dir():
+        for child in sorted(p for p in path.iterdir() if p.suffix in JSON_SUFFIXES):
+            yield from _json_lines(child)
+        return
+    if not path.exists():
+        raise SourceError(f"{path}: no such store or file")
+    if path.suffix in JSON_SUFFIXES:
+        yield from _json_lines(path)
+        return
+    try:
+        yield from query_records(path)
+    except sqlite3.DatabaseError as exc:
+        raise SourceError(f"{path}: not a record store ({exc}), nor a .jsonl file") from exc
+
+
+def _json_lines(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open("rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = jsonx.loads(line)
+            except jsonx.JSONDecodeError as exc:
+                raise SourceError(f"{path}:{number}: invalid JSON: {exc}") from exc
+            if not isinstance(obj, dict):
+                continue
+            if "resourceLogs" in obj:
+                yield from otlp_records(obj)
+            elif "exchange_id" in obj:
+                yield obj
+
+
+def otlp_records(export: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """The records carried by one OTLP/JSON logs object (``{"resourceLogs": [...]}``).
+
+    Every level is optional (pdata omits empty fields); a log record is a specshadow record when
+    its event name (or, from collectors that predate ``eventName``, its body's schema) says so.
+    """
+    for resource_logs in _list(export.get("resourceLogs")):
+        for scope_logs in _list(resource_logs.get("scopeLogs")):
+            for log_record in _list(scope_logs.get("logRecords")):
+                record = _record_of(log_record)
+                if record is not None:
+                    yield record
+
+
+def _record_of(log_record: Mapping[str, Any]) -> dict[str, Any] | None:
+    event = log_record.get("eventName")
+    body = log_record.get("body")
+    text = body.get("stringValue") if isinstance(body, Mapping) else None
+    if not isinstance(text, str) or event not in (RECORD_EVENT, None, ""):
+        return None
+    try:
+        record = jsonx.loads(text)
+    except jsonx.JSONDecodeError:
+        return None
+    if not isinstance(record, dict) or not str(record.get("schema", "")).startswith("specshadow.record/"):
+        return None
+    return record
+
+
+def _list(value: object) -> Iterable[Mapping[str, Any]]:
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
