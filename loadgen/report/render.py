@@ -17,7 +17,7 @@ __all__ = ["render_html", "render_markdown"]
 _CSS = """
 :root{--ink:#1d2330;--muted:#5b6472;--line:#e3e6ea;--bg:#f7f8fa;--adopt:#2e7d32;--no:#c62828;--nd:#757575}
 *{box-sizing:border-box}body{margin:0;font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--ink);background:var(--bg)}
-main{max-width:1080px;margin:0 auto;padding:28px 28px 60px}
+main{max-width:1280px;margin:0 auto;padding:28px 28px 60px}
 h1{font-size:26px;margin:0 0 4px}h2{font-size:19px;margin:34px 0 10px;padding-top:10px;border-top:1px solid var(--line)}
 h3{font-size:15px;margin:18px 0 6px}.sub{color:var(--muted);margin:0 0 18px}
 .cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(235px,1fr));gap:12px}
@@ -30,9 +30,10 @@ h3{font-size:15px;margin:18px 0 6px}.sub{color:var(--muted);margin:0 0 18px}
 .callout.warn{border-left:6px solid #f2a900}.callout.ok{border-left:6px solid var(--adopt)}
 figure{margin:10px 0;background:#fff;border:1px solid var(--line);border-radius:8px;padding:8px;text-align:center}
 figure img{max-width:100%;height:auto}figcaption{color:var(--muted);font-size:13px}
-div.scroll{overflow-x:auto;margin:8px 0}table{border-collapse:collapse;width:100%;background:#fff;border:1px solid var(--line);font-size:13px;margin:8px 0}
-th,td{padding:5px 8px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap}
-th:first-child,td:first-child,th.l,td.l{text-align:left}th{background:#eef1f5;font-weight:600}
+div.scroll{overflow-x:auto;margin:8px 0;background:#fff;border:1px solid var(--line);border-radius:8px}
+table{border-collapse:collapse;width:100%;font-size:12.5px;font-variant-numeric:tabular-nums}
+th,td{padding:4px 7px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap}tr:last-child td{border-bottom:0}
+th:first-child,td:first-child,th.l,td.l{text-align:left}th{background:#eef1f5;font-weight:600;white-space:normal;vertical-align:bottom;line-height:1.25}
 ol.check li{margin:4px 0}.muted{color:var(--muted)}code{background:#eef1f5;padding:0 4px;border-radius:3px}
 pre{white-space:pre-wrap;background:#fff;border:1px solid var(--line);padding:8px;border-radius:6px;font-size:12px;max-height:160px;overflow:auto}
 """

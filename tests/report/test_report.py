@@ -161,3 +161,62 @@ def test_the_report_renders_every_plot_without_errors_in_headless_chromium(tmp_p
         profile=tmp_path / "profile",
     )
     assert shot.stat().st_size > 50_000
+
+
+LAYOUT = """<script>
+window.addEventListener("load", function () {
+  // Every element must stay inside the page's column, unless it sits in a scrolling card; at
+  // wide=1 every table must also fit its card without scrolling.
+  var main = document.querySelector("main");
+  var limit = main.getBoundingClientRect().right + 1;
+  var wide = document.documentElement.clientWidth >= 1400;
+  function scrolls(el) {
+    for (var p = el.parentElement; p && p !== main; p = p.parentElement) {
+      var s = getComputedStyle(p).overflowX;
+      if ((s === "auto" || s === "scroll") && p.getBoundingClientRect().right <= limit) return true;
+    }
+    return false;
+  }
+  var bad = [];
+  Array.prototype.forEach.call(main.querySelectorAll("*"), function (el) {
+    var r = el.getBoundingClientRect();
+    if (r.width > 0 && r.right > limit && !scrolls(el)) bad.push("overflows:" + el.tagName + "." + el.className);
+  });
+  Array.prototype.forEach.call(main.querySelectorAll("table"), function (t) {
+    var card = t.parentElement;
+    if (card.className !== "scroll") bad.push("table-outside-a-card");
+    else if (wide && card.scrollWidth > card.clientWidth + 1) bad.push("scrolls-at-1400:" + t.rows[0].textContent.slice(0, 40));
+  });
+  var marker = document.createElement("div");
+  marker.id = "layout-check";
+  marker.textContent = bad.length ? bad.slice(0, 6).join(" | ") : "layout ok";
+  document.body.appendChild(marker);
+});
+</script>"""
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(
+    CHROMIUM is None and os.environ.get("CI", "").lower() not in {"1", "true", "yes"},
+    reason="Debian's chromium is not installed",
+)
+@pytest.mark.parametrize("width", [1400, 720])
+def test_every_table_fits_its_card_at_1400px_and_scrolls_inside_it_when_narrow(tmp_path, width):
+    paths = build_report(sample_records(), MATRIX_ROWS + LOADGEN_ROWS, tmp_path / "report")
+    page = tmp_path / "layout.html"
+    page.write_text(with_harness(paths.html.read_text(), LAYOUT))
+    dom = chromium(
+        "--dump-dom", f"--window-size={width},2400", page.as_uri(), profile=tmp_path / "profile"
+    )
+    found = re.search(r'id="layout-check">([^<]*)<', dom)
+    assert found is not None and found.group(1) == "layout ok", found and found.group(1)
+    # The check itself fails on a table wider than the page (a card that cannot hold it).
+    wide = paths.html.read_text().replace(
+        "<tbody>", "<tbody><tr>" + "<td>" + "x" * 3000 + "</td></tr>", 1
+    )
+    page.write_text(with_harness(wide.replace('class="scroll"', 'class="noscroll"', 1), LAYOUT))
+    dom = chromium(
+        "--dump-dom", f"--window-size={width},2400", page.as_uri(), profile=tmp_path / "profile"
+    )
+    found = re.search(r'id="layout-check">([^<]*)<', dom)
+    assert found is not None and "overflows:" in found.group(1)
