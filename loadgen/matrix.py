@@ -40,9 +40,8 @@ import logging
 import os
 import re
 import shlex
-import signal
-import socket
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from core import jsonx
+from core.procs import ChildProcess, ProcessError, free_port, wait_http_ready_async
 from core.stats import mean, percentiles
 from loadgen.client import RequestResult, RequestSettings
 from loadgen.progress import Progress
@@ -265,12 +265,6 @@ def stable_regions(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 # -- I/O: backends and the sweep ------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass(frozen=True, slots=True)
 class LiveBackend:
     config: BackendConfig
@@ -278,38 +272,12 @@ class LiveBackend:
     metrics_url: str | None
 
 
-async def _wait_ready(url: str, proc: asyncio.subprocess.Process, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as session:
-        while time.monotonic() < deadline:
-            if proc.returncode is not None:
-                raise MatrixError(f"backend command exited with {proc.returncode} before ready")
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with session.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            await asyncio.sleep(0.1)
-    raise MatrixError(f"backend not ready at {url} after {timeout_s:.0f} s")
-
-
-async def _stop(proc: asyncio.subprocess.Process, timeout_s: float = 20.0) -> None:
-    if proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        await asyncio.wait_for(proc.wait(), timeout_s)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
-
-
 @contextlib.asynccontextmanager
 async def started_backend(config: BackendConfig) -> AsyncIterator[LiveBackend]:
-    """The backend for the ``async with`` body: started from its command (own process group,
-    stopped on exit) or used as it is."""
-    port = config.port or _free_port()
+    """The backend for the ``async with`` body: started from its command (a
+    :class:`core.procs.ChildProcess`: own process group, output in a temporary log whose tail a
+    startup failure shows, the whole group stopped on exit) or used as it is."""
+    port = config.port or free_port()
 
     def fill(template: str | None) -> str | None:
         return None if template is None else template.replace("{port}", str(port))
@@ -323,19 +291,24 @@ async def started_backend(config: BackendConfig) -> AsyncIterator[LiveBackend]:
     if argv and argv[0] == "specshadow":  # run the CLI of this very installation
         argv = [sys.executable, "-m", "specshadow", *argv[1:]]
     log.info("starting backend %s: %s", config.name, shlex.join(argv))
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdout=asyncio.subprocess.DEVNULL,
-        stdin=asyncio.subprocess.DEVNULL,
-        env={**os.environ, **config.env},
-        start_new_session=True,
-    )
-    try:
-        ready = fill(config.ready_url) or base_url.rstrip("/") + "/models"
-        await _wait_ready(ready, proc, config.ready_timeout_s)
-        yield LiveBackend(config, base_url, metrics_url)
-    finally:
-        await _stop(proc)
+    with tempfile.TemporaryDirectory(prefix="specshadow-matrix-") as log_dir:
+        proc = ChildProcess(
+            argv,
+            name=f"backend {config.name}",
+            log_path=Path(log_dir) / "backend.log",
+            env={**os.environ, **config.env},
+        )
+        try:
+            ready = fill(config.ready_url) or base_url.rstrip("/") + "/models"
+            try:
+                await wait_http_ready_async(
+                    ready, proc, config.ready_timeout_s, interval_s=0.1, request_timeout_s=5.0
+                )
+            except ProcessError as exc:
+                raise MatrixError(str(exc)) from None
+            yield LiveBackend(config, base_url, metrics_url)
+        finally:
+            await asyncio.to_thread(proc.stop, 20.0)
 
 
 _GAUGE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{[^}]*\})?\s+([-+0-9.eEnaNIif]+)\s*$", re.M)

@@ -16,16 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -34,7 +29,35 @@ from types import TracebackType
 from typing import Literal, Self
 
 from core import jsonx
+from core.procs import (
+    ChildProcess,
+    ProcessError,
+    free_port,
+    http_ok,
+    log_tail,
+    rss_bytes,
+    session_pids,
+    wait_http_ready,
+)
 from loadgen.vllm.setup import VllmEnv
+
+__all__ = [
+    "MAX_MODEL_LEN",
+    "SERVED_MODEL_NAME",
+    "SpecConfig",
+    "VllmServer",
+    "VllmServerError",
+    "VllmServerSpec",
+    "free_port",
+    "rss_bytes",
+    "running_servers",
+    "server_command",
+    "server_environment",
+    "session_pids",
+    "speculative_config",
+    "start_servers",
+    "stop_servers",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +66,6 @@ SERVED_MODEL_NAME = "tiny-llama"
 MAX_MODEL_LEN = 1024
 READY_TIMEOUT_S = 300.0  # 25–50 s alone; three at once on a busy 2-core box took 150 s
 STOP_TIMEOUT_S = 20.0
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,19 +140,7 @@ def server_environment(base: Mapping[str, str], env: VllmEnv, work_dir: Path) ->
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-class VllmServerError(RuntimeError):
+class VllmServerError(ProcessError):
     """The server exited or did not become ready; the message ends with the tail of its log."""
 
 
@@ -151,7 +161,7 @@ class VllmServer:
         self.ready_timeout_s = ready_timeout_s
         self._log_path = log_path
         self._work_dir: Path | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: ChildProcess | None = None
         self.started_s: float | None = None  # launch → ready, seconds
 
     @property
@@ -177,7 +187,7 @@ class VllmServer:
     @property
     def returncode(self) -> int | None:
         """The exit status once the process has exited, else ``None`` (also before launch)."""
-        return None if self._proc is None else self._proc.poll()
+        return None if self._proc is None else self._proc.returncode
 
     def process_ids(self) -> list[int]:
         """The server's live processes (its session: the API server and the engine workers)."""
@@ -194,45 +204,44 @@ class VllmServer:
             (self._work_dir / sub).mkdir()
         cmd = server_command(self.spec, self.env, self.port)
         log.info("starting vLLM %s (%s) on port %d", self.spec.name, self.spec.config, self.port)
-        with self.log_path.open("wb") as log_file:
-            self._proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=server_environment(os.environ, self.env, self._work_dir),
-                cwd=self._work_dir,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
-        self._launched_ns = time.perf_counter_ns()
+        # On the parent's death vLLM gets SIGTERM (not SIGKILL), so it can end its engine workers.
+        self._proc = ChildProcess(
+            cmd,
+            name=f"vLLM {self.spec.name}",
+            log_path=self.log_path,
+            env=server_environment(os.environ, self.env, self._work_dir),
+            cwd=self._work_dir,
+            pdeathsig="TERM",
+            error=VllmServerError,
+            tail_lines=40,
+        )
+
+    def _launched(self) -> ChildProcess:
+        if self._proc is None:
+            raise RuntimeError("server not launched")
+        return self._proc
+
+    @property
+    def _models_url(self) -> str:
+        return f"{self.base_url}/v1/models"
+
+    def _note_started(self, proc: ChildProcess) -> None:
+        if self.started_s is None:
+            self.started_s = (time.perf_counter_ns() - proc.started_ns) / 1e9
 
     def poll_ready(self) -> bool:
         """``True`` once ``GET /v1/models`` answers 200; raises if the process has exited."""
-        if self._proc is None:
-            raise RuntimeError("server not launched")
-        if self._proc.poll() is not None:
-            raise VllmServerError(
-                f"vLLM {self.spec.name} exited with {self._proc.returncode}:\n{self.log_tail()}"
-            )
-        try:
-            with urllib.request.urlopen(f"{self.base_url}/v1/models", timeout=2) as resp:
-                ready = bool(resp.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-        if ready and self.started_s is None:
-            self.started_s = (time.perf_counter_ns() - self._launched_ns) / 1e9
+        proc = self._launched()
+        proc.check_running()
+        ready = http_ok(self._models_url, timeout_s=2)
+        if ready:
+            self._note_started(proc)
         return ready
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout_s
-        while not self.poll_ready():
-            if time.monotonic() > deadline:
-                raise VllmServerError(
-                    f"vLLM {self.spec.name} not ready after {self.ready_timeout_s:.0f} s:\n"
-                    f"{self.log_tail()}"
-                )
-            time.sleep(0.5)
+        proc = self._launched()
+        wait_http_ready(self._models_url, proc, self.ready_timeout_s, interval_s=0.5)
+        self._note_started(proc)
         log.info("vLLM %s ready at %s in %.1f s", self.spec.name, self.base_url, self.started_s)
 
     def warm_up(self) -> None:
@@ -265,16 +274,16 @@ class VllmServer:
 
     def log_tail(self, lines: int = 40) -> str:
         try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
+            path = self.log_path
+        except RuntimeError:
             return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(path, lines) or "(no log)"
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM the process group, SIGKILL what is left after ``timeout_s``; remove the work folder."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            _terminate_group(proc, timeout_s)
+            proc.stop(timeout_s)
             log.info("vLLM %s stopped", self.spec.name)
         if self._work_dir is not None:
             shutil.rmtree(self._work_dir, ignore_errors=True)
@@ -297,61 +306,6 @@ class VllmServer:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         await asyncio.to_thread(self.stop)
-
-
-def session_pids(sid: int) -> list[int]:
-    """Ids of the live processes in session ``sid`` (Linux ``/proc``): a server and its workers."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # exited while we looked
-        if int(fields[3]) == sid and fields[0] != "Z":  # fields: state ppid pgrp session ...
-            pids.append(int(stat.parent.name))
-    return sorted(pids)
-
-
-def rss_bytes(pids: Iterable[int]) -> int:
-    """Sum of resident set sizes (``VmRSS``); shared pages are counted once per process."""
-    total = 0
-    for pid in pids:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                total += int(line.split()[1]) * 1024
-    return total
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # a reused id we do not own: ours is gone
-        return False
-    return True
-
-
-def _terminate_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    pgid = proc.pid  # start_new_session: the group id is the leader's pid
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=timeout_s)
-    while _group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if _group_alive(pgid):
-        log.warning("vLLM process group %d ignored SIGTERM for %.0f s: killing", pgid, timeout_s)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-    proc.wait()
-    while _group_alive(pgid):  # SIGKILL cannot be ignored; the kernel reaps within milliseconds
-        time.sleep(0.05)
 
 
 def start_servers(specs: Iterable[VllmServerSpec], env: VllmEnv) -> list[VllmServer]:

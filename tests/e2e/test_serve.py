@@ -14,7 +14,8 @@ import aiohttp
 import openai
 import pytest
 
-from tests.reliability.helpers import free_port, spawn_gateway
+from core.procs import free_port
+from tests.reliability.helpers import spawn_gateway
 
 pytestmark = pytest.mark.e2e
 

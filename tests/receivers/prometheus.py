@@ -12,7 +12,6 @@ import asyncio
 import math
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -21,6 +20,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+
+from core.procs import ChildProcess, ProcessError, free_port, wait_http_ready_async
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
@@ -34,13 +35,6 @@ requires_prometheus = pytest.mark.skipif(
 requires_promtool = pytest.mark.skipif(
     PROMTOOL is None and not _IN_CI, reason="promtool (Debian's prometheus) is not installed"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def promtool_check_metrics(exposition: bytes) -> tuple[bool, str]:
@@ -82,8 +76,7 @@ class PrometheusServer:
         self.workdir = workdir
         config = workdir / "prometheus.yml"
         config.write_text(scrape_config(targets, interval_s=interval_s))
-        self._log = (workdir / "prometheus.log").open("wb")
-        self._proc = subprocess.Popen(
+        self._proc = ChildProcess(
             [
                 PROMETHEUS,
                 f"--config.file={config}",
@@ -91,8 +84,8 @@ class PrometheusServer:
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--log.level=warn",
             ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+            name="prometheus",
+            log_path=workdir / "prometheus.log",
         )
 
     @property
@@ -100,25 +93,15 @@ class PrometheusServer:
         return f"http://127.0.0.1:{self.port}"
 
     def log_text(self) -> str:
-        self._log.flush()
-        return (self.workdir / "prometheus.log").read_text(errors="replace")
+        return self._proc.log_bytes().decode(errors="replace")
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                if self._proc.poll() is not None:
-                    pytest.fail(
-                        f"prometheus exited with {self._proc.returncode}:\n{self.log_text()}"
-                    )
-                try:
-                    async with session.get(f"{self.url}/-/ready") as resp:
-                        if resp.status == 200:
-                            return
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
-        pytest.fail(f"prometheus not ready after {timeout_s} s:\n{self.log_text()}")
+        try:
+            await wait_http_ready_async(
+                f"{self.url}/-/ready", self._proc, timeout_s, interval_s=0.1
+            )
+        except ProcessError as exc:
+            pytest.fail(str(exc))
 
     async def query(self, promql: str) -> list[dict[str, Any]]:
         """An instant query; returns ``data.result`` (a vector: ``[{"metric": {...}, "value": [t, "v"]}]``)."""
@@ -149,14 +132,7 @@ class PrometheusServer:
         )
 
     def stop(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(5)
-        self._log.close()
+        self._proc.stop(10.0)
 
     def __enter__(self) -> PrometheusServer:
         return self

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from typing import IO, Any
 import aiohttp
 
 from core.exchange import Exchange
+from core.procs import free_port
 from core.sinks import MemorySink
 
 PROMPT = "Tell me about speculative decoding."
@@ -39,12 +39,6 @@ def chat(*, stream: bool, max_tokens: int = 16, prompt: str = PROMPT) -> dict[st
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     return body
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def closed_url() -> str:

@@ -11,15 +11,14 @@ import aiohttp
 import pytest
 
 from core import jsonx
+from core.procs import rss_bytes, session_pids
 from loadgen.vllm.server import (
     SERVED_MODEL_NAME,
     VllmServer,
     VllmServerError,
     VllmServerSpec,
-    rss_bytes,
     server_command,
     server_environment,
-    session_pids,
 )
 from loadgen.vllm.setup import VllmEnv
 from tests.vllm.conftest import trace_requests
