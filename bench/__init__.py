@@ -1,7 +1,9 @@
 """Benchmarks: real processes on 127.0.0.1, measured from the client's side (not timed tests).
 
-- ``bench.harness``: the process fleet (start, readiness, always-kill), the stamped-SSE streaming
-  client, per-request analysis, summaries and fixed-width tables.
+- the plumbing every benchmark shares: ``bench.fleet`` (the process fleet on ``core.procs``: start,
+  readiness, always-stop; CPU pinning), ``bench.client`` (the stamped-SSE streaming client,
+  interleaved arms), ``bench.analysis`` (per-request metrics through ``core.recorder``, summaries,
+  distributions) and ``bench.tables`` (targets, fixed-width tables, run context, ``run_main``).
 - ``bench.proxy_overhead``: direct-to-upstream vs through the gateway, interleaved (issue 2).
 - ``bench.shadow_isolation``: the primary's latency with shadows off / healthy / slow / hung /
   refusing, interleaved (issue 3).

@@ -1,8 +1,8 @@
 """The performance suite's phases (issue 8): each starts its own fleet, measures, and judges.
 
-A phase owns its processes (a :class:`~bench.harness.Fleet`), so processes of one phase never sit
+A phase owns its processes (a :class:`~bench.fleet.Fleet`), so processes of one phase never sit
 on the gateway's core during another. Every phase returns a :class:`Phase`: rendered tables,
-the targets it judges (:class:`~bench.harness.Check`) and its numbers for ``--json``.
+the targets it judges (:class:`~bench.tables.Check`) and its numbers for ``--json``.
 
 Arms (each a real process on the gateway's core, except ``direct``):
 
@@ -34,25 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import litellm_arm
-from bench.harness import (
-    Arm,
-    ArmSummary,
-    Check,
-    Fleet,
-    RequestMetrics,
-    StreamResult,
-    by_arm,
-    chat_body,
-    get_json,
-    minus,
-    ratio,
-    render_table,
-    run_interleaved,
-    simulator_args,
-    split_events,
-    summarize,
-)
+from bench.analysis import ArmSummary, RequestMetrics, by_arm, minus, ratio, split_events, summarize
+from bench.client import Arm, StreamResult, chat_body, get_json, run_interleaved
+from bench.fleet import Fleet, simulator_args
 from bench.procstat import cpu_s, rss_kib
+from bench.tables import Check, render_table
 from bench.throughput import ThroughputResult, closed_loop, nonstream_body, open_loop
 from core.stats import percentiles
 

@@ -24,16 +24,9 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.harness import (
-    CLIENT_CPU,
-    Arm,
-    Fleet,
-    chat_body,
-    pin_self,
-    run_interleaved,
-    run_main,
-    simulator_args,
-)
+from bench.client import Arm, chat_body, run_interleaved
+from bench.fleet import CLIENT_CPU, Fleet, pin_self, simulator_args
+from bench.tables import run_main
 from bench.throughput import closed_loop, nonstream_body
 
 

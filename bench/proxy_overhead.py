@@ -20,28 +20,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.harness import (
-    CLIENT_CPU,
-    Arm,
-    ArmSummary,
+from bench.analysis import ArmSummary, RequestMetrics, by_arm, minus, ratio, summarize
+from bench.client import Arm, chat_body, run_interleaved
+from bench.fleet import CLIENT_CPU, Fleet, pin_self, simulator_args
+from bench.tables import (
     Check,
-    Fleet,
-    RequestMetrics,
     add_common_args,
-    by_arm,
-    chat_body,
     load_line,
     machine,
-    minus,
-    pin_self,
     pinning_line,
-    ratio,
     render_checks,
     render_table,
-    run_interleaved,
     run_main,
-    simulator_args,
-    summarize,
     write_json,
 )
 from core.stats import percentiles

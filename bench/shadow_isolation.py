@@ -25,31 +25,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.harness import (
-    CLIENT_CPU,
-    Arm,
-    ArmSummary,
+from bench.analysis import ArmSummary, RequestMetrics, by_arm, ratio, summarize
+from bench.client import Arm, chat_body, get_json, run_interleaved
+from bench.fleet import CLIENT_CPU, Fleet, pin_self, simulator_args
+from bench.tables import (
     Check,
-    Fleet,
-    RequestMetrics,
     add_common_args,
-    by_arm,
-    chat_body,
-    free_port,
-    get_json,
     load_line,
     machine,
-    pin_self,
     pinning_line,
-    ratio,
     render_checks,
     render_table,
-    run_interleaved,
     run_main,
-    simulator_args,
-    summarize,
     write_json,
 )
+from core.procs import free_port
 
 BASELINE = "off"
 NOISE_FLOOR = "off-copy"

@@ -26,17 +26,9 @@ from importlib.metadata import version
 import aiohttp
 
 from bench import litellm_arm, phases
-from bench.harness import (
-    CLIENT_CPU,
-    can_pin,
-    load_line,
-    machine,
-    pin_self,
-    pinning_line,
-    render_checks,
-    run_main,
-    write_json,
-)
+from bench.fleet import CLIENT_CPU, pin_self
+from bench.tables import load_line, machine, pinning_line, render_checks, run_main, write_json
+from core.procs import can_pin
 
 PHASES = ("latency", "concurrent", "throughput", "paced", "memory")
 FULL = {

@@ -24,7 +24,8 @@ from typing import TypeVar, cast
 import aiohttp
 from yarl import URL
 
-from bench.harness import Arm, Dist, dist_ms
+from bench.analysis import Dist, dist_ms
+from bench.client import Arm
 from bench.procstat import cpu_s
 
 T = TypeVar("T")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from bench.harness import Read, StreamResult, analyze, render_table, split_events
+from bench.analysis import analyze, split_events
+from bench.client import Read, StreamResult
+from bench.tables import render_table
 
 MS = 1_000_000
 ROLE = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-from bench.harness import Check, Read, StreamResult
+from bench.client import Read, StreamResult
 from bench.phases import stamp_errors_ns
 from bench.procstat import cpu_s, rss_kib
+from bench.tables import Check
 from tests.bench.test_harness import ROLE, event, token
 
 MS = 1_000_000
