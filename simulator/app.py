@@ -33,6 +33,7 @@ from simulator.config import (
     SimConfig,
     parse_faults,
 )
+from simulator.engine import BatchEngine
 from simulator.metrics import METRICS_CONTENT_TYPE, SimMetrics
 from simulator.plan import Plan, plan_completion
 from simulator.render import (
@@ -48,6 +49,7 @@ from simulator.request import Route, SimRequest, SimRequestError, classify, pars
 from simulator.state import EventKindSent, RecordOutcome, RequestRecord, SentEvent, SimState
 
 CONFIG = web.AppKey("sim_config", SimConfig)
+BATCH = web.AppKey("sim_batch", BatchEngine)
 STATE = web.AppKey("sim_state", SimState)
 METRICS = web.AppKey("sim_metrics", SimMetrics)
 
@@ -125,16 +127,25 @@ class _EventWriter:
 
 @dataclass(slots=True)
 class _Engine:
-    """Runs one plan through the queue and the engine steps, keeping metrics and the record."""
+    """Runs one plan through the queue and the engine steps, keeping metrics and the record.
+
+    Independent mode (the default): the request sleeps through its own steps, ``step_s`` each,
+    whatever else runs. Continuous batching: the server's :class:`~simulator.engine.BatchEngine`
+    times the steps of every running request together (``batch``).
+    """
 
     config: SimConfig
     state: SimState
     metrics: SimMetrics
     plan: Plan
     record: RequestRecord
+    batch: BatchEngine | None = None
 
     async def run(self, on_step: Callable[[int, int, int, Step], Awaitable[None]]) -> None:
         """Calls ``on_step(index, start, end, step)`` as each step's tokens [start, end) exist."""
+        if self.batch is not None:
+            await self._run_batched(self.batch, on_step)
+            return
         config, plan, record, metrics = self.config, self.plan, self.record, self.metrics
         metrics.queued()
         try:
@@ -176,6 +187,21 @@ class _Engine:
             metrics.finished(
                 kv_tokens=kv_tokens, finish_reason=reason if completed else None, e2e_s=e2e_s
             )
+
+    async def _run_batched(
+        self, batch: BatchEngine, on_step: Callable[[int, int, int, Step], Awaitable[None]]
+    ) -> None:
+        queue = await batch.submit(self.plan, self.record)
+        steps = len(self.plan.steps)
+        try:
+            for _ in range(steps):
+                item = await queue.get()
+                if item is None:
+                    raise ConnectionResetError("engine stopped")
+                await on_step(*item)
+        except BaseException:
+            batch.abandon(queue)
+            raise
 
 
 def _metrics_object(engine: _Engine) -> dict[str, Any]:
@@ -346,7 +372,7 @@ def _completions_handler(route: Route) -> Callable[[web.Request], Awaitable[web.
 
         prefix = "chatcmpl" if route == "chat" else "cmpl"
         response_id = f"{prefix}-{request_id}"
-        engine = _Engine(config, state, metrics, plan, record)
+        engine = _Engine(config, state, metrics, plan, record, request.app.get(BATCH))
         if sim.stream:
             return await _stream(request, sim, engine, faults, response_id)
         return await _respond_whole(request, sim, engine, faults, response_id)
@@ -408,6 +434,13 @@ def create_sim_app(config: SimConfig) -> web.Application:
     app[CONFIG] = config
     app[STATE] = SimState(config.max_records, config.max_num_seqs)
     app[METRICS] = SimMetrics(config)
+    if config.batching == "continuous":
+        app[BATCH] = BatchEngine(config, app[METRICS])
+
+        async def stop_engine(app: web.Application) -> None:
+            await app[BATCH].close()
+
+        app.on_shutdown.append(stop_engine)
     app.router.add_post("/v1/chat/completions", _completions_handler("chat"))
     app.router.add_post("/v1/completions", _completions_handler("completions"))
     app.router.add_get("/v1/models", _models)

@@ -47,6 +47,11 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         step_s=args.step_ms / 1e3,
         spec_step_overhead_s=args.spec_overhead_ms / 1e3,
         max_num_seqs=args.max_num_seqs,
+        batching=args.batching,
+        step_slot_s=args.slot_ms / 1e3,
+        draft_s=args.draft_ms / 1e3,
+        kv_overhead_fraction=args.kv_overhead,
+        kv_cache_capacity_tokens=args.kv_capacity_tokens,
         always_metrics=args.always_metrics,
         stamp_events=not args.no_stamps,
         faults=parse_faults(args.fault),
@@ -116,6 +121,25 @@ def register(subparsers: Any) -> None:
     p.add_argument("--min-output-tokens", type=int, default=16)
     p.add_argument("--max-output-tokens", type=int, default=256)
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument(
+        "--batching",
+        choices=["independent", "continuous"],
+        default="independent",
+        help="continuous: one engine steps all running requests; a step's time grows with the batch",
+    )
+    p.add_argument(
+        "--slot-ms", type=float, default=0.0, help="continuous: cost per verification slot"
+    )
+    p.add_argument(
+        "--draft-ms",
+        type=float,
+        default=0.0,
+        help="continuous: draft model cost per drafting request",
+    )
+    p.add_argument(
+        "--kv-overhead", type=float, default=0.0, help="speculative: extra KV per token (drafter)"
+    )
+    p.add_argument("--kv-capacity-tokens", type=int, default=65_536, help="KV cache size in tokens")
     p.add_argument("--always-metrics", action="store_true", help="per-request metrics always")
     p.add_argument("--no-stamps", action="store_true", help="omit ': sent_ns=' SSE comments")
     p.add_argument(

@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Literal
 
 Mode = Literal["plain", "speculative"]
+Batching = Literal["independent", "continuous"]
 Acceptance = float | tuple[float, ...]
 
 # Header that injects faults into one request (same syntax as ``SimConfig.faults``).
@@ -119,9 +120,17 @@ class SimConfig:
     accepted + 1 tokens. ``divergence_at``: speculative output differs from plain from that output
     token index on (to test diffing); ``None`` keeps the lossless property.
 
-    Timing: the prefill takes ``prefill_base_s + prefill_per_token_s × prompt_tokens`` and emits
-    the first token; each decode step takes ``step_s`` (+ ``spec_step_overhead_s`` in speculative
-    mode, the proposer's cost). At most ``max_num_seqs`` requests run at once; the rest queue.
+    Timing (``batching="independent"``, the default): the prefill takes ``prefill_base_s +
+    prefill_per_token_s × prompt_tokens`` and emits the first token; each decode step takes
+    ``step_s`` (+ ``spec_step_overhead_s`` in speculative mode, the proposer's cost), whatever
+    else runs. At most ``max_num_seqs`` requests run at once; the rest queue.
+
+    ``batching="continuous"``: one engine steps every running request together and a step's
+    time grows with the batch — ``step_s`` (memory-bound floor) + ``step_slot_s`` per verification
+    slot (compute-bound slope: 1 per plain request, drafted + 1 per speculative one) +
+    ``draft_s`` per drafting request (a draft model's cost) + the prefill of requests admitted
+    in that step (:mod:`simulator.engine`). ``kv_overhead_fraction``: extra KV cache a speculative
+    request holds per token (a drafter's own cache), which lowers the concurrency that fits.
     """
 
     model: str = "sim-model"
@@ -148,6 +157,10 @@ class SimConfig:
     max_records: int = 10_000
     hang_max_s: float = 300.0
     kv_cache_capacity_tokens: int = 65_536
+    batching: Batching = "independent"
+    step_slot_s: float = 0.0
+    draft_s: float = 0.0
+    kv_overhead_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens
@@ -165,6 +178,12 @@ class SimConfig:
             raise ValueError("expected 1 <= min_output_tokens <= max_output_tokens")
         if self.default_max_tokens < 1 or self.max_num_seqs < 1 or self.max_records < 1:
             raise ValueError("default_max_tokens, max_num_seqs and max_records must be >= 1")
+        if self.batching not in ("independent", "continuous"):
+            raise ValueError(
+                f"batching: expected 'independent' or 'continuous', got {self.batching!r}"
+            )
+        if min(self.step_s, self.step_slot_s, self.draft_s, self.kv_overhead_fraction) < 0:
+            raise ValueError("step_s, step_slot_s, draft_s and kv_overhead_fraction must be >= 0")
         if self.divergence_at is not None and self.divergence_at < 0:
             raise ValueError("divergence_at: expected >= 0")
         # Read-only copies: the config is shared by every request of a server.

@@ -37,6 +37,8 @@ class SimMetrics:
         reg = self.registry
         values = (config.model, "0")
         self._capacity = config.kv_cache_capacity_tokens
+        # A speculative request's drafter holds KV of its own (kv_overhead_fraction per token).
+        self._kv_scale = 1.0 + (config.kv_overhead_fraction if config.speculative else 0.0)
         self._tokens_in_use = 0
 
         self.running = Gauge(
@@ -172,4 +174,5 @@ class SimMetrics:
 
     def _use_kv(self, tokens: int) -> None:
         self._tokens_in_use += tokens
-        self.kv_usage.set(min(1.0, max(0.0, self._tokens_in_use / self._capacity)))
+        used = self._tokens_in_use * self._kv_scale
+        self.kv_usage.set(min(1.0, max(0.0, used / self._capacity)))

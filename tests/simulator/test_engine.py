@@ -1,0 +1,117 @@
+"""The continuous-batching engine: one step for every running request, a step's time growing with
+the batch (floor + slope per verification slot), the same plan (text, drafts) as the independent
+mode, and vLLM's load gauges telling the batch and the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from itertools import pairwise
+from typing import Any
+
+import aiohttp
+
+from simulator import SimConfig
+from simulator.app import BATCH
+from tests.simulator.conftest import StartSim
+
+FLOOR_S, SLOT_S = 0.010, 0.002
+BATCHED: dict[str, Any] = {
+    "batching": "continuous",
+    "step_s": FLOOR_S,
+    "step_slot_s": SLOT_S,
+    "prefill_base_s": 0.0,
+    "min_output_tokens": 24,
+    "max_output_tokens": 24,
+    "stamp_events": False,
+}
+
+
+def body(i: int, *, stream: bool = True) -> dict[str, Any]:
+    return {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": f"engine test {i}"}],
+        "max_tokens": 24,
+        "stream": stream,
+    }
+
+
+async def fire(
+    session: aiohttp.ClientSession, url: str, n: int, *, stream: bool = True
+) -> list[str]:
+    async def one(i: int) -> str:
+        headers = {"x-request-id": f"r{i}"}
+        async with session.post(
+            f"{url}/v1/chat/completions", json=body(i, stream=stream), headers=headers
+        ) as resp:
+            assert resp.status == 200
+            return (await resp.read()).decode()
+
+    return await asyncio.gather(*(one(i) for i in range(n)))
+
+
+def step_gaps_s(sim: Any, n: int) -> list[float]:
+    """Server-side gaps between a request's steps (its ground truth), decode steps only."""
+    gaps = []
+    for i in range(n):
+        record = sim.state.get(f"r{i}")
+        gaps += [(b - a) / 1e9 for a, b in pairwise(record.step_ns)][1:]
+    return gaps
+
+
+async def test_a_step_takes_the_floor_plus_a_slot_per_running_request(
+    start_sim: StartSim, session: aiohttp.ClientSession
+) -> None:
+    sim = await start_sim(SimConfig(**BATCHED))
+    await fire(session, sim.base_url, 1)
+    alone = statistics.median(step_gaps_s(sim, 1))
+    assert abs(alone - (FLOOR_S + SLOT_S)) < 0.003, alone
+    sim = await start_sim(SimConfig(**BATCHED))
+    await fire(session, sim.base_url, 8)
+    batched = statistics.median(step_gaps_s(sim, 8))
+    # Eight requests arrive together and run together: every step verifies eight slots.
+    assert abs(batched - (FLOOR_S + 8 * SLOT_S)) < 0.004, batched
+    assert sim.app[BATCH].steps < 8 * 24  # one engine step served all eight
+
+
+async def test_a_speculative_step_costs_its_drafts_plus_one_slot_and_keeps_the_plan(
+    start_sim: StartSim, session: aiohttp.ClientSession
+) -> None:
+    spec = {**BATCHED, "mode": "speculative", "num_speculative_tokens": 4, "acceptance": 0.8}
+    batched = await start_sim(SimConfig(**spec))
+    independent = await start_sim(
+        SimConfig(**{**spec, "batching": "independent", "step_slot_s": 0.0, "step_s": 0.0})
+    )
+    texts = await fire(session, batched.base_url, 1, stream=False)
+    same = await fire(session, independent.base_url, 1, stream=False)
+    assert texts[0].split('"content":')[1][:200] == same[0].split('"content":')[1][:200]
+    record = batched.state.get("r0")
+    truth = independent.state.get("r0")
+    assert record is not None and truth is not None
+    assert record.per_step_drafted == truth.per_step_drafted  # the same plan, drafts and all
+    assert record.per_step_accepted == truth.per_step_accepted
+    # Each decode step took the floor plus (drafted + 1) verification slots of this request.
+    gaps = [(b - a) / 1e9 for a, b in pairwise(record.step_ns)]
+    expected = [FLOOR_S + SLOT_S * (d + 1) for d in record.per_step_drafted[1:]]
+    errors = [g - e for g, e in zip(gaps, expected, strict=True)]
+    assert statistics.median(errors) < 0.003 and min(errors) > -0.001, errors
+
+
+async def test_the_load_gauges_show_the_batch_and_the_queue(
+    start_sim: StartSim, session: aiohttp.ClientSession
+) -> None:
+    sim = await start_sim(SimConfig(**{**BATCHED, "max_num_seqs": 2}))
+    task = asyncio.ensure_future(fire(session, sim.base_url, 6))
+    seen: set[tuple[float, float]] = set()
+    for _ in range(200):
+        text = (await (await session.get(f"{sim.base_url}/metrics")).read()).decode()
+        running = float(text.split("vllm:num_requests_running{")[1].split("} ")[1].split()[0])
+        waiting = float(text.split("vllm:num_requests_waiting{")[1].split("} ")[1].split()[0])
+        seen.add((running, waiting))
+        if task.done():
+            break
+        await asyncio.sleep(0.01)
+    await task
+    assert max(r for r, _ in seen) == 2  # never more than max_num_seqs in the batch
+    assert max(w for _, w in seen) >= 3  # the rest waited
+    assert sim.metrics.running._value.get() == 0 and sim.metrics.waiting._value.get() == 0
