@@ -82,9 +82,7 @@ def run(args: argparse.Namespace) -> int:
                 limit=args.limit,
             )
         else:
-            records = select(
-                read_records(args.store), since, args.until, args.category, args.limit
-            )
+            records = select(read_records(args.store), since, args.until, args.category, args.limit)
         out = sys.stdout.buffer
         for record in records:
             out.write(jsonx.dumps(record) + b"\n")

@@ -41,7 +41,9 @@ def read_records(sources: Sequence[str | Path]) -> list[dict[str, Any]]:
             exchange_id = str(record.get("exchange_id", ""))
             if exchange_id and exchange_id not in seen:
                 seen[exchange_id] = record
-    return sorted(seen.values(), key=lambda r: (int(r.get("started_unix_ns") or 0), str(r["exchange_id"])))
+    return sorted(
+        seen.values(), key=lambda r: (int(r.get("started_unix_ns") or 0), str(r["exchange_id"]))
+    )
 
 
 def records_in(source: str | Path) -> Iterator[dict[str, Any]]:
@@ -103,7 +105,9 @@ def _record_of(log_record: Mapping[str, Any]) -> dict[str, Any] | None:
         record = jsonx.loads(text)
     except jsonx.JSONDecodeError:
         return None
-    if not isinstance(record, dict) or not str(record.get("schema", "")).startswith("specshadow.record/"):
+    if not isinstance(record, dict) or not str(record.get("schema", "")).startswith(
+        "specshadow.record/"
+    ):
         return None
     return record
 

@@ -49,7 +49,7 @@ def climbs_out(file: Path, climb: str) -> bool:
 
 
 def test_no_file_names_a_path_outside_the_checkout() -> None:
-    offenders = []
+    offenders: list[str] = []
     for path in tracked_files():
         if path == Path(__file__).resolve():
             continue
@@ -83,7 +83,7 @@ def _parents_index(node: ast.AST) -> int | None:
 
 
 def test_no_module_climbs_above_the_repository_root() -> None:
-    offenders = []
+    offenders: list[str] = []
     for path in tracked_files():
         if path.suffix != ".py":
             continue

@@ -27,9 +27,7 @@ def _run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, SourceError) as exc:
         print(f"specshadow report: {exc}", file=sys.stderr)
         return 2
-    sources = [f"store {path}" for path in args.store] + [
-        f"results {p}" for p in args.results
-    ]
+    sources = [f"store {path}" for path in args.store] + [f"results {p}" for p in args.results]
     paths = build_report(records, results, args.out, sources=sources)
     for v in paths.analysis.verdicts:
         print(f"{v.category:<20} {v.decision}")

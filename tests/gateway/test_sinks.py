@@ -17,7 +17,9 @@ def exchange_with(*, request_id: str) -> Exchange:
 
 def test_every_submitted_exchange_is_handled_in_order_on_the_worker_thread() -> None:
     seen: list[tuple[str, str]] = []
-    sink = ThreadedSink("t", lambda e: seen.append((e.request_id, threading.current_thread().name)))
+    sink: ThreadedSink[Exchange] = ThreadedSink(
+        "t", lambda e: seen.append((e.request_id, threading.current_thread().name))
+    )
     try:
         for i in range(500):
             sink.submit(exchange_with(request_id=f"r{i}"))

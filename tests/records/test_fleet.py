@@ -23,8 +23,8 @@ from otel.setup import build_telemetry
 from specshadow.app import build_app
 from specshadow.main import main as cli_main
 from tests.conftest import FAST_UPSTREAM, start_server
-from tests.receivers.collector_file import CollectorFile
 from tests.gateway.test_shadow import policy_yaml
+from tests.receivers.collector_file import CollectorFile
 from tests.records.test_evidence import chat
 
 REQUESTS = 60
