@@ -7,6 +7,7 @@ precomputed. ``load_policy`` is the only function here that touches the file sys
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import hashlib
 import math
@@ -24,6 +25,7 @@ from policies.compiled import (
     Budgets,
     CompiledPolicy,
     Decision,
+    Ladder,
     LegPlan,
     Matcher,
     MirrorSpec,
@@ -31,10 +33,20 @@ from policies.compiled import (
     RuleSpec,
     Shaping,
     SkipReason,
+    SweepSpec,
     Timeouts,
 )
 from policies.errors import PolicyError
-from policies.model import Backend, Capture, Leg, Match, PolicyModel, _check_base_url
+from policies.model import (
+    LOAD_MATCHED,
+    Backend,
+    Capture,
+    Leg,
+    Match,
+    PolicyModel,
+    Sweep,
+    _check_base_url,
+)
 from policies.parse import read_yaml, validate_policy
 
 DEFAULT_RULE_NAME = "default"  # the default rule's sampling salt
@@ -139,12 +151,19 @@ def compile_policy(
         backends[primary.name] = primary
     capture = _capture(model.capture)
     rules = tuple(
-        _rule(r.name, r.match, r.ratio, r.legs, r.capture, backends, capture) for r in model.rules
-    )
+        _rule(
+            r.name, r.match, r.ratio, r.legs, r.capture, backends, capture,
+            primary=primary, sweep=r.sweep,
+        )
+        for r in model.rules
+    )  # fmt: skip
     default = None
     if model.default is not None:
         d = model.default
-        default = _rule(DEFAULT_RULE_NAME, Match(), d.ratio, d.legs, d.capture, backends, capture)
+        default = _rule(
+            DEFAULT_RULE_NAME, Match(), d.ratio, d.legs, d.capture, backends, capture,
+            primary=primary, sweep=d.sweep,
+        )  # fmt: skip
     key = model.sampling.key
     budgets = model.budgets
     return CompiledPolicy(
@@ -185,7 +204,7 @@ def compile_policy(
 
 def _backend(name: str, b: Backend, connect_s: float, idle_s: float) -> BackendSpec:
     metrics_url = b.metrics_url
-    if metrics_url is None and b.kind in ("vllm", "sim"):
+    if metrics_url is None and b.kind in ("vllm", "sglang", "sim"):
         metrics_url = b.url + "/metrics"
     return BackendSpec(
         name=name,
@@ -197,6 +216,7 @@ def _backend(name: str, b: Backend, connect_s: float, idle_s: float) -> BackendS
         idle_s=b.timeout.idle_s or idle_s,
         max_connections=b.max_connections,
         server_address=_server_address(b.url),
+        replicas=b.replicas,
     )
 
 
@@ -228,6 +248,7 @@ def _override_primary(
             idle_s=primary.idle_s,
             max_connections=primary.max_connections,
             server_address=_server_address(base),
+            replicas=primary.replicas,
         )
     if PRIMARY_NAME in backends:
         raise PolicyError(
@@ -245,26 +266,73 @@ def _capture(c: Capture) -> CaptureSpec:
 def _rule(
     name: str,
     match: Match,
-    ratio: float,
+    ratio: float | str,
     legs: Sequence[Leg],
     capture: Capture | None,
     backends: Mapping[str, BackendSpec],
     policy_capture: CaptureSpec,
+    *,
+    primary: BackendSpec | None,
+    sweep: Sweep | None = None,
 ) -> RuleSpec:
-    plans = tuple(LegPlan(leg.role, backends[leg.backend], leg.model) for leg in legs)
+    load_matched = ratio == LOAD_MATCHED
+    primary_replicas = primary.replicas if primary is not None else 1
+
+    def base_share(backend: BackendSpec) -> float:
+        if load_matched:  # every shadow replica gets a production replica's arrival rate
+            return min(1.0, backend.replicas / primary_replicas)
+        return float(ratio)
+
+    plans = tuple(
+        LegPlan(leg.role, backends[leg.backend], leg.model, base_share(backends[leg.backend]))
+        for leg in legs
+    )
     cap = policy_capture if capture is None else _capture(capture)
     skipped = {
         reason: Decision(name, reason not in ("not_sampled", "no_legs"), (), reason, cap)
         for reason in _SKIP_REASONS
     }
+    spec = _sweep(sweep)
+    multiples = spec.multiples if spec is not None else (1.0,)
+    ladders = tuple(
+        _ladder(name, plans, multiple, cap, step if spec is not None else None)
+        for step, multiple in enumerate(multiples)
+    )
     return RuleSpec(
         name=name,
-        ratio=ratio,
         matcher=_matcher(match),
         legs=plans,
         capture=cap,
-        mirrored=Decision(name, True, plans, None, cap),
+        ladders=ladders,
         skipped=MappingProxyType(skipped),
+        load_matched=load_matched,
+        sweep=spec,
+    )
+
+
+def _sweep(sweep: Sweep | None) -> SweepSpec | None:
+    if sweep is None:
+        return None
+    hold_s = sweep.hold_s if sweep.hold_s is not None else (None if sweep.hold_requests else 60.0)
+    return SweepSpec(
+        multiples=tuple(sweep.multiples),
+        hold_ns=int(hold_s * 1e9) if hold_s is not None else None,
+        hold_requests=sweep.hold_requests,
+        repeat=sweep.repeat,
+    )
+
+
+def _ladder(
+    name: str, plans: tuple[LegPlan, ...], multiple: float, cap: CaptureSpec, step: int | None
+) -> Ladder:
+    """The decisions at one sweep step: one rung per distinct share (see ``Ladder``)."""
+    scaled = tuple(dataclasses.replace(p, share=min(1.0, p.share * multiple)) for p in plans)
+    shares = sorted({p.share for p in scaled if p.share > 0}, reverse=True)
+    if not shares:
+        return ((0.0, Decision(name, False, (), "not_sampled", cap, step)),)
+    return tuple(
+        (share, Decision(name, True, tuple(p for p in scaled if p.share >= share), None, cap, step))
+        for share in shares
     )
 
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import count
 from typing import Literal
 
 from core.exchange import CaptureSpec, Route, ShadowRole
-from policies.sample import is_sampled
+from policies.sample import sample_unit
 
-BackendKind = Literal["vllm", "openai", "sim"]
+BackendKind = Literal["vllm", "sglang", "openai", "sim"]
 SkipReason = Literal["kill_switch", "not_sampled", "no_rule", "retry", "body_size", "no_legs"]
 
 # Bound on the (route, model) → candidate-rules cache: model names come from clients.
@@ -37,6 +39,7 @@ class BackendSpec:
     idle_s: float
     max_connections: int
     server_address: str  # host:port, for spans and LegResult.server_address
+    replicas: int = 1  # servers behind url (per-replica load = load / replicas)
 
     def auth_header(self, environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
         """``("authorization", "Bearer <key>")`` from ``api_key_env``, read now; None if unset.
@@ -51,11 +54,13 @@ class BackendSpec:
 
 @dataclass(frozen=True, slots=True)
 class LegPlan:
-    """One shadow leg to send: role, backend, and the model name to send (None: unchanged)."""
+    """One shadow leg to send: role, backend, the model name to send (None: unchanged), and the
+    share of the rule's requests it receives (at the current sweep step)."""
 
     role: ShadowRole
     backend: BackendSpec
     model: str | None
+    share: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +96,7 @@ class Decision:
     legs: tuple[LegPlan, ...]
     skip_reason: SkipReason | None
     capture: CaptureSpec
+    sweep_step: int | None = None  # index into the rule's sweep multiples; None: no sweep
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,16 +146,56 @@ class Matcher:
 
 
 @dataclass(frozen=True, slots=True)
+class SweepSpec:
+    """A live load sweep: multiples of the base shares, each held ``hold_ns`` or ``hold_requests``."""
+
+    multiples: tuple[float, ...]
+    hold_ns: int | None
+    hold_requests: int | None
+    repeat: bool
+
+    def step(self, started_unix_ns: int, now_unix_ns: int, decided: int) -> int:
+        """The current step: by time since the policy loaded, or by requests decided so far."""
+        if self.hold_requests is not None:
+            index = decided // self.hold_requests
+        else:
+            index = max(0, now_unix_ns - started_unix_ns) // (self.hold_ns or 1)
+        n = len(self.multiples)
+        return index % n if self.repeat else min(index, n - 1)
+
+
+# One rung per distinct share: (share, the decision holding every leg whose share >= it),
+# highest share first. A request whose sampling unit u falls below a rung's share gets the legs
+# of the lowest such rung: exactly the legs whose share exceeds u (nested, so the legs of a
+# smaller share are always a subset — pairs between legs are kept as often as possible).
+Ladder = tuple[tuple[float, "Decision"], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RuleSpec:
-    """A compiled rule with its prebuilt decisions (one per outcome)."""
+    """A compiled rule with its prebuilt decisions: one ladder per sweep step, and the skips."""
 
     name: str  # also the sampling salt
-    ratio: float
     matcher: Matcher
-    legs: tuple[LegPlan, ...]
+    legs: tuple[LegPlan, ...]  # with their base shares
     capture: CaptureSpec
-    mirrored: Decision
+    ladders: tuple[Ladder, ...]  # one per sweep step (one when there is no sweep)
     skipped: Mapping[SkipReason, Decision]
+    load_matched: bool = False
+    sweep: SweepSpec | None = None
+    # Requests this rule has decided (for sweeps held per request count); shared, never compared.
+    decided: Iterator[int] = field(default_factory=count, compare=False, repr=False)
+
+    @property
+    def mirrored(self) -> Decision:
+        """The decision that sends every leg (at the first sweep step)."""
+        return self.ladders[0][-1][1]
+
+    def ladder(self, loaded_unix_ns: int) -> Ladder:
+        if self.sweep is None:
+            return self.ladders[0]
+        decided = next(self.decided)
+        return self.ladders[self.sweep.step(loaded_unix_ns, time.time_ns(), decided)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,10 +275,19 @@ class CompiledPolicy:
             return self._no_rule
         if not rule.legs:
             return rule.skipped["no_legs"]
-        key = facts.request_id
-        if self.sampling_header is not None:
-            key = facts.headers.get(self.sampling_header) or key
-        if not is_sampled(rule.name, key, rule.ratio):
+        ladder = rule.ladder(self.loaded_unix_ns)
+        decision = ladder[-1][1]  # every leg: shares of 1 need no hash
+        if ladder[-1][0] < 1.0:
+            key = facts.request_id
+            if self.sampling_header is not None:
+                key = facts.headers.get(self.sampling_header) or key
+            unit = sample_unit(rule.name, key)
+            if unit >= ladder[0][0]:
+                return rule.skipped["not_sampled"]
+            for share, rung in ladder:  # highest share first: the last rung above unit wins
+                if unit < share:
+                    decision = rung
+        if not decision.legs:
             return rule.skipped["not_sampled"]
         if self.kill_switch:
             return rule.skipped["kill_switch"]
@@ -241,7 +296,7 @@ class CompiledPolicy:
         size = facts.prompt_bytes if facts.body_bytes is None else facts.body_bytes
         if size > self.budgets.max_body_bytes:
             return rule.skipped["body_size"]
-        return rule.mirrored
+        return decision
 
     def _match(self, facts: RequestFacts) -> RuleSpec | None:
         pair = (facts.route, facts.model)

@@ -17,11 +17,21 @@ Conventions, for every model here:
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    WithJsonSchema,
+    model_validator,
+)
 
 from core import jsonx
 from core.exchange import Route, ShadowRole
@@ -154,9 +164,17 @@ class Backend(_Strict):
     ``http://127.0.0.1:8000``. A trailing slash is dropped. Credentials in the URL are rejected."""
     kind: BackendKind
     """What speaks at ``url``: ``vllm`` (a vLLM server: shadow requests get vLLM-only fields such as
-    ``include_metrics`` and ``stream_options.continuous_usage_stats``), ``sim`` (the specshadow
-    simulator: same fields as vLLM) or ``openai`` (any other OpenAI-compatible API: only standard
-    fields are sent, because strict servers reject unknown ones)."""
+    ``include_metrics`` and ``stream_options.continuous_usage_stats``; its ``/metrics`` are read
+    with vLLM's names), ``sglang`` (an SGLang server: its ``/metrics`` are read with SGLang's names,
+    ``sglang:num_running_reqs`` …; only standard request fields are sent), ``sim`` (the specshadow
+    simulator: vLLM's fields and names) or ``openai`` (any other OpenAI-compatible API: only
+    standard fields, and no ``/metrics``)."""
+    replicas: int = Field(default=1, ge=1, le=100_000)
+    """How many servers stand behind ``url`` (a load balancer or a Kubernetes Service). A shadow
+    sees only the mirrored share of traffic; what must match production is the per-replica arrival
+    rate, so ``ratio: load_matched`` mirrors ``candidate replicas / primary replicas`` of the
+    requests and the report divides load by this number. The scraped ``/metrics`` are taken as one
+    replica's."""
     api_key_env: Annotated[str, AfterValidator(_check_env_name)] | None = None
     """NAME of the environment variable that holds this backend's API key, read at request time
     and sent as ``Authorization: Bearer <value>``. Unset or empty variable: no Authorization header
@@ -244,6 +262,66 @@ class TelemetryPolicy(_Strict):
     ``chunk_events`` chunks; 0 (default) adds none. Timing summaries are always on the span."""
 
 
+class Sweep(_Strict):
+    """A live load sweep: the rule's share steps through multiples of its base share (the matched
+    share for ``ratio: load_matched``), so one shadow run maps the candidate's speed-up over loads
+    around production's. Each step is held for ``hold_s`` seconds (from the policy generation's
+    load) or ``hold_requests`` requests the rule decided; after the last step the last multiple
+    holds, unless ``repeat``."""
+
+    multiples: Annotated[list[Annotated[float, Field(gt=0, le=100)]], Field(min_length=1)]
+    """Multiples of the base share, in order, e.g. ``[0.25, 0.5, 1, 1.5]``. A share above 1 is
+    capped at 1 (every request)."""
+    hold_s: PositiveSeconds | None = None
+    """Seconds each step is held (default 60 when ``hold_requests`` is unset)."""
+    hold_requests: int | None = Field(default=None, ge=1)
+    """Requests decided by the rule per step, instead of a duration."""
+    repeat: bool = False
+    """Start over after the last step (a long shadow run maps load again and again)."""
+
+    @model_validator(mode="after")
+    def _one_hold(self) -> Sweep:
+        if self.hold_s is not None and self.hold_requests is not None:
+            raise ValueError("give hold_s or hold_requests, not both")
+        return self
+
+
+def _sweep_shorthand(value: object) -> object:
+    """``sweep: [0.25, 0.5, 1]`` is ``sweep: {multiples: [0.25, 0.5, 1]}``."""
+    return {"multiples": value} if isinstance(value, list) else value
+
+
+SweepField = Annotated["Sweep", BeforeValidator(_sweep_shorthand)]
+
+LOAD_MATCHED = "load_matched"
+
+
+def _check_share(value: object) -> float | str:
+    """A rule's ``ratio``: a number in [0, 1], or ``load_matched``."""
+    if isinstance(value, str) and value == LOAD_MATCHED:
+        return LOAD_MATCHED
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        shown = repr(value) if not isinstance(value, bool) else str(value).lower()
+        raise ValueError(f"must be a number between 0 and 1 or 'load_matched', got {shown}")
+    if not math.isfinite(value):
+        raise ValueError(f"must be a finite number, got {value}")
+    return _check_ratio(float(value))
+
+
+ShareRatio = Annotated[
+    float | Literal["load_matched"],
+    PlainValidator(_check_share),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "minimum": 0, "maximum": 1},
+                {"const": "load_matched"},
+            ]
+        }
+    ),
+]
+
+
 class Rule(_Strict):
     """A mirroring rule. Rules are tried in order; the first whose ``match`` holds decides, and a
     request no rule matches falls to ``default``."""
@@ -253,10 +331,15 @@ class Rule(_Strict):
     decision across reloads and replicas; renaming a rule reshuffles which requests it samples."""
     match: Match = Match()
     """Conditions for this rule (see ``Match``); omitted: matches every request."""
-    ratio: Ratio
-    """Fraction of matching requests mirrored, 0..1. A request is mirrored when
-    ``sample_unit(name, key) < ratio`` (see ``sampling.key``): deterministic, the same on every
-    replica and reload. ``0`` never mirrors (a way to exclude traffic); ``1`` mirrors all."""
+    ratio: ShareRatio
+    """Fraction of matching requests mirrored, 0..1. A request is mirrored to a leg when
+    ``sample_unit(name, key) < share`` (see ``sampling.key``): deterministic, the same on every
+    replica and reload. ``0`` never mirrors (a way to exclude traffic); ``1`` mirrors all.
+    ``load_matched``: each leg's share is its backend's ``replicas`` ÷ the primary's (capped at 1),
+    so every shadow replica sees the arrival rate of a production replica — the only share at
+    which its latency is what production would see. Budgets still cap it (drops are counted)."""
+    sweep: SweepField | None = None
+    """Optional live load sweep (see ``Sweep``); a bare list is the multiples, each held 60 s."""
     legs: list[Leg]
     """Shadow legs each sampled request is sent to. Empty: matching requests are never mirrored
     (and are not passed on to later rules)."""
@@ -267,8 +350,11 @@ class Rule(_Strict):
 class DefaultRule(_Strict):
     """The rule for requests no rule matched. Omitted: such requests are never mirrored."""
 
-    ratio: Ratio
-    """Fraction mirrored, 0..1, sampled with the salt ``default``."""
+    ratio: ShareRatio
+    """Fraction mirrored, 0..1, or ``load_matched`` (see ``Rule.ratio``); sampled with the salt
+    ``default``."""
+    sweep: SweepField | None = None
+    """Optional live load sweep (see ``Sweep``); a bare list is the multiples, each held 60 s."""
     legs: list[Leg]
     """Shadow legs for sampled requests (see ``Rule.legs``)."""
     capture: Capture | None = None

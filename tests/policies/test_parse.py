@@ -63,7 +63,11 @@ def test_base_policy_is_valid() -> None:
     [
         ("rules[2].ratio", 1.5, "rules[2].ratio: must be between 0 and 1, got 1.5"),
         ("rules[0].ratio", -0.1, "rules[0].ratio: must be between 0 and 1, got -0.1"),
-        ("rules[1].ratio", "0.5", "rules[1].ratio: must be a number, got '0.5'"),
+        (
+            "rules[1].ratio",
+            "0.5",
+            "rules[1].ratio: must be a number between 0 and 1 or 'load_matched', got '0.5'",
+        ),
         ("rules[1].ratio", float("nan"), "rules[1].ratio: must be a finite number, got nan"),
         ("version", 2, "version: must be 1, got 2"),
         ("rules[0].name", "has space", "rules[0].name: must be 1-64 letters"),
@@ -127,7 +131,7 @@ def test_base_policy_is_valid() -> None:
         (
             "backends.cand.kind",
             "tgi",
-            "backends.cand.kind: must be one of 'vllm', 'openai' or 'sim', got 'tgi'",
+            "backends.cand.kind: must be one of 'vllm', 'sglang', 'openai' or 'sim', got 'tgi'",
         ),
         (
             "backends.cand.url",

@@ -120,7 +120,8 @@ async def test_valid_atomic_replace_bumps_the_generation(policy_path: Path) -> N
         async with watching(policy_path, store):
             await asyncio.to_thread(write_atomic, policy_path, policy_text(0.2))
             await eventually(lambda: store.generation == 2, "generation 2")
-    assert store.current.default_rule is not None and store.current.default_rule.ratio == 0.2
+    assert store.current.default_rule is not None
+    assert [leg.share for leg in store.current.default_rule.legs] == [0.2]
     assert store.reloads == 1 and store.last_reload_ok
 
 
