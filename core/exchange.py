@@ -44,6 +44,30 @@ CAPTURE_OFF = CaptureSpec(text="off", redact=frozenset({"emails", "secrets"}))
 
 
 @dataclass(frozen=True, slots=True)
+class LegLoad:
+    """The load a leg's backend was under when the leg was dispatched, as the gateway saw it.
+
+    ``in_flight``: this gateway's legs in flight to the backend, this one included;
+    ``rate_rps``: this gateway's dispatches to it per second over the last ``window_s``;
+    ``replicas``: servers behind its URL (the policy's declaration), so per-replica values are
+    these divided by it.
+    """
+
+    in_flight: int
+    rate_rps: float
+    window_s: float
+    replicas: int = 1
+
+    @property
+    def per_replica_rate_rps(self) -> float:
+        return self.rate_rps / self.replicas
+
+    @property
+    def per_replica_in_flight(self) -> float:
+        return self.in_flight / self.replicas
+
+
+@dataclass(frozen=True, slots=True)
 class LegResult:
     """One leg's outcome: which backend, what it answered, and the recorder's output."""
 
@@ -59,6 +83,8 @@ class LegResult:
     t0_ns: int  # perf_counter_ns at t0
     end_ns: int  # perf_counter_ns when the leg ended
     inflight_at_dispatch: int  # legs of the same role in flight when this one started
+    load: LegLoad | None = None  # the backend's load at dispatch; None: never dispatched
+    share: float | None = None  # shadow legs: the share of the rule's requests this leg gets
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +115,9 @@ class Exchange:
     # W3C traceparent of the request's SERVER span: spans made later (off the event loop, after
     # the request span ended) join the same trace.
     traceparent: str | None = None
+    sweep_step: int | None = None  # the deciding rule's sweep step; None: no sweep
+    # Shadow legs the policy chose but admission refused: (backend, role, reason) each.
+    dropped: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def legs(self) -> tuple[LegResult, ...]:
@@ -120,6 +149,7 @@ class ExchangeDraft:
         "capture",
         "category",
         "drop_reason",
+        "dropped",
         "exchange_id",
         "policy_generation",
         "policy_rule",
@@ -131,6 +161,7 @@ class ExchangeDraft:
         "seed",
         "started_unix_ns",
         "stream",
+        "sweep_step",
         "temperature",
         "traceparent",
     )
@@ -161,8 +192,10 @@ class ExchangeDraft:
         self.policy_rule: str | None = None
         self.sampled = False
         self.drop_reason: str | None = None
+        self.dropped: tuple[tuple[str, str, str], ...] = ()
         self.capture: CaptureSpec | None = None
         self.traceparent: str | None = None
+        self.sweep_step: int | None = None
 
     @classmethod
     def from_payload(
@@ -195,12 +228,14 @@ class ExchangeDraft:
         sampled: bool,
         capture: CaptureSpec,
         skip_reason: str | None,
+        sweep_step: int | None = None,
     ) -> None:
         """Note the policy's decision (a sampled request skipped for a reason is a drop)."""
         self.policy_generation = generation
         self.policy_rule = rule
         self.sampled = sampled
         self.capture = capture
+        self.sweep_step = sweep_step
         if sampled and skip_reason is not None:
             self.drop_reason = skip_reason
 
@@ -224,4 +259,6 @@ class ExchangeDraft:
             request_json=self.request_json,
             capture=self.capture,
             traceparent=self.traceparent,
+            sweep_step=self.sweep_step,
+            dropped=self.dropped,
         )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,7 +25,7 @@ from core.evidence import Comparison, Evidence, LegAcceptance
 from core.exchange import CaptureSpec, Exchange, LegResult
 from evidence.acceptance import concurrency_bucket, output_length_bucket
 from evidence.classify import prompt_text
-from evidence.scrape import BackendSnapshot
+from evidence.scrape import BackendSnapshot, MetricsSample
 
 SCHEMA = "specshadow.record/1"
 
@@ -106,11 +106,48 @@ def _backend_window(snap: BackendSnapshot | None) -> dict[str, Any] | None:
     }
 
 
+Nearest = Callable[[str, int], MetricsSample | None]
+
+
+def leg_load(leg: LegResult, nearest: Nearest | None) -> dict[str, Any] | None:
+    """The backend's load when the leg was dispatched: the gateway's view, and the backend's own
+    gauges from the scrape nearest in time (one replica's), when it has any."""
+    load = leg.load
+    if load is None:
+        return None
+    sample = nearest(leg.backend, leg.started_unix_ns) if nearest is not None else None
+    return {
+        "in_flight": load.in_flight,
+        "rate_rps": load.rate_rps,
+        "window_s": load.window_s,
+        "replicas": load.replicas,
+        "per_replica_rate_rps": load.per_replica_rate_rps,
+        "per_replica_in_flight": load.per_replica_in_flight,
+        "scraped": None
+        if sample is None
+        else {
+            "num_requests_running": sample.num_requests_running,
+            "num_requests_waiting": sample.num_requests_waiting,
+            "kv_cache_usage_perc": sample.kv_cache_usage_perc,
+            "age_s": (sample.unix_ns - leg.started_unix_ns) / 1e9,
+        },
+    }
+
+
+def load_parity(shadow: LegResult, primary: LegResult) -> float | None:
+    """Per-replica arrival rate of ``shadow``'s backend over the primary's, at dispatch."""
+    if shadow.load is None or primary.load is None or primary.load.per_replica_rate_rps <= 0:
+        return None
+    return shadow.load.per_replica_rate_rps / primary.load.per_replica_rate_rps
+
+
 def leg_record(
     leg: LegResult,
     acc: LegAcceptance,
     capture: CaptureSpec,
     scraped: Mapping[str, BackendSnapshot] | None,
+    nearest: Nearest | None = None,
+    primary: LegResult | None = None,
 ) -> dict[str, Any]:
     rec = leg.recording
     t = rec.timings if rec is not None else None
@@ -139,6 +176,11 @@ def leg_record(
         "finish_reason": choice.finish_reason if choice else None,
         "inflight_at_dispatch": leg.inflight_at_dispatch,
         "concurrency_bucket": concurrency_bucket(leg.inflight_at_dispatch),
+        "share": leg.share,
+        "load": leg_load(leg, nearest),
+        "load_parity": load_parity(leg, primary)
+        if primary is not None and leg is not primary
+        else None,
         "output_length_bucket": output_length_bucket(rec.output_tokens if rec else None),
         "acceptance": {
             "mean_acceptance_length": acc.mean_acceptance_length,
@@ -195,10 +237,12 @@ def build_record(
     *,
     capture: CaptureSpec,
     scraped: Mapping[str, BackendSnapshot] | None = None,
+    nearest: Nearest | None = None,
 ) -> dict[str, Any]:
     """The record of one exchange's evidence (schema :data:`SCHEMA`)."""
     exchange = evidence.exchange
     primary = exchange.primary.recording
+    candidate = next((s for s in exchange.shadows if s.role == "candidate"), None)
     return {
         "schema": SCHEMA,
         "exchange_id": exchange.exchange_id,
@@ -214,15 +258,24 @@ def build_record(
         "temperature": exchange.temperature,
         "seed": exchange.seed,
         "policy": {"generation": exchange.policy_generation, "rule": exchange.policy_rule},
-        "sampling": {"sampled": exchange.sampled, "drop_reason": exchange.drop_reason},
+        "sampling": {
+            "sampled": exchange.sampled,
+            "drop_reason": exchange.drop_reason,
+            "sweep_step": exchange.sweep_step,
+            "dropped": [
+                {"backend": backend, "role": role, "reason": reason}
+                for backend, role, reason in exchange.dropped
+            ],
+        },
         "capture": capture.text,
         "output_length_bucket": output_length_bucket(primary.output_tokens if primary else None),
         "concurrency": exchange.primary.inflight_at_dispatch,
         "concurrency_bucket": concurrency_bucket(exchange.primary.inflight_at_dispatch),
         "request": captured_text(_request_text(exchange), capture),
         "legs": [
-            leg_record(leg, acc, capture, scraped)
+            leg_record(leg, acc, capture, scraped, nearest, exchange.primary)
             for leg, acc in zip(exchange.legs, evidence.acceptance, strict=True)
         ],
+        "load_parity": load_parity(candidate, exchange.primary) if candidate is not None else None,
         "comparisons": [comparison_record(c) for c in evidence.comparisons],
     }

@@ -1,4 +1,4 @@
-"""Backend metrics scraper: polls each vLLM backend's ``/metrics`` and keeps windowed acceptance.
+"""Backend metrics scraper: polls each backend's ``/metrics`` for load and windowed acceptance.
 
 Pure core: :func:`parse_sample` (Prometheus text → :class:`MetricsSample`, parsed with
 ``prometheus_client``'s own parser) and :func:`window_stats` (samples → rates). I/O shell:
@@ -12,7 +12,16 @@ Window arithmetic (docs/concepts.md, "Acceptance, three ways"), over the samples
 - ``mean_acceptance_length`` = 1 + Δaccepted / Δ``vllm:spec_decode_num_drafts_total``;
 - ``per_position`` [i] = Δ``..._num_accepted_tokens_per_pos_total{position=i}`` / Δdrafts.
 
-Counters are summed over label sets (engines, models). A counter that goes *down* between two
+Load gauges, read every poll (≤ 1 s apart by default, often enough to follow load): requests
+running and waiting and KV-cache usage, under vLLM's names (``vllm:num_requests_running``,
+``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``, formerly ``vllm:gpu_cache_usage_perc``)
+or SGLang's (``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``).
+Every sample is kept for ``window_s`` (bounded), so :meth:`MetricsScraper.nearest` answers "what
+was this backend's load when that leg was dispatched?" for records built seconds later. The
+numbers are one replica's: a metrics URL behind a load balancer answers for one server at a time.
+
+Counters are summed over label sets (engines, models); running and waiting too; KV usage is the
+largest engine's. A counter that goes *down* between two
 samples means the backend restarted: like Prometheus' ``rate()``, the increase is then the new
 value itself. A backend that is down only records failures; its window resumes when it is back.
 Each poll retries connection failures with tenacity (short exponential backoff) before it counts
@@ -24,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +56,18 @@ ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 RUNNING = "vllm:num_requests_running"
+# Load gauges by engine: (running, waiting, KV usage 0..1) names; the first found wins.
+LOAD_GAUGES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "vllm": (
+        (RUNNING,),
+        ("vllm:num_requests_waiting",),
+        (KV_USAGE, "vllm:gpu_cache_usage_perc"),
+    ),
+    "sglang": (("sglang:num_running_reqs",), ("sglang:num_queue_reqs",), ("sglang:token_usage",)),
+}
+_RUNNING = {name for names in LOAD_GAUGES.values() for name in names[0]}
+_WAITING = {name for names in LOAD_GAUGES.values() for name in names[1]}
+_KV = {name for names in LOAD_GAUGES.values() for name in names[2]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +82,7 @@ class MetricsSample:
     per_position: tuple[float, ...]
     kv_cache_usage_perc: float | None
     num_requests_running: float | None
+    num_requests_waiting: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +111,14 @@ def parse_sample(text: str, *, t_ns: int, unix_ns: int) -> MetricsSample:
                 except ValueError:
                     continue
                 per_pos[pos] = per_pos.get(pos, 0.0) + s.value
-            elif s.name in (DRAFTS, DRAFT_TOKENS, ACCEPTED, KV_USAGE, RUNNING):
+            elif s.name in (DRAFTS, DRAFT_TOKENS, ACCEPTED):
                 sums[s.name] = sums.get(s.name, 0.0) + s.value
+            elif s.name in _RUNNING:
+                sums["running"] = sums.get("running", 0.0) + s.value
+            elif s.name in _WAITING:
+                sums["waiting"] = sums.get("waiting", 0.0) + s.value
+            elif s.name in _KV:
+                sums["kv"] = max(sums.get("kv", 0.0), s.value)
     positions = tuple(per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)) if per_pos else ()
     return MetricsSample(
         t_ns=t_ns,
@@ -98,8 +127,9 @@ def parse_sample(text: str, *, t_ns: int, unix_ns: int) -> MetricsSample:
         draft_tokens=sums.get(DRAFT_TOKENS),
         accepted=sums.get(ACCEPTED),
         per_position=positions,
-        kv_cache_usage_perc=sums.get(KV_USAGE),
-        num_requests_running=sums.get(RUNNING),
+        kv_cache_usage_perc=sums.get("kv"),
+        num_requests_running=sums.get("running"),
+        num_requests_waiting=sums.get("waiting"),
     )
 
 
@@ -173,7 +203,7 @@ class MetricsScraper:
     def __init__(
         self,
         targets: Mapping[str, str],
-        interval_s: float = 15.0,
+        interval_s: float = 1.0,
         *,
         window_s: float = 300.0,
         max_samples: int = 1024,
@@ -261,3 +291,23 @@ class MetricsScraper:
     def snapshot(self) -> Mapping[str, BackendSnapshot]:
         """The latest per-backend state (name → snapshot), as of the last completed poll."""
         return self._snapshot
+
+    def nearest(self, name: str, unix_ns: int, *, max_age_s: float = 5.0) -> MetricsSample | None:
+        """The sample of backend ``name`` closest in time to ``unix_ns`` (None: none that close).
+
+        Safe from another thread: it copies the backend's sample history (a deque the poller
+        appends to) before searching it.
+        """
+        target = self._targets.get(name)
+        if target is None:
+            return None
+        samples = list(target.samples)
+        if not samples:
+            return None
+        times = [s.unix_ns for s in samples]
+        i = bisect_left(times, unix_ns)
+        best = min(
+            (samples[j] for j in (i - 1, i) if 0 <= j < len(samples)),
+            key=lambda s: abs(s.unix_ns - unix_ns),
+        )
+        return best if abs(best.unix_ns - unix_ns) <= max_age_s * 1e9 else None

@@ -62,8 +62,11 @@ def build_evidence(
     capture = exchange.capture or capture_default
 
     def record(evidence: Evidence) -> Mapping[str, Any]:
-        scraped = scraper.snapshot() if scraper is not None else None
-        return build_record(evidence, capture=capture, scraped=scraped)
+        if scraper is None:
+            return build_record(evidence, capture=capture)
+        return build_record(
+            evidence, capture=capture, scraped=scraper.snapshot(), nearest=scraper.nearest
+        )
 
     return Evidence(
         exchange,

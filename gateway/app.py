@@ -22,6 +22,7 @@ from core.exchange import ExchangeSink, ManagedSink
 from core.sinks import FanoutSink
 from core.tasks import TaskSet
 from gateway import admin, errors, handlers
+from gateway.load import LoadBook
 from gateway.settings import Settings
 from gateway.shadow import ShadowDispatcher
 from gateway.state import GATEWAY, Gateway, ReadyProbe
@@ -95,9 +96,12 @@ def create_app(
                 await sink.start()
                 stack.push_async_callback(sink.stop)
             tasks = TaskSet()
-            primary = UpstreamClient(UpstreamTarget("primary", primary_url), settings.upstream)
+            # Named as the policy names it, so its scraped /metrics and its legs share one name.
+            name = store.current.primary.name if store.current.primary is not None else "primary"
+            primary = UpstreamClient(UpstreamTarget(name, primary_url), settings.upstream)
             stack.push_async_callback(primary.close)
-            shadows = ShadowDispatcher(tasks, settings.upstream, tel)
+            loads = LoadBook(settings.load_window_s)
+            shadows = ShadowDispatcher(tasks, settings.upstream, tel, loads)
             stack.push_async_callback(shadows.close)
             # Shadow legs and exchange assembly finish (or are cancelled) before the pools close
             # and before the sinks stop, so every exchange reaches them.
@@ -111,6 +115,7 @@ def create_app(
                 shadows=shadows,
                 telemetry=tel,
                 tasks=tasks,
+                loads=loads,
             )
             if settings.policy_path:
                 watcher = tasks.spawn(

@@ -16,7 +16,7 @@ import time
 import aiohttp
 from opentelemetry.trace import Span
 
-from core.exchange import LegResult, Role
+from core.exchange import LegLoad, LegResult, Role
 from core.timings import StreamOutcome
 from gateway.forward import RecorderTee, recorder_for
 from otel.telemetry import Telemetry
@@ -31,9 +31,11 @@ class LegRun:
         "capture_text",
         "chunk_events",
         "inflight",
+        "load",
         "model",
         "role",
         "server_address",
+        "share",
         "span",
         "started_unix_ns",
         "status",
@@ -55,8 +57,11 @@ class LegRun:
         stream: bool,
         capture_text: bool,
         chunk_events: int,
+        share: float | None = None,
     ) -> None:
         self.telemetry = telemetry
+        self.share = share
+        self.load: LegLoad | None = None
         self.role: Role = role
         self.backend = backend
         self.server_address = server_address
@@ -83,10 +88,11 @@ class LegRun:
         """``traceparent`` (and ``tracestate``) for this leg's upstream request."""
         return self.telemetry.traceparent_headers(self.span)
 
-    def dispatch(self, inflight: int) -> None:
+    def dispatch(self, inflight: int, load: LegLoad | None = None) -> None:
         """The request leaves now (``t0``); ``inflight``: legs of this role in flight, this one
-        included."""
+        included; ``load``: the backend's load it meets."""
         self.inflight = inflight
+        self.load = load
         self.started_unix_ns, self.t0_ns = time.time_ns(), time.perf_counter_ns()
 
     def attach(self, response: aiohttp.ClientResponse) -> RecorderTee:
@@ -115,6 +121,8 @@ class LegRun:
             t0_ns=self.t0_ns,
             end_ns=end_ns,
             inflight_at_dispatch=self.inflight,
+            load=self.load,
+            share=self.share,
         )
         self.telemetry.finish_leg_span(
             self.span,

@@ -109,6 +109,7 @@ async def serve_completion(gw: Gateway, request: web.Request, route: Route) -> w
         sampled=decision.sampled,
         capture=decision.capture,
         skip_reason=decision.skip_reason,
+        sweep_step=decision.sweep_step,
     )
     shadows: ShadowBatch | None = None
     operation = OPERATION_NAMES[route]
@@ -126,6 +127,7 @@ async def serve_completion(gw: Gateway, request: web.Request, route: Route) -> w
         )
         shadows, drop_reason = gw.shadows.launch(policy, decision.legs, shadow_request)
         draft.drop_reason = draft.drop_reason or drop_reason
+        draft.dropped = tuple(shadows.dropped)
 
     if decision.legs and policy.mirror.timing == "with_primary":
         mirror()
@@ -146,7 +148,9 @@ async def serve_completion(gw: Gateway, request: web.Request, route: Route) -> w
         request.headers, request_id=request_id, extra=leg.trace_headers().items()
     )
     gw.in_flight += 1
-    leg.dispatch(gw.in_flight)
+    primary_load = gw.loads[leg.backend]
+    replicas = policy.primary.replicas if policy.primary is not None else 1
+    leg.dispatch(gw.in_flight, primary_load.dispatch(replicas))
     try:
         async with gw.primary.open("POST", request.path_qs, headers=headers, data=body) as up:
             tee = leg.attach(up)
@@ -166,6 +170,7 @@ async def serve_completion(gw: Gateway, request: web.Request, route: Route) -> w
         raise
     finally:
         gw.in_flight -= 1
+        primary_load.done()
     if decision.legs and policy.mirror.timing == "after_primary" and outcome == "completed":
         mirror()
     disconnected = outcome == "client_disconnected"

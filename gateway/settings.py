@@ -87,12 +87,20 @@ class Settings:
     # (docs/benchmarks.md) found 0.5 ms no better for latency and 3-12 % costlier in CPU.
     gil_switch_interval_s: float | None = None
     store_path: str | None = None  # comparison records (embedded SQLite store); None: not kept
-    scrape_interval_s: float = 15.0  # how often backends' /metrics are scraped
+    scrape_interval_s: float = 1.0  # how often backends' /metrics are scraped (to follow load)
+    load_window_s: float = 10.0  # dispatch rates per backend are counted over this window
 
     def problems(self) -> list[tuple[str, str]]:
         """(field, message) for every value out of its range (nested upstream fields included)."""
         out = _positive(
-            self, ("policy_poll_s", "shutdown_timeout_s", "scrape_interval_s", "ready_cache_s")
+            self,
+            (
+                "policy_poll_s",
+                "shutdown_timeout_s",
+                "scrape_interval_s",
+                "ready_cache_s",
+                "load_window_s",
+            ),
         )
         out += _at_least(self, {"max_body_bytes": 1})
         if not 0 <= self.port <= 65535:

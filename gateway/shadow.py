@@ -32,6 +32,7 @@ from core.wire import CATEGORY_HEADER
 from gateway.errors import UpstreamError
 from gateway.forward import drain
 from gateway.legs import LegRun
+from gateway.load import LoadBook
 from gateway.settings import UpstreamSettings
 from gateway.upstream import UpstreamClient, UpstreamTarget
 from otel.telemetry import Telemetry
@@ -145,6 +146,7 @@ class ShadowBatch:
 
     tasks: list[asyncio.Task[LegResult]] = field(default_factory=list)
     cancel_reason: list[StreamOutcome] = field(default_factory=lambda: ["cancelled"])
+    dropped: list[tuple[str, str, str]] = field(default_factory=list)  # (backend, role, reason)
 
     def cancel(self, reason: StreamOutcome) -> None:
         self.cancel_reason[0] = reason
@@ -166,9 +168,14 @@ class ShadowDispatcher:
     """Owns the shadow pools, the budgets' live state, and the shadow counters."""
 
     def __init__(
-        self, tasks: TaskSet, upstream_defaults: UpstreamSettings, telemetry: Telemetry
+        self,
+        tasks: TaskSet,
+        upstream_defaults: UpstreamSettings,
+        telemetry: Telemetry,
+        loads: LoadBook | None = None,
     ) -> None:
         self.tasks = tasks
+        self.loads = loads if loads is not None else LoadBook()
         self.telemetry = telemetry
         self.defaults = upstream_defaults
         self.in_flight = 0
@@ -241,6 +248,7 @@ class ShadowDispatcher:
                 reason = "rate"
             if reason is not None:
                 self.count("dropped", leg.role, backend, reason)
+                batch.dropped.append((backend, leg.role, reason))
                 drop_reason = drop_reason or reason
                 continue
             self.in_flight += 1
@@ -271,10 +279,12 @@ class ShadowDispatcher:
             stream=policy.shaping.force_stream or request.stream,
             capture_text=policy.capture.text == "full",
             chunk_events=policy.chunk_events,
+            share=leg.share,
         )
         outcome: StreamOutcome = "upstream_error"
         error_type: str | None = None
         shaped = False  # a request the gateway could not shape is no fault of the backend's
+        backend_load = None
         try:
             # Let the primary's request leave first. launch() runs before the primary is sent, and
             # aiohttp writes a request's headers and body from a task it queues as it sends
@@ -295,7 +305,8 @@ class ShadowDispatcher:
             category = request.client_headers.get(CATEGORY_HEADER)
             if category:  # gateway-owned, so never in the allow-list: set here on purpose
                 headers[CATEGORY_HEADER] = category
-            run.dispatch(inflight)
+            backend_load = self.loads[backend.name]
+            run.dispatch(inflight, backend_load.dispatch(backend.replicas))
             client = self.client(backend)
             async with client.open(
                 "POST", request.path_qs, headers=headers, data=body, retry=False
@@ -315,6 +326,8 @@ class ShadowDispatcher:
         finally:
             self.in_flight -= 1
             self.in_flight_by_role[leg.role] -= 1
+            if backend_load is not None:
+                backend_load.done()
         ok = outcome == "completed"
         # Only what the backend did counts: a client sending JSON that cannot be re-encoded (nested
         # deeper than orjson.dumps allows) must not be able to open the breaker for everyone.

@@ -16,6 +16,7 @@ from yarl import URL
 
 from core.exchange import Exchange, ExchangeSink
 from core.tasks import TaskSet
+from gateway.load import LoadBook
 from gateway.settings import Settings
 from gateway.shadow import ShadowDispatcher
 from gateway.upstream import UpstreamClient
@@ -64,6 +65,9 @@ class Gateway:
     telemetry: Telemetry
     tasks: TaskSet = field(default_factory=TaskSet)
     in_flight: int = 0  # primary requests in flight
+    loads: LoadBook = field(
+        default_factory=LoadBook
+    )  # every backend's load as this gateway sees it
 
     def submit(self, exchange: Exchange) -> None:
         """Hand a finished exchange to the sink; a sink failure is logged, never raised."""

@@ -117,3 +117,52 @@ async def test_the_scraper_survives_a_backend_that_goes_down_and_comes_back():
         await wait_until(lambda: some(scraper.snapshot()["cand"].window).draft_tokens == total)
     task.cancel()
     await tasks.drain(1.0)
+
+
+SGLANG = """# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m",engine_type="unified",tp_rank="0"} 7.0
+sglang:num_running_reqs{model_name="m",engine_type="unified",tp_rank="1"} 5.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m",engine_type="unified",tp_rank="0"} 3.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m",engine_type="unified",tp_rank="0"} 0.42
+sglang:token_usage{model_name="m",engine_type="unified",tp_rank="1"} 0.61
+"""
+
+
+def test_load_gauges_are_read_under_vllms_and_sglangs_names():
+    m = SimMetrics(SimConfig())
+    m.queued()
+    m.queued()
+    m.started(0.01, prompt_tokens=100)
+    vllm = sample_of(m, 0)
+    assert (vllm.num_requests_running, vllm.num_requests_waiting) == (1.0, 1.0)
+    assert vllm.kv_cache_usage_perc == pytest.approx(100 / 65_536)
+    sglang = parse_sample(SGLANG, t_ns=0, unix_ns=0)
+    # running and waiting add up over engines; KV usage is the fullest engine's
+    assert (sglang.num_requests_running, sglang.num_requests_waiting) == (12.0, 3.0)
+    assert sglang.kv_cache_usage_perc == 0.61
+    old = parse_sample('vllm:gpu_cache_usage_perc{engine="0"} 0.3\n', t_ns=0, unix_ns=0)
+    assert old.kv_cache_usage_perc == 0.3  # the gauge's name before vLLM renamed it
+
+
+async def test_nearest_finds_the_scrape_closest_to_a_dispatch_time():
+    async with run_simulator(SimConfig()) as sim:
+        scraper = MetricsScraper({"sim": f"{sim.base_url}/metrics"}, 0.05)
+        tasks = TaskSet()
+        task = tasks.spawn(scraper.run(), name="scrape")
+        try:
+            await asyncio.sleep(0.3)
+            sim.metrics.queued()  # the backend's queue grows by one from here on
+            marked = time.time_ns()
+            await asyncio.sleep(0.3)
+        finally:
+            task.cancel()
+            await tasks.drain(1.0)
+    before = scraper.nearest("sim", marked - 200_000_000)
+    after = scraper.nearest("sim", marked + 200_000_000)
+    assert before is not None and after is not None
+    assert (before.num_requests_waiting, after.num_requests_waiting) == (0.0, 1.0)
+    assert abs(after.unix_ns - (marked + 200_000_000)) < 60_000_000  # within about one poll
+    assert scraper.nearest("sim", marked + 60 * 10**9) is None  # nothing that close
+    assert scraper.nearest("other", marked) is None

@@ -1,0 +1,115 @@
+"""Every leg carries its backend's load at dispatch, and every record the exchange's load parity:
+per-replica arrival rate of the candidate over the primary's — what load-matched mirroring makes 1."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from evidence.store import query_records
+from gateway.load import BackendLoad
+from gateway.settings import Settings
+from specshadow.app import build_app
+from tests.conftest import FAST_UPSTREAM, start_server
+
+REQUESTS = 200
+
+
+def test_a_backends_rate_is_its_dispatches_over_the_window() -> None:
+    load = BackendLoad(window_s=2.0)
+    stamps = [load.dispatch(replicas=4, now_ns=int(i * 0.1e9)) for i in range(41)]  # 10/s for 4 s
+    assert stamps[-1].in_flight == 41  # none finished
+    assert stamps[-1].rate_rps == pytest.approx(10.5, abs=0.6)  # the last 2 s only
+    assert stamps[-1].per_replica_rate_rps == pytest.approx(stamps[-1].rate_rps / 4)
+    assert stamps[5].rate_rps == pytest.approx(6.0)  # before a window has passed: over 1 s
+    load.done()
+    assert load.dispatch(replicas=4, now_ns=int(4.1e9)).in_flight == 41
+
+
+def policy(primary: str, candidate: str, *, ratio: Any, primary_replicas: int) -> str:
+    return (
+        "version: 1\n"
+        f"backends:\n  prim: {{url: '{primary}', kind: sim, replicas: {primary_replicas}}}\n"
+        f"  cand: {{url: '{candidate}', kind: sim, replicas: 1}}\n"
+        "primary: prim\n"
+        f"default: {{ratio: {ratio}, legs: [{{backend: cand, role: candidate}}]}}\n"
+        "budgets: {max_in_flight: 1000}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("ratio", "primary_replicas", "parity"),
+    [("load_matched", 4, 1.0), ("0.1", 1, 0.1)],
+)
+async def test_load_matched_mirroring_gives_parity_one_and_a_ten_percent_mirror_a_tenth(
+    sims: Any,
+    servers: list[Any],
+    write_policy: Callable[[str], str],
+    tmp_path: Path,
+    ratio: str,
+    primary_replicas: int,
+    parity: float,
+) -> None:
+    primary = await sims(batching="continuous", step_s=0.002, prefill_base_s=0.0)
+    candidate = await sims(batching="continuous", step_s=0.002, prefill_base_s=0.0)
+    settings = Settings(
+        policy_path=write_policy(
+            policy(
+                primary.base_url, candidate.base_url, ratio=ratio, primary_replicas=primary_replicas
+            )
+        ),
+        store_path=str(tmp_path / "r.sqlite"),
+        scrape_interval_s=0.05,
+        load_window_s=2.0,
+        shutdown_timeout_s=2.0,
+        upstream=FAST_UPSTREAM,
+    )
+    server = await start_server(build_app(settings))
+    url = str(server.make_url("")).rstrip("/")
+    body = {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 8,
+        "stream": True,
+    }
+    async with aiohttp.ClientSession() as session:
+
+        async def one(i: int) -> None:
+            headers = {"x-request-id": f"q{i}"}
+            async with session.post(f"{url}/v1/chat/completions", json=body, headers=headers) as r:
+                await r.read()
+
+        sent = []
+        for i in range(REQUESTS):  # a steady 100 requests/s, open loop
+            sent.append(asyncio.ensure_future(one(i)))
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*sent)
+        await asyncio.sleep(0.5)
+    await server.close()
+    records = list(query_records(tmp_path / "r.sqlite"))
+    assert len(records) == REQUESTS
+    late = [r for r in records[REQUESTS // 2 :] if r["load_parity"] is not None]  # a full window in
+    parities = sorted(r["load_parity"] for r in late)
+    median = parities[len(parities) // 2]
+    assert median == pytest.approx(parity, rel=0.25), parities
+    record = late[-1]
+    primary_leg, candidate_leg = record["legs"]
+    assert (
+        primary_leg["load"]["replicas"] == primary_replicas
+        and candidate_leg["load"]["replicas"] == 1
+    )
+    assert primary_leg["load"]["rate_rps"] == pytest.approx(100, rel=0.35)
+    assert primary_leg["load"]["per_replica_rate_rps"] == pytest.approx(
+        primary_leg["load"]["rate_rps"] / primary_replicas
+    )
+    assert candidate_leg["share"] == (0.25 if ratio == "load_matched" else 0.1)
+    assert candidate_leg["load_parity"] == record["load_parity"]
+    scraped = candidate_leg["load"]["scraped"]
+    assert (
+        scraped is not None and scraped["num_requests_running"] >= 0 and abs(scraped["age_s"]) < 1
+    )
