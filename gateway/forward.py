@@ -122,6 +122,10 @@ async def relay(
             request.transport.abort()
     except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
         response.close()
+        if tee is not None and tee.recorder.done:
+            # The client had the terminal event, i.e. the whole answer (the official SDKs close
+            # as soon as they read it): the leg is complete, whatever happened to the rest.
+            return downstream, outcome, None
         outcome, error_type = "client_disconnected", type(exc).__name__
     except asyncio.CancelledError:
         response.close()
