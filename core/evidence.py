@@ -61,6 +61,8 @@ class Comparison:
     citations_equal: bool | None
     latency: tuple[LatencyDelta, ...]
     flag: bool  # greedy and not an exact match: worth a look one by one
+    a_backend: str | None = None  # the backends behind a and b (several candidates share a role)
+    b_backend: str | None = None
 
     def latency_delta(self, name: str) -> LatencyDelta | None:
         return next((d for d in self.latency if d.name == name), None)

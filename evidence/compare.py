@@ -31,6 +31,7 @@ What is compared:
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from collections.abc import Sequence
@@ -197,6 +198,17 @@ def _tool_verdict(ra: Recording, rb: Recording) -> tuple[bool | None, bool | Non
 
 
 def compare(
+    a: LegResult, b: LegResult, *, greedy: bool, expects_json: bool | None = None
+) -> Comparison:
+    """Judge leg ``b`` against leg ``a`` (the result names both legs' backends)."""
+    return dataclasses.replace(
+        _compare(a, b, greedy=greedy, expects_json=expects_json),
+        a_backend=a.backend,
+        b_backend=b.backend,
+    )
+
+
+def _compare(
     a: LegResult, b: LegResult, *, greedy: bool, expects_json: bool | None = None
 ) -> Comparison:
     """Judge leg ``b`` against leg ``a``.

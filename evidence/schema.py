@@ -203,6 +203,8 @@ def comparison_record(c: Comparison) -> dict[str, Any]:
     return {
         "a": c.a,
         "b": c.b,
+        "a_backend": c.a_backend,
+        "b_backend": c.b_backend,
         "comparable": c.comparable,
         "greedy": c.greedy,
         "flag": c.flag,

@@ -2,9 +2,11 @@
 page with embedded figures plus a Markdown summary, answering "adopt speculative decoding, for
 which traffic, and how do we roll back?".
 
-Layout: ``inputs`` (read the store and result files), ``analysis`` (pure numbers and verdicts),
-``plots`` (matplotlib Agg → PNG data URIs), ``render`` (HTML and Markdown, pure), ``cli``
-(``specshadow report``). :func:`build_report` is the one entry point for code (the demo).
+Layout: ``inputs`` (result files; records come from :mod:`evidence.sources`), ``records``
+(record accessors), ``sections`` (latency, raw speed-ups, acceptance, quality, gate), ``load``
+(speed-ups at production's load, crossover, schedule, capacity), ``analysis`` (per candidate,
+verdicts), ``checklist``, ``export`` (``report.json``), ``plots`` (matplotlib Agg → PNG data
+URIs), ``render`` (HTML and Markdown, pure), ``cli`` (``specshadow report``). :func:`build_report` is the one entry point for code (the demo).
 
 numpy and matplotlib are imported when a report is built, not when this package is imported, so
 registering the ``report`` command costs every other command nothing.
@@ -29,6 +31,7 @@ TITLE = "Speculative decoding: adoption report"
 class ReportPaths:
     html: Path
     markdown: Path
+    json: Path
     analysis: Analysis
 
 
@@ -40,15 +43,19 @@ def build_report(
     title: str = TITLE,
     sources: Sequence[str] = (),
 ) -> ReportPaths:
-    """Write ``report.html`` and ``report.md`` into ``out_dir`` (created if missing)."""
+    """Write ``report.html``, ``report.md`` and ``report.json`` into ``out_dir`` (created if
+    missing)."""
+    from core import jsonx
     from loadgen.report.analysis import analyze
+    from loadgen.report.export import report_json
     from loadgen.report.plots import figures
     from loadgen.report.render import render_html, render_markdown
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     a = analyze(records, results)
-    html_path, md_path = out / "report.html", out / "report.md"
+    html_path, md_path, json_path = out / "report.html", out / "report.md", out / "report.json"
     html_path.write_text(render_html(a, figures(a), title=title, sources=sources), "utf-8")
     md_path.write_text(render_markdown(a, title=title, html_name=html_path.name), "utf-8")
-    return ReportPaths(html=html_path, markdown=md_path, analysis=a)
+    json_path.write_bytes(jsonx.dumps(report_json(a), indent=True) + b"\n")
+    return ReportPaths(html=html_path, markdown=md_path, json=json_path, analysis=a)

@@ -19,7 +19,12 @@ from loadgen.report.analysis import ALL, Analysis, bucket_order
 __all__ = ["figures"]
 
 ROLE_COLORS = {"primary": "#3b6ea5", "candidate": "#e07b39", "baseline": "#9a9a9a"}
-DECISION_COLORS = {"adopt": "#2e7d32", "do not adopt": "#c62828", "not enough data": "#757575"}
+DECISION_COLORS = {
+    "adopt": "#2e7d32",
+    "do_not_adopt": "#c62828",
+    "not_enough_data": "#757575",
+    "not_load_matched": "#f2a900",
+}
 _DPI = 110
 
 
@@ -54,7 +59,7 @@ def speedup_forest(a: Analysis) -> str | None:
             s = a.speedups[cat].get(metric)
             if s is None:
                 continue
-            color = DECISION_COLORS[verdict.get(cat, "not enough data")]
+            color = DECISION_COLORS[verdict.get(cat, "not_enough_data")]
             ax.errorbar(
                 s.point, i + dy, xerr=[[max(0.0, s.point - s.ci_low)], [max(0.0, s.ci_high - s.point)]],
                 fmt=marker, color=color, ecolor=color, capsize=3, ms=6,
@@ -282,9 +287,42 @@ def matrix_acceptance(a: Analysis) -> str | None:
     return _uri(fig)
 
 
+def speedup_vs_load(a: Analysis) -> str | None:
+    """Each candidate's e2e speed-up against its per-replica arrival rate, with 95 % CIs; the
+    production operating range (p5–p95 of the primary's per-replica rate) shaded; the
+    crossover marked."""
+    curves = {b: c for b, c in a.candidates.items() if c.load_points}
+    if not curves:
+        return None
+    fig = _figure(8.0, 3.4)
+    ax = fig.add_subplot(1, 1, 1)
+    palette = ["#e07b39", "#7b4fa0", "#2a9d8f", "#b5651d"]
+    for i, (backend, c) in enumerate(curves.items()):
+        xs = [p.load for p in c.load_points]
+        ys = [p.e2e_speedup for p in c.load_points]
+        lo = [p.e2e_speedup - p.low for p in c.load_points]
+        hi = [p.high - p.e2e_speedup for p in c.load_points]
+        color = palette[i % len(palette)]
+        ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", color=color, capsize=3, label=backend)
+        if c.crossover is not None:
+            ax.axvline(c.crossover.load, color=color, linestyle=":", linewidth=1)
+    main = a.main
+    band = main.load.get(ALL) if main is not None else None
+    if band is not None and band.primary_load_p5 is not None and band.primary_load_p95 is not None:
+        ax.axvspan(band.primary_load_p5, band.primary_load_p95, color="#3b6ea5", alpha=0.12,
+                   label="production's range (p5–p95)")  # fmt: skip
+    ax.axhline(1.0, color="#333", linestyle="--", linewidth=1)
+    ax.set_xlabel("candidate's arrival rate per replica (requests/s)")
+    ax.set_ylabel("e2e speed-up (reference / candidate)")
+    ax.legend(frameon=False, fontsize=8)
+    _style(ax)
+    return _uri(fig)
+
+
 def figures(a: Analysis) -> dict[str, str | None]:
     """Every figure by name (``None`` where there was nothing to draw)."""
     return {
+        "speedup_vs_load": speedup_vs_load(a),
         "speedup": speedup_forest(a),
         "latency": latency_bars(a),
         "acceptance": acceptance_panels(a),

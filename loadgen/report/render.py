@@ -9,7 +9,9 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
-from loadgen.report.analysis import ALL, GATE_SHARE, Analysis, Rate, Verdict, bucket_order
+from loadgen.report.analysis import ALL, GATE_SHARE, Analysis, CandidateAnalysis, Verdict
+from loadgen.report.load import MIN_COVERAGE, OPEN_LOOP, PARITY_BAND, Estimate
+from loadgen.report.sections import Rate, bucket_order
 from loadgen.speedup import Speedup
 
 __all__ = ["render_html", "render_markdown"]
@@ -38,7 +40,7 @@ ol.check li{margin:4px 0}.muted{color:var(--muted)}code{background:#eef1f5;paddi
 pre{white-space:pre-wrap;background:#fff;border:1px solid var(--line);padding:8px;border-radius:6px;font-size:12px;max-height:160px;overflow:auto}
 """
 
-_CLASS = {"adopt": "adopt", "do not adopt": "no", "not enough data": "nd"}
+_CLASS = {"adopt": "adopt", "do_not_adopt": "no", "not_enough_data": "nd", "not_load_matched": "nd"}
 
 
 def _ms(v: float | None) -> str:
@@ -55,6 +57,14 @@ def _rate(r: Rate) -> str:
 
 def _sp(s: Speedup | None) -> str:
     return "—" if s is None else f"{s.point:.2f}× [{s.ci_low:.2f}, {s.ci_high:.2f}]"
+
+
+def _est(e: Estimate | None) -> str:
+    return "—" if e is None else f"{e.estimate:.2f}× [{e.low:.2f}, {e.high:.2f}]"
+
+
+def _num(v: float | None, fmt: str = ".3g") -> str:
+    return "—" if v is None else format(v, fmt)
 
 
 def _figure(uri: str | None, caption: str, empty: str) -> str:
@@ -74,13 +84,93 @@ def _card(v: Verdict) -> str:
     reasons = "".join(f"<li>{escape(r)}</li>" for r in v.reasons)
     needed = (
         f"<li>sample size needed: about {v.pairs_needed} paired requests</li>"
-        if v.decision == "not enough data" and v.pairs_needed
+        if v.decision == "not_enough_data" and v.pairs_needed
         else ""
     )
     return (
         f'<div class="card {_CLASS[v.decision]}"><div class="cat">{escape(label)}</div>'
-        f'<div class="dec">{escape(v.decision.capitalize())}</div><ul>{reasons}{needed}</ul></div>'
+        f'<div class="dec">{escape(v.label.capitalize())}</div><ul>{reasons}{needed}</ul></div>'
     )
+
+
+def _load_rows(c: CandidateAnalysis, categories: Sequence[str]) -> list[list[str]]:
+    rows = []
+    for cat in [*categories, ALL]:
+        at = c.load.get(cat)
+        if at is None:
+            continue
+        rows.append([
+            cat, _est(at.e2e), _est(at.tpot), f"{at.matched_pairs}/{at.mirrored_pairs}",
+            _num(at.parity_p50, ".2f"), f"{at.coverage:.0%}",
+            _num(at.primary_load_p50), _num(at.candidate_load_p50),
+        ])  # fmt: skip
+    return rows
+
+
+def _capacity_rows(a: Analysis, c: CandidateAnalysis) -> list[list[str]]:
+    cap = c.capacity
+    rows = []
+    for backend in sorted(cap.kv_per_request):
+        per = cap.kv_per_request[backend]
+        rows.append([backend, f"{per:.2%}", _num(cap.max_concurrency(backend), ".0f")])
+    return rows
+
+
+def _load_section(a: Analysis, c: CandidateAnalysis, figs: Mapping[str, str | None]) -> list[str]:
+    cap = c.capacity
+    cross = c.crossover
+    exclusions: Mapping[str, int] = c.exclusions.get(ALL, {})
+    parts = [
+        "<h2>Load: measured at production's load?</h2>",
+        '<p class="muted">A speed-up holds only at the load it was measured at: speculation wins at low batch and loses at high batch, '
+        "and a shadow sees only the mirrored share of traffic. Per-replica arrival rate must match production's (load parity 1); "
+        f"pairs within ±{PARITY_BAND - 1:.0%} count, re-weighted to production's own load distribution, and the verdict needs them to cover "
+        f"{MIN_COVERAGE:.0%} of it. {escape(OPEN_LOOP)}</p>",
+        _table(["category", "e2e at production load", "tpot at production load", "matched / mirrored pairs",
+                "load parity p50", "coverage", "production req/s per replica p50", "candidate req/s per replica p50"],
+               _load_rows(c, a.categories)),
+        _figure(figs.get("speedup_vs_load"), "Speed-up against the candidate's per-replica arrival rate, 95 % CI; shaded: production's operating range (p5–p95)",
+                "No pairs at a known load: no speed-up against load."),
+    ]  # fmt: skip
+    if cross is not None:
+        parts.append(
+            f'<div class="callout warn">Speculation stops paying at about <b>{cross.load:.3g} requests/s per replica</b> '
+            f"(batch ≈ {_num(cross.concurrency)}). Recommended depth schedule "
+            f"(<code>num_speculative_tokens_per_batch_size</code>): <code>{escape(str(c.schedule))}</code>.</div>"
+        )
+    elif c.load_points:
+        parts.append(
+            f'<div class="callout ok">No crossover up to {c.load_points[-1].load:.3g} requests/s per replica: '
+            f"speculation paid at every load measured. Schedule: <code>{escape(str(c.schedule))}</code>.</div>"
+        )
+    problems = cap.problems(c.backend)
+    parts.append("<h3>Capacity</h3>")
+    parts.append(
+        f"<p>{cap.sampled} candidate legs chosen by the policy; admission dropped "
+        f"{sum(cap.dropped.values())} ({cap.drop_share:.1%}); production's peak concurrency per replica "
+        f"{_num(cap.production_peak_concurrency)}.</p>"
+    )
+    if cap.kv_per_request:
+        parts.append(
+            _table(
+                ["backend", "KV cache per running request", "requests that fit (100 % KV)"],
+                _capacity_rows(a, c),
+            )
+        )
+    if problems:
+        parts.append(
+            '<div class="callout warn">' + "<br>".join(escape(p) for p in problems) + "</div>"
+        )
+    if exclusions:
+        parts.append("<h3>Exchanges in and out of the verdict</h3>")
+        parts.append(
+            _table(
+                ["reason", "exchanges"],
+                [[r, str(n)] for r, n in sorted(exclusions.items(), key=lambda kv: -kv[1])],
+            )
+        )
+    parts.extend(f'<p class="muted">{escape(note)}</p>' for note in a.notes if note != OPEN_LOOP)
+    return parts
 
 
 def _gate_text(a: Analysis) -> tuple[str, str]:
@@ -230,9 +320,11 @@ def render_html(
         parts += [
             "<h2>Speed: paired candidate-vs-primary speedups</h2>",
             '<p class="muted">Per exchange ratio primary / candidate on the same request; geometric mean with a bootstrap 95 % interval. '
-            "Above 1 means the candidate is faster. The baseline column is the same comparison for a plain copy of the primary: it should sit at 1.</p>",
+            "Above 1 means the candidate is faster. These are raw: at whatever load the candidate ran at (see the load section for the speed-up at production's load, which the verdict uses). "
+            "The baseline column is the same comparison for a plain copy of the primary: it should sit at 1.</p>",
             _figure(figs.get("speedup"), "Speedup per category with 95 % CI (colour = verdict)", "No paired primary/candidate exchanges."),
             _table(["category", "pairs", "e2e", "tpot", "ttft", "baseline e2e (noise)"], sp_rows),
+            *(_load_section(a, a.main, figs) if a.main is not None else []),
             "<h3>Latency per role and category (ms)</h3>",
             _figure(figs.get("latency"), "p50 (bars) and p99 (ticks) per role", "No latency data."),
             _table(_LAT_HEAD, _latency_rows(a)),
@@ -318,19 +410,35 @@ def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
         lines += [
             "## Bottom line",
             "",
-            "| category | verdict | e2e speedup [95 % CI] | tpot speedup | why |",
-            "|---|---|---|---|---|",
+            "| category | verdict | e2e speedup at production load [95 % CI] | raw e2e speedup | raw tpot speedup | why |",
+            "|---|---|---|---|---|---|",
         ]
         for v in a.verdicts:
             why = "; ".join(v.reasons)
-            if v.decision == "not enough data" and v.pairs_needed:
+            if v.decision == "not_enough_data" and v.pairs_needed:
                 why += f"; need ≈{v.pairs_needed} pairs"
+            at = v.at_load.e2e if v.at_load is not None else None
             lines.append(
-                f"| {v.category} | **{v.decision}** | {_sp(v.e2e)} | {_sp(v.tpot)} | {why} |"
+                f"| {v.category} | **{v.label}** | {_est(at)} | {_sp(v.e2e)} | {_sp(v.tpot)} | {why} |"
             )
         lines.append("")
     _, gate = _gate_text(a)
     lines += ["## Decision gate", "", gate, ""]
+    main = a.main
+    if main is not None:
+        lines += ["## Load", "", OPEN_LOOP, ""]
+        if main.crossover is not None:
+            lines += [
+                f"Speculation stops paying at about {main.crossover.load:.3g} requests/s per replica; "
+                f"depth schedule `{main.schedule}`.",
+                "",
+            ]
+        lines += [f"- {n}" for n in a.notes if n != OPEN_LOOP]
+        excluded: Mapping[str, int] = main.exclusions.get(ALL, {})
+        if excluded:
+            lines += ["", "| exchanges | count |", "|---|---|"]
+            lines += [f"| {r} | {n} |" for r, n in sorted(excluded.items(), key=lambda kv: -kv[1])]
+        lines.append("")
     if a.quality:
         lines += [
             "## Quality vs noise floor",

@@ -18,7 +18,11 @@ def leg(
     status: int = 200,
     outcome: str = "completed",
     kv: float | None = None,
+    rate: float = 10.0,
+    parity: float | None = None,
 ) -> dict[str, Any]:
+    """One leg; ``rate``: its backend's per-replica arrival rate at dispatch (load-matched legs
+    share the primary's, so their ``parity`` is 1)."""
     events = max(1, round(tokens / tpe)) if tpe else tokens
     return {
         "role": role,
@@ -45,7 +49,11 @@ def leg(
             "backend_window": {"kv_cache_usage_perc": kv} if kv is not None else None,
         },
         "output": {"sha256": "x", "chars": 10, "text": f"{role} text"},
-    }
+        "share": None if role == "primary" else 1.0,
+        "load": {"rate_rps": rate, "per_replica_rate_rps": rate, "in_flight": 2,
+                 "per_replica_in_flight": 2.0, "replicas": 1, "window_s": 10.0, "scraped": None},
+        "load_parity": parity if role != "primary" else None,
+    }  # fmt: skip
 
 
 def comparison(a: str, b: str, exact: bool) -> dict[str, Any]:
@@ -85,9 +93,10 @@ def records(
                 "started_unix_ns": 1_700_000_000_000_000_000 + i,
                 "legs": [
                     leg("primary", ttft=ttft_s, e2e=e2e, tokens=tokens, tpe=1.0, kv=0.3),
-                    leg("candidate", ttft=min(ttft_s, cand_e2e / 2), e2e=cand_e2e, tokens=tokens, tpe=tpe, mal=tpe + 0.8, kv=0.45),
-                    leg("baseline", ttft=ttft_s, e2e=base_e2e, tokens=tokens, tpe=1.0),
+                    leg("candidate", ttft=min(ttft_s, cand_e2e / 2), e2e=cand_e2e, tokens=tokens, tpe=tpe, mal=tpe + 0.8, kv=0.45, parity=1.0),
+                    leg("baseline", ttft=ttft_s, e2e=base_e2e, tokens=tokens, tpe=1.0, parity=1.0),
                 ],
+                "load_parity": 1.0,
                 "comparisons": [
                     comparison("primary", "candidate", rng.random() >= div),
                     comparison("primary", "baseline", rng.random() >= baseline_divergence),

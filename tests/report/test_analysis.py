@@ -47,13 +47,13 @@ def test_verdicts_follow_speed_quality_and_sample_size():
     a = analyze(recs)
     verdict = {v.category: v for v in a.verdicts}
     assert verdict["chat"].decision == "adopt"
-    assert verdict["json"].decision == "do not adopt" and "diverges" in verdict["json"].reasons[0]
-    assert verdict["slow"].decision == "do not adopt" and "slower" in verdict["slow"].reasons[-1]
+    assert verdict["json"].decision == "do_not_adopt" and "diverges" in verdict["json"].reasons[0]
+    assert verdict["slow"].decision == "do_not_adopt" and "slower" in verdict["slow"].reasons[-1]
     assert (
-        verdict["flat"].decision == "do not adopt"
+        verdict["flat"].decision == "do_not_adopt"
         and "no material gain" in verdict["flat"].reasons[-1]
     )
-    assert verdict["rare"].decision == "not enough data" and verdict["rare"].pairs_needed == 10
+    assert verdict["rare"].decision == "not_enough_data" and verdict["rare"].pairs_needed == 10
     assert a.quality["json"].worse_than_noise and not a.quality["chat"].worse_than_noise
     assert ALL in verdict
 
@@ -61,7 +61,7 @@ def test_verdicts_follow_speed_quality_and_sample_size():
 def test_an_uncertain_speedup_asks_for_a_sample_size():
     a = analyze(records(speedups={"chat": 1.04}, n=12, noise=0.25, seed=2))
     v = a.verdicts[0]
-    assert v.decision == "not enough data"
+    assert v.decision == "not_enough_data"
     assert v.pairs_needed is not None and v.pairs_needed > 12
     assert any(f"Before deciding chat: shadow about {v.pairs_needed}" in i for i in a.checklist)
 

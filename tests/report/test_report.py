@@ -75,7 +75,7 @@ def test_report_command_reads_the_store_and_results_and_writes_html_and_markdown
     # Self-contained: no scripts, no stylesheets or images fetched from anywhere.
     assert "<script" not in html and "<link" not in html
     assert not re.search(r'(src|href)="(?!data:)', html)
-    assert html.count('<img src="data:image/png;base64,') == 7
+    assert html.count('<img src="data:image/png;base64,') == 8
     for heading in ("Bottom line", "Decision gate", "paired candidate-vs-primary speedups",
                     "acceptance", "noise floor", "Memory and utilisation", "stable operating region",
                     "Client-side load test", "Release checklist"):  # fmt: skip
@@ -147,7 +147,7 @@ def test_the_report_renders_every_plot_without_errors_in_headless_chromium(tmp_p
     page = tmp_path / "checked.html"
     page.write_text(with_harness(paths.html.read_text()))
     dom = chromium("--dump-dom", page.as_uri(), profile=tmp_path / "profile")
-    assert 'id="render-check">images 7/7<' in dom
+    assert 'id="render-check">images 8/8<' in dom
     assert not JS_ERROR.search(dom)
     # The hook really catches errors: the same page with a failing script says so.
     broken = tmp_path / "broken.html"

@@ -1,0 +1,92 @@
+"""``report.json``: the report's decisions and load-true numbers, machine-readable (pure).
+
+Schema ``specshadow.report/1``, documented in docs/report.md. Top level: ``overall`` and
+``categories.<name>`` (each ``verdict``, ``e2e_speedup_at_production_load``, ``load``, …) for
+the main candidate, ``speedup_vs_load``, ``crossover_load``, ``speculation_schedule``,
+``capacity``, ``exclusions``, and ``candidates.<backend>`` with the same shape per candidate.
+Unknown values are ``null``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loadgen.report.analysis import ALL, Analysis, CandidateAnalysis, Verdict
+
+SCHEMA = "specshadow.report/1"
+
+
+def _verdict(v: Verdict, c: CandidateAnalysis) -> dict[str, Any]:
+    at = v.at_load
+    return {
+        "verdict": v.decision,
+        "reasons": list(v.reasons),
+        "pairs": v.pairs,
+        "pairs_needed": v.pairs_needed,
+        "e2e_speedup_at_production_load": at.e2e.to_json() if at is not None and at.e2e else None,
+        "tpot_speedup_at_production_load": at.tpot.to_json()
+        if at is not None and at.tpot
+        else None,
+        "raw_e2e_speedup": None
+        if v.e2e is None
+        else {"estimate": v.e2e.point, "low": v.e2e.ci_low, "high": v.e2e.ci_high, "n": v.e2e.n},
+        "load": at.load_json()
+        if at is not None
+        else {
+            "primary_per_replica_p50": None,
+            "candidate_per_replica_p50": None,
+            "parity_p50": None,
+        },
+        "coverage": at.coverage if at is not None else None,
+        "exclusions": dict(c.exclusions.get(v.category, {})),
+    }
+
+
+def candidate_json(c: CandidateAnalysis) -> dict[str, Any]:
+    verdicts = {v.category: v for v in c.verdicts}
+    cap = c.capacity
+    return {
+        "overall": _verdict(verdicts[ALL], c) if ALL in verdicts else None,
+        "categories": {cat: _verdict(v, c) for cat, v in verdicts.items() if cat != ALL},
+        "speedup_vs_load": [p.to_json() for p in c.load_points],
+        "crossover_load": c.crossover.load if c.crossover is not None else None,
+        "crossover_concurrency": c.crossover.concurrency if c.crossover is not None else None,
+        "speculation_schedule": c.schedule,
+        "num_speculative_tokens": c.depth,
+        "capacity": {
+            "sampled_legs": cap.sampled,
+            "dropped": dict(cap.dropped),
+            "drop_share": cap.drop_share,
+            "failed_legs": cap.failed,
+            "concurrency_growth": cap.growth,
+            "kv_cache_per_request": cap.kv_per_request,
+            "max_concurrency": {b: cap.max_concurrency(b) for b in cap.kv_per_request},
+            "production_peak_concurrency": cap.production_peak_concurrency,
+            "problems": cap.problems(c.backend),
+        },
+    }
+
+
+def report_json(a: Analysis) -> dict[str, Any]:
+    main = a.main
+    out: dict[str, Any] = {
+        "schema": SCHEMA,
+        "records": a.records,
+        "categories_seen": a.categories,
+        "candidate": main.backend if main is not None else None,
+        "notes": a.notes,
+    }
+    body = (
+        candidate_json(main)
+        if main is not None
+        else {
+            "overall": None,
+            "categories": {},
+            "speedup_vs_load": [],
+            "crossover_load": None,
+            "speculation_schedule": [],
+        }
+    )
+    out.update(body)
+    out["candidates"] = {b: candidate_json(c) for b, c in a.candidates.items()}
+    return out

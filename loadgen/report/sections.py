@@ -1,0 +1,341 @@
+"""The report's descriptive sections: latency per leg, raw paired speed-ups, acceptance three
+ways, quality against the noise floor, the decision gate, resources, worst examples (pure;
+numpy only through :mod:`loadgen.speedup`).
+
+Each function reads records through :mod:`loadgen.report.records`; those about a candidate take
+its backend, so several candidates are reported side by side from the same exchanges. The raw
+speed-ups here pair every mirrored exchange at whatever load the candidate ran at; verdicts use
+the load-true estimates of :mod:`loadgen.report.load` instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from core.stats import mean, percentiles
+from loadgen.report.records import (
+    ALL,
+    Record,
+    by_role,
+    candidate_leg,
+    category,
+    comparison,
+    leg_ok,
+    legs,
+    num,
+    text,
+)
+from loadgen.speedup import Speedup, paired_speedup
+
+LATENCY_METRICS = ("ttft_s", "tpot_s", "chunk_gap_p50_s", "e2e_s")
+DIVERGENCE_TOLERANCE = 0.02  # absolute, on top of the noise floor's own uncertainty
+
+LatencyTable = dict[tuple[str, str], dict[str, tuple[float | None, float | None, float | None]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """k of n with a Wilson 95 % interval."""
+
+    k: int
+    n: int
+
+    @property
+    def value(self) -> float | None:
+        return self.k / self.n if self.n else None
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        return wilson(self.k, self.n)
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
+    """Wilson score interval for a proportion; ``None`` when n = 0."""
+    if n == 0:
+        return None
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True, slots=True)
+class Quality:
+    """Candidate-vs-primary and baseline-vs-primary agreement for one category."""
+
+    candidate_divergence: Rate
+    baseline_divergence: Rate
+    flagged: int  # greedy candidate comparisons that did not match exactly
+    json_equal: Rate  # structured outputs: candidate JSON semantically equal to primary's
+    json_valid: Rate  # candidate JSON valid where JSON was expected
+    tools_equal: Rate  # tool names and parsed arguments equal
+    one_sided_refusals: int
+    similarity_p50: float | None
+
+    @property
+    def tolerance(self) -> float:
+        """How far above the noise floor the candidate may sit before it counts as worse."""
+        base = self.baseline_divergence
+        spread = 0.0
+        if base.n:
+            p = base.k / base.n
+            spread = 2 * math.sqrt(max(p * (1 - p), 1.0 / base.n) / base.n)
+        return DIVERGENCE_TOLERANCE + spread
+
+    @property
+    def worse_than_noise(self) -> bool | None:
+        cand = self.candidate_divergence.value
+        if cand is None:
+            return None
+        floor = self.baseline_divergence.value or 0.0
+        return cand > floor + self.tolerance
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    exchange_id: str
+    category: str
+    similarity: float | None
+    first_divergence: int | None
+    divergence_unit: str | None
+    primary_text: str | None
+    candidate_text: str | None
+
+
+def bucket_order(label: str) -> tuple[float, str]:
+    """Sort key for bucket labels such as ``<64``, ``64-256``, ``>=1024``, ``2-4``: by the first
+    number (a leading ``<`` sorts before it), then by text for non-numeric labels."""
+    digits = ""
+    for ch in label:
+        if ch.isdigit():
+            digits += ch
+        elif digits:
+            break
+    if not digits:
+        return (math.inf, label)
+    value = float(digits) - (0.5 if label.startswith("<") else 0.0)
+    return (value, label)
+
+
+def leg_label(leg: Mapping[str, Any], several_candidates: bool) -> str:
+    """``primary``, ``baseline``, ``candidate`` — or ``candidate <backend>`` among several."""
+    role = str(leg.get("role"))
+    return f"{role} {leg.get('backend')}" if role == "candidate" and several_candidates else role
+
+
+def latency(
+    records: Sequence[Record], *, several_candidates: bool = False
+) -> tuple[LatencyTable, dict[tuple[str, str], int], dict[tuple[str, str], Rate]]:
+    """p50/p95/p99 of every timing per leg and category; errors per leg."""
+    values: dict[tuple[str, str], dict[str, list[float]]] = {}
+    counts: dict[tuple[str, str], list[int]] = {}
+    for r in records:
+        seen: set[str] = set()
+        for leg in legs(r):
+            label = leg_label(leg, several_candidates)
+            if label in seen:
+                continue
+            seen.add(label)
+            ok = leg_ok(leg)
+            for cat in (category(r), ALL):
+                key = (label, cat)
+                tally = counts.setdefault(key, [0, 0])
+                tally[0] += 1
+                tally[1] += 0 if ok else 1
+                if not ok:
+                    continue
+                bucket = values.setdefault(key, {m: [] for m in LATENCY_METRICS})
+                for m in LATENCY_METRICS:
+                    v = num(leg.get(m))
+                    if v is not None:
+                        bucket[m].append(v)
+    table = {
+        key: {m: percentiles(vs, (50.0, 95.0, 99.0)) for m, vs in ms.items()}
+        for key, ms in values.items()
+    }
+    n = {key: len(ms["e2e_s"]) for key, ms in values.items()}
+    errors = {key: Rate(t[1], t[0]) for key, t in counts.items()}
+    return table, n, errors  # type: ignore[return-value]
+
+
+def raw_speedups(
+    records: Sequence[Record], backend: str | None
+) -> dict[str, dict[str, Speedup | None]]:
+    """Paired primary/candidate ratios of every mirrored exchange (at the candidate's own load)."""
+    pairs: dict[str, dict[str, list[tuple[float | None, float | None]]]] = {}
+    for r in records:
+        roles = by_role(r)
+        primary = roles.get("primary")
+        if not leg_ok(primary):
+            continue
+        assert primary is not None
+        cand = candidate_leg(r, backend)
+        base = roles.get("baseline")
+        for cat in (category(r), ALL):
+            slot = pairs.setdefault(cat, {"e2e": [], "tpot": [], "ttft": [], "baseline_e2e": []})
+            if leg_ok(cand):
+                assert cand is not None
+                for m in ("e2e", "tpot", "ttft"):
+                    slot[m].append((num(primary.get(f"{m}_s")), num(cand.get(f"{m}_s"))))
+            if leg_ok(base):
+                assert base is not None
+                slot["baseline_e2e"].append((num(primary.get("e2e_s")), num(base.get("e2e_s"))))
+    return {
+        cat: {m: paired_speedup(ps, seed=0) for m, ps in ms.items()} for cat, ms in pairs.items()
+    }
+
+
+def acceptance(
+    records: Sequence[Record], backend: str | None
+) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """dim ∈ {category, output_length, concurrency} → key → {tokens_per_event, mal, dar, coverage}."""
+    out: dict[str, dict[str, dict[str, list[float]]]] = {
+        "category": {},
+        "output_length": {},
+        "concurrency": {},
+    }
+    for r in records:
+        leg = candidate_leg(r, backend)
+        if not leg_ok(leg):
+            continue
+        assert leg is not None
+        acc = leg.get("acceptance") or {}
+        fields = {
+            "tokens_per_event": num(leg.get("tokens_per_event")),
+            "mean_acceptance_length": num(acc.get("mean_acceptance_length")),
+            "draft_acceptance_rate": num(acc.get("draft_acceptance_rate")),
+            "coverage": num(acc.get("coverage")),
+        }
+        keys = {
+            "category": category(r),
+            "output_length": leg.get("output_length_bucket") or r.get("output_length_bucket"),
+            "concurrency": leg.get("concurrency_bucket") or r.get("concurrency_bucket"),
+        }
+        for dim, key in keys.items():
+            if key is None:
+                continue
+            slot = out[dim].setdefault(str(key), {f: [] for f in fields})
+            for f, v in fields.items():
+                if v is not None:
+                    slot[f].append(v)
+    return out
+
+
+def quality(records: Sequence[Record], backend: str | None) -> dict[str, Quality]:
+    acc: dict[str, dict[str, list[int]]] = {}
+    sims: dict[str, list[float]] = {}
+    for r in records:
+        cand = comparison(r, "primary", "candidate", b_backend=backend)
+        base = comparison(r, "primary", "baseline")
+        for cat in (category(r), ALL):
+            t = acc.setdefault(
+                cat,
+                {k: [0, 0] for k in ("cand", "base", "json_eq", "json_valid", "tools")}
+                | {"flagged": [0, 0], "refusals": [0, 0]},
+            )
+            for key, c in (("cand", cand), ("base", base)):
+                if c is None or c.get("comparable") is False or c.get("exact_match") is None:
+                    continue
+                t[key][1] += 1
+                t[key][0] += 0 if c["exact_match"] else 1
+            if cand is None:
+                continue
+            t["flagged"][0] += bool(cand.get("flag"))
+            t["refusals"][0] += bool(cand.get("one_sided_refusal"))
+            if cand.get("json_expected"):
+                t["json_valid"][1] += 1
+                t["json_valid"][0] += bool(cand.get("json_valid_b"))
+                if cand.get("json_equal") is not None:
+                    t["json_eq"][1] += 1
+                    t["json_eq"][0] += bool(cand["json_equal"])
+            if cand.get("tool_names_equal") is not None:
+                t["tools"][1] += 1
+                t["tools"][0] += bool(
+                    cand.get("tool_names_equal") and cand.get("tool_arguments_equal")
+                )
+            sim = num(cand.get("similarity"))
+            if sim is not None:
+                sims.setdefault(cat, []).append(sim)
+    return {
+        cat: Quality(
+            candidate_divergence=Rate(*t["cand"]),
+            baseline_divergence=Rate(*t["base"]),
+            flagged=t["flagged"][0],
+            json_equal=Rate(*t["json_eq"]),
+            json_valid=Rate(*t["json_valid"]),
+            tools_equal=Rate(*t["tools"]),
+            one_sided_refusals=t["refusals"][0],
+            similarity_p50=percentiles(sims.get(cat, []), (50.0,))[0],
+        )
+        for cat, t in acc.items()
+    }
+
+
+def gate(records: Sequence[Record]) -> dict[str, float | None]:
+    """Per category: the median share of the primary's e2e spent generating (after ttft)."""
+    shares: dict[str, list[float]] = {}
+    for r in records:
+        leg = by_role(r).get("primary")
+        if not leg_ok(leg):
+            continue
+        assert leg is not None
+        e2e, ttft = num(leg.get("e2e_s")), num(leg.get("ttft_s"))
+        if e2e is None or ttft is None or e2e <= 0:
+            continue
+        for cat in (category(r), ALL):
+            shares.setdefault(cat, []).append(max(0.0, (e2e - ttft) / e2e))
+    return {cat: percentiles(v, (50.0,))[0] for cat, v in shares.items()}
+
+
+def resources(
+    records: Sequence[Record], matrix: Sequence[Mapping[str, Any]]
+) -> dict[str, dict[str, float]]:
+    """KV-cache usage per backend: from the legs' load at dispatch, else the scraper's window."""
+    usage: dict[str, list[float]] = {}
+    for r in records:
+        for leg in legs(r):
+            load = leg.get("load") or {}
+            scraped = load.get("scraped") if isinstance(load, Mapping) else None
+            v = num((scraped or {}).get("kv_cache_usage_perc"))
+            if v is None:
+                window = (leg.get("acceptance") or {}).get("backend_window") or {}
+                v = num(window.get("kv_cache_usage_perc"))
+            if v is not None:
+                usage.setdefault(str(leg.get("backend")), []).append(v)
+    for row in matrix:
+        v = num(row.get("kv_cache_usage_peak"))
+        if v is not None:
+            usage.setdefault(str(row.get("backend")), []).append(v)
+    return {
+        b: {
+            "kv_cache_usage_max": max(vs),
+            "kv_cache_usage_mean": mean(vs) or 0.0,
+            "samples": len(vs),
+        }
+        for b, vs in usage.items()
+    }
+
+
+def examples(records: Sequence[Record], backend: str | None, limit: int = 5) -> list[Example]:
+    worst: list[tuple[float, Example]] = []
+    for r in records:
+        c = comparison(r, "primary", "candidate", b_backend=backend)
+        if c is None or c.get("exact_match") is not False:
+            continue
+        sim = num(c.get("similarity"))
+        ex = Example(
+            exchange_id=str(r.get("exchange_id")),
+            category=category(r),
+            similarity=sim,
+            first_divergence=c.get("first_divergence"),
+            divergence_unit=c.get("divergence_unit"),
+            primary_text=text(by_role(r).get("primary")),
+            candidate_text=text(candidate_leg(r, backend)),
+        )
+        worst.append((sim if sim is not None else 1.0, ex))
+    worst.sort(key=lambda t: t[0])
+    return [ex for _, ex in worst[:limit]]
