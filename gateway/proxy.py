@@ -166,7 +166,9 @@ async def serve_completion(gw: Gateway, request: web.Request, route: Route) -> w
         # Cancelled because the client left. If it had the terminal event it had the whole
         # answer (the official SDKs close the moment they read data: [DONE]): that leg is complete.
         if leg.tee is not None and leg.tee.recorder.done:
-            hand_off(gw, draft, end_primary(gw, leg, span, draft, "completed", None), shadows, policy)
+            hand_off(
+                gw, draft, end_primary(gw, leg, span, draft, "completed", None), shadows, policy
+            )
             raise
         if shadows is not None and policy.mirror.on_client_disconnect == "cancel":
             shadows.cancel("cancelled")
