@@ -1,4 +1,5 @@
-"""``specshadow policy check FILE`` and ``specshadow policy schema [--out FILE]``.
+"""``specshadow policy check FILE``, ``specshadow policy schema [--out FILE]`` and
+``specshadow plan`` (sizing a shadow for load parity, :mod:`policies.plan`).
 
 ``check`` is for SREs' own CI: exit 0 with a one-line summary, or exit 1 with every problem as
 ``FILE: path: message`` on stderr. ``schema`` prints the JSON Schema committed as
@@ -18,7 +19,29 @@ from policies.model import render_json_schema
 
 
 def register(subparsers: Any) -> None:
-    """Add ``policy`` with its ``check`` and ``schema`` subcommands."""
+    """Add ``policy`` (``check``, ``schema``) and ``plan``."""
+    plan = subparsers.add_parser(
+        "plan",
+        help="size a shadow: candidate replicas for load parity, or the parity of a sizing",
+        description=(
+            "What must match production is the per-replica arrival rate: a share f of R "
+            "requests/s over s candidate replicas gives each f*R/s against production's R/p."
+        ),
+    )
+    plan.add_argument("--primary-replicas", type=int, required=True, metavar="P")
+    plan.add_argument("--rate", type=float, required=True, metavar="RPS", help="today's requests/s")
+    plan.add_argument(
+        "--share", type=float, default=None, help="the share to mirror (cost); default: 1/P"
+    )
+    plan.add_argument(
+        "--candidate-replicas",
+        type=int,
+        action="append",
+        default=[],
+        metavar="S",
+        help="the candidate's current sizing (repeat for several candidates side by side)",
+    )
+    plan.set_defaults(func=run_plan)
     parser = subparsers.add_parser("policy", help="validate policy files, print their schema")
     sub = parser.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
     check = sub.add_parser("check", help="validate a policy file (exit 1 on any problem)")
@@ -27,6 +50,41 @@ def register(subparsers: Any) -> None:
     schema = sub.add_parser("schema", help="print the policy JSON Schema")
     schema.add_argument("--out", type=Path, default=None, help="write to this file instead")
     schema.set_defaults(func=run_schema)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from policies.plan import Plan, plan_many
+
+    p = args.primary_replicas
+    problems = []
+    if p < 1:
+        problems.append(f"--primary-replicas: must be at least 1, got {p}")
+    if not args.rate > 0:
+        problems.append(f"--rate: must be positive, got {args.rate}")
+    share = args.share if args.share is not None else (1 / p if p >= 1 else 0.0)
+    if not 0 < share <= 1:
+        problems.append(f"--share: must be in (0, 1], got {share}")
+    problems += [
+        f"--candidate-replicas: must be at least 1, got {s}"
+        for s in args.candidate_replicas
+        if s < 1
+    ]
+    if problems:
+        for problem in problems:
+            print(f"specshadow plan: {problem}", file=sys.stderr)
+        return 2
+    sizings = args.candidate_replicas or [None]
+    for s in sizings:
+        print("\n".join(Plan(p, args.rate, share, s).lines()))
+    if len(args.candidate_replicas) > 1:
+        rows = plan_many(p, args.rate, args.candidate_replicas)
+        total = sum(rps for _s, _f, rps in rows)
+        print(
+            f"\n{len(rows)} candidates, each load-matched: mirrored {total:.3g} requests/s in all"
+        )
+        for s, f, rps in rows:
+            print(f"  {s} replica{'s' if s != 1 else ''}: share {f:.3g}, {rps:.3g} requests/s")
+    return 0
 
 
 def run_check(args: argparse.Namespace) -> int:
