@@ -16,8 +16,15 @@ from core.exchange import Exchange, Role
 
 DivergenceUnit = Literal["token", "char"]
 
-# Where a per-request acceptance figure came from (see docs/acceptance.md).
+# Where a per-request acceptance figure came from (docs/concepts.md, "Acceptance, three ways").
 AcceptanceSource = Literal["vllm_metrics", "stream_shape", "prometheus"]
+# Which engine report the per-request counts were read from (evidence.acceptance):
+# vLLM's top-level ``metrics.speculative_decoding``; the per-choice stats vLLM shipped before it
+# (and TensorRT-LLM's serve sends in the same place); SGLang's ``meta_info``; or the OpenAI-style
+# ``usage.completion_tokens_details.{accepted,rejected}_prediction_tokens``.
+EngineAcceptanceSource = Literal[
+    "vllm_metrics", "choice_stats", "sglang_meta_info", "usage_prediction_tokens"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +84,7 @@ class LegAcceptance:
     num_drafts: int | None
     num_draft_tokens: int | None
     num_accepted_tokens: int | None
-    source: Literal["vllm_metrics"] | None  # of the five fields above
+    source: EngineAcceptanceSource | None  # of the five fields above
     tokens_per_pass: float | None
     tokens_per_pass_source: Literal["stream_shape"] | None
     coverage: float | None

@@ -23,9 +23,18 @@ ModelName = NewType("ModelName", str)
 
 Role = Literal["primary", "candidate", "baseline"]
 ShadowRole = Literal["candidate", "baseline"]
-Route = Literal["chat", "completions"]
-ROUTE_PATHS: dict[str, Route] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-OPERATION_NAMES: dict[Route, str] = {"chat": "chat", "completions": "text_completion"}
+Route = Literal["chat", "completions", "responses"]
+ROUTE_PATHS: dict[str, Route] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+}
+# gen_ai.operation.name per route; the Responses API generates a chat turn.
+OPERATION_NAMES: dict[Route, str] = {
+    "chat": "chat",
+    "completions": "text_completion",
+    "responses": "chat",
+}
 
 # What request/response text may leave the process: ``off`` (hashes and lengths only, the
 # default), ``hashes`` (the same, said explicitly), ``redacted`` (masked) or ``full``.

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Mapping
 from itertools import pairwise
 from typing import Any
 
+from core.assemble import Assembler
 from core.jsonx import JSONDecodeError, loads
 from core.sse import SSEDecoder
 from core.stats import percentile_sorted
@@ -24,7 +24,6 @@ from core.timings import (
     StreamOutcome,
     StreamTimings,
     TokensSource,
-    ToolCall,
 )
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a non-streaming body larger than this is not parsed
@@ -36,47 +35,6 @@ _CHARS_PER_TOKEN = 4  # the usual rough estimate for English text with BPE token
 _SHAPE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError)
 
 
-class _ToolAcc:
-    __slots__ = ("arguments", "id", "index", "name", "type")
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.id: str | None = None
-        self.type: str | None = None
-        self.name: str | None = None
-        self.arguments: list[str] = []
-
-
-class _ChoiceAcc:
-    """Mutable per-choice accumulator; text is kept once, as pieces joined at finish."""
-
-    __slots__ = ("finish_reason", "index", "reasoning", "refusal", "text", "tokens", "tools")
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.text: list[str] = []
-        self.reasoning: list[str] = []
-        self.refusal: list[str] = []
-        self.tools: dict[int, _ToolAcc] = {}
-        self.finish_reason: str | None = None
-        self.tokens: list[str] | None = None
-
-    def freeze(self) -> ChoiceOutput:
-        tools = tuple(
-            ToolCall(t.index, t.id, t.type, t.name, "".join(t.arguments))
-            for _, t in sorted(self.tools.items())
-        )
-        return ChoiceOutput(
-            index=self.index,
-            text="".join(self.text),
-            reasoning="".join(self.reasoning),
-            tool_calls=tools,
-            finish_reason=self.finish_reason,
-            refusal="".join(self.refusal) if self.refusal else None,
-            tokens=tuple(self.tokens) if self.tokens is not None else None,
-        )
-
-
 def _output_chars(choices: tuple[ChoiceOutput, ...]) -> int:
     total = 0
     for c in choices:
@@ -84,10 +42,6 @@ def _output_chars(choices: tuple[ChoiceOutput, ...]) -> int:
         for t in c.tool_calls:
             total += len(t.name or "") + len(t.arguments)
     return total
-
-
-def _str_or_none(value: object) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def _seconds(ns: float | None) -> float | None:
@@ -126,33 +80,24 @@ class StreamRecorder:
     """
 
     __slots__ = (
+        "_asm",
         "_body",
         "_body_len",
         "_broken",
-        "_choices",
         "_decoder",
         "_done",
-        "_error",
         "_events",
-        "_final_usage",
         "_first_received_ns",
         "_last_received_ns",
-        "_logprob_tokens",
-        "_logprobs_seen",
         "_max_stamps",
-        "_metrics",
-        "_model",
         "_output_ns",
         "_overhead_max_ns",
         "_overhead_ns",
         "_parse_error",
-        "_prev_completion_tokens",
         "_recording",
-        "_response_id",
         "_stamps",
         "_stamps_truncated",
         "_t0_ns",
-        "_usage",
         "bytes_received",
         "chunks",
     )
@@ -183,16 +128,7 @@ class StreamRecorder:
         self._stamps_truncated = False
         self._events = 0
         self._done = False
-        self._choices: dict[int, _ChoiceAcc] = {}
-        self._usage: Mapping[str, Any] | None = None
-        self._final_usage = False
-        self._prev_completion_tokens = 0
-        self._logprobs_seen = False
-        self._logprob_tokens = 0
-        self._metrics: Mapping[str, Any] | None = None
-        self._model: str | None = None
-        self._response_id: str | None = None
-        self._error: Mapping[str, Any] | None = None
+        self._asm = Assembler()
         self._parse_error: str | None = None
         self._broken = False  # the decoder itself failed: stop decoding, keep counting
         self._recording: Recording | None = None
@@ -210,7 +146,8 @@ class StreamRecorder:
 
     @property
     def done(self) -> bool:
-        return self._done
+        """The stream ended as its protocol says: ``[DONE]``, or a Responses API terminal event."""
+        return self._done or self._asm.terminal
 
     @property
     def incomplete_at_eof(self) -> bool:
@@ -280,7 +217,7 @@ class StreamRecorder:
             obj = self._loads_replacing(data)
         try:
             if isinstance(obj, dict):
-                kind, tokens = self._on_object(obj, True)
+                kind, tokens = self._asm.on_object(obj, True)
             elif obj is not None:
                 self._note(f"event {self._events}: JSON is not an object")
         except _SHAPE_ERRORS as exc:
@@ -300,140 +237,6 @@ class StreamRecorder:
             self._note(f"event {self._events}: invalid JSON: {exc}")
             return None
 
-    # -- assembly (shared by SSE chunks and the JSON body) ---------------------------------------
-
-    def _on_object(self, obj: dict[str, Any], streaming: bool) -> tuple[EventKind, int | None]:
-        if self._model is None:
-            self._model = obj.get("model")
-        if self._response_id is None:
-            self._response_id = obj.get("id")
-        metrics = obj.get("metrics")
-        if isinstance(metrics, dict):
-            self._metrics = metrics
-        error = obj.get("error")
-        if error is None and obj.get("object") == "error":
-            error = obj  # vLLM's older flat ErrorResponse
-        if error is not None:
-            if self._error is None:
-                self._error = error if isinstance(error, dict) else {"message": str(error)}
-            return "error", None
-
-        choices = obj.get("choices")
-        output = role = False
-        logprob_tokens: int | None = None
-        if choices:
-            for position, choice in enumerate(choices):
-                o, r, n = self._on_choice(choice, position)
-                output |= o
-                role |= r
-                if n is not None:
-                    logprob_tokens = n if logprob_tokens is None else logprob_tokens + n
-
-        tokens = logprob_tokens
-        usage = obj.get("usage")
-        if isinstance(usage, dict):
-            self._usage = usage
-            completion = usage.get("completion_tokens")
-            if choices and streaming:  # usage on a content chunk: continuous usage stats
-                if isinstance(completion, int):
-                    tokens = completion - self._prev_completion_tokens
-                    self._prev_completion_tokens = completion
-            else:
-                self._final_usage = True
-                if not choices:
-                    return "usage", None
-        if output:
-            return "output", tokens
-        return ("role" if role else "other"), tokens
-
-    def _on_choice(self, choice: dict[str, Any], position: int) -> tuple[bool, bool, int | None]:
-        """Merge one choice (stream delta or body message). Returns (output, role-only, logprobs)."""
-        index = choice.get("index", position)
-        if type(index) is not int:
-            raise TypeError(f"choice index is {type(index).__name__}, not int")
-        acc = self._choices.get(index)
-        if acc is None:
-            acc = self._choices[index] = _ChoiceAcc(index)
-        finish_reason = choice.get("finish_reason")
-        if isinstance(finish_reason, str):
-            acc.finish_reason = finish_reason
-        output = role = False
-        delta = choice.get("delta")
-        if delta is None:
-            delta = choice.get("message")
-        if delta is not None:  # chat
-            content = delta.get("content")
-            if content and isinstance(content, str):
-                acc.text.append(content)
-                # Fast path: a plain `{"content": …}` delta carries nothing else to look up.
-                if len(delta) == 1:
-                    return True, False, self._take_logprobs(acc, choice.get("logprobs"))
-                output = True
-            # Some servers send both names with the same text; take one, never both.
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-            if reasoning and isinstance(reasoning, str):
-                acc.reasoning.append(reasoning)
-                output = True
-            tool_calls = delta.get("tool_calls")
-            if tool_calls:
-                self._merge_tool_calls(acc, tool_calls)
-                output = True
-            refusal = delta.get("refusal")
-            if refusal and isinstance(refusal, str):
-                acc.refusal.append(refusal)
-                output = True
-            role = not output and ("role" in delta or content == "")
-        else:  # completions
-            text = choice.get("text")
-            if text and isinstance(text, str):
-                acc.text.append(text)
-                output = True
-        return (
-            output,
-            role and finish_reason is None,
-            self._take_logprobs(acc, choice.get("logprobs")),
-        )
-
-    @staticmethod
-    def _merge_tool_calls(acc: _ChoiceAcc, tool_calls: list[dict[str, Any]]) -> None:
-        for position, call in enumerate(tool_calls):
-            index = call.get("index", position)
-            if type(index) is not int:
-                raise TypeError(f"tool call index is {type(index).__name__}, not int")
-            tool = acc.tools.get(index)
-            if tool is None:
-                tool = acc.tools[index] = _ToolAcc(index)
-            if tool.id is None:
-                tool.id = _str_or_none(call.get("id"))
-            if tool.type is None:
-                tool.type = _str_or_none(call.get("type"))
-            function = call.get("function")
-            if function:
-                if tool.name is None:
-                    tool.name = _str_or_none(function.get("name"))
-                arguments = function.get("arguments")
-                if arguments and isinstance(arguments, str):
-                    tool.arguments.append(arguments)
-
-    def _take_logprobs(self, acc: _ChoiceAcc, logprobs: dict[str, Any] | None) -> int | None:
-        if not logprobs:
-            return None
-        entries = logprobs.get("content")  # chat: [{"token": …, "logprob": …}, …]
-        if isinstance(entries, list):
-            tokens = [str(e.get("token", "")) for e in entries]
-        else:
-            raw = logprobs.get("tokens")  # completions: ["tok", …]
-            if not isinstance(raw, list):
-                return None
-            tokens = [str(t) for t in raw]
-        if acc.tokens is None:
-            acc.tokens = tokens
-        else:
-            acc.tokens.extend(tokens)
-        self._logprobs_seen = True
-        self._logprob_tokens += len(tokens)
-        return len(tokens)
-
     def _parse_body(self, status: int | None) -> None:
         body = b"".join(self._body)
         self._body = []
@@ -451,12 +254,13 @@ class StreamRecorder:
             return
         self._events = 1
         try:
-            kind, tokens = self._on_object(obj, False)
+            kind, tokens = self._asm.on_object(obj, False)
         except _SHAPE_ERRORS as exc:
             self._note(f"body: unexpected shape: {type(exc).__name__}: {exc}")
             kind, tokens = "other", None
-        if self._usage is not None and isinstance(self._usage.get("completion_tokens"), int):
-            tokens = self._usage["completion_tokens"]
+        usage = self._asm.usage
+        if usage is not None and isinstance(usage.get("completion_tokens"), int):
+            tokens = usage["completion_tokens"]
         received_ns = self._last_received_ns if self._last_received_ns is not None else 0
         if kind == "output":
             self._output_ns.append(received_ns)
@@ -492,9 +296,10 @@ class StreamRecorder:
                 self._decoder.flush()
         elif not self._broken:
             self._parse_body(status)
-        choices = tuple(acc.freeze() for _, acc in sorted(self._choices.items()))
+        asm = self._asm
+        choices = asm.freeze()
         output_tokens, source = self._output_tokens(choices)
-        usage = self._usage
+        usage = asm.usage
         prompt = usage.get("prompt_tokens") if usage is not None else None
         return Recording(
             streaming=self._decoder is not None,
@@ -507,27 +312,29 @@ class StreamRecorder:
             events=self._events,
             chunks=self.chunks,
             bytes_received=self.bytes_received,
-            done=self._done,
+            done=self.done,
             choices=choices,
             usage=usage,
-            vllm_metrics=self._metrics,
-            response_model=self._model if isinstance(self._model, str) else None,
-            response_id=self._response_id if isinstance(self._response_id, str) else None,
-            error=self._error,
+            vllm_metrics=asm.metrics,
+            response_model=asm.model if isinstance(asm.model, str) else None,
+            response_id=asm.response_id if isinstance(asm.response_id, str) else None,
+            error=asm.error,
             parse_error=self._parse_error,
             stamps=tuple(EventStamp(ns, kind, tokens) for ns, kind, tokens in self._stamps),
             stamps_truncated=self._stamps_truncated,
+            engine_stats=asm.engine_stats or None,
         )
 
     def _output_tokens(
         self, choices: tuple[ChoiceOutput, ...]
     ) -> tuple[int | None, TokensSource | None]:
-        usage = self._usage
+        asm = self._asm
+        usage = asm.usage
         completion = usage.get("completion_tokens") if usage is not None else None
         if isinstance(completion, int) and not isinstance(completion, bool):
-            return completion, ("usage" if self._final_usage else "continuous_usage")
-        if self._logprobs_seen:
-            return self._logprob_tokens, "logprobs"
+            return completion, ("usage" if asm.final_usage else "continuous_usage")
+        if asm.logprobs_seen:
+            return asm.logprob_tokens, "logprobs"
         events = len(self._output_ns)
         if events == 0:
             return None, None
@@ -585,7 +392,7 @@ class StreamRecorder:
             events=self._events,
             chunks=self.chunks,
             bytes_received=self.bytes_received,
-            done=self._done,
+            done=self.done,
             choices=(),
             usage=None,
             vllm_metrics=None,

@@ -116,3 +116,6 @@ class Recording:
     parse_error: str | None
     stamps: tuple[EventStamp, ...]  # bounded (max_stamps); ``stamps_truncated`` says if cut
     stamps_truncated: bool
+    # Per-request speculative stats other engines put elsewhere, verbatim, by where they were
+    # found: "meta_info" (SGLang), "choice_stats" (vLLM's earlier per-choice form).
+    engine_stats: Mapping[str, Any] | None = None

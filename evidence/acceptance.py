@@ -2,9 +2,14 @@
 
 Three sources, never conflated (docs/concepts.md, "Acceptance, three ways"); each value carries its origin:
 
-- ``vllm_metrics`` — vLLM's per-request ``metrics.speculative_decoding``:
-  ``mean_acceptance_length`` (1 + accepted drafts per *drafting* step),
-  ``draft_acceptance_rate`` (accepted / drafted tokens) and the raw counts.
+- the engine's own per-request counts (:func:`engine_counts`), named by where they were found:
+  ``vllm_metrics`` (vLLM's ``metrics.speculative_decoding``, also inside the Responses API's
+  ``response.completed``), ``choice_stats`` (the per-choice stats of earlier vLLM builds and
+  TensorRT-LLM's serve), ``sglang_meta_info`` (SGLang's ``choices[].meta_info`` with
+  ``return_meta_info``: ``spec_verify_ct``, ``spec_accept_token_num``, …) and
+  ``usage_prediction_tokens`` (``accepted``/``rejected_prediction_tokens``: a rate, no length).
+  ``mean_acceptance_length`` is 1 + accepted drafts per *drafting* step,
+  ``draft_acceptance_rate`` accepted / drafted tokens, with the raw counts for pooling.
 - ``stream_shape`` — ``tokens_per_pass``: output tokens per output-bearing event of a streamed
   leg. A speculative engine emits one verification step's tokens together, so this estimates
   tokens per *target pass* — including the steps where the proposer had no draft, which is why it
@@ -26,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from core.evidence import NO_ACCEPTANCE, LegAcceptance
+from core.evidence import NO_ACCEPTANCE, EngineAcceptanceSource, LegAcceptance
 from core.timings import Recording
 
 # Upper bounds (exclusive) and labels; the last label takes everything above.
@@ -56,11 +61,99 @@ def _float(value: object) -> float | None:
     return None
 
 
-def _spec_metrics(metrics: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    if metrics is None:
+def _first(stats: Mapping[str, Any], names: tuple[str, ...], kind: Any) -> Any:
+    for name in names:
+        value = kind(stats.get(name))
+        if value is not None:
+            return value
+    return None
+
+
+# The names each engine (and each version of it) gave the same counts, best first:
+# vLLM's merged per-request metrics and its earlier per-choice stats, an unmerged vLLM revision,
+# TensorRT-LLM's serve (``num_spec_steps``, ``total_*``), and SGLang's ``meta_info`` variants.
+_STEPS = ("num_spec_steps", "num_drafts", "num_draft_steps", "spec_verify_ct")
+_DRAFTED = (
+    "num_draft_tokens",
+    "num_drafted_tokens",
+    "total_draft_tokens",
+    "spec_draft_token_num",
+    "spec_num_proposed_drafts",
+    "spec_proposed_drafts",
+)
+_ACCEPTED = (
+    "num_accepted_draft_tokens",
+    "num_accepted_tokens",
+    "total_accepted_draft_tokens",
+    "spec_accept_token_num",
+    "spec_num_correct_drafts",
+    "spec_accepted_drafts",
+)
+_LENGTH = ("mean_acceptance_length", "mean_accepted_length_per_step", "spec_accept_length")
+_RATE = ("draft_acceptance_rate", "acceptance_rate", "spec_accept_rate")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCounts:
+    """One engine report's per-request counts, whatever its field names."""
+
+    source: EngineAcceptanceSource
+    steps: int | None  # target passes that verified a draft
+    drafted: int | None
+    accepted: int | None
+    length: float | None  # 1 + accepted / steps
+    rate: float | None  # accepted / drafted
+
+    @classmethod
+    def read(cls, source: EngineAcceptanceSource, stats: Mapping[str, Any]) -> EngineCounts | None:
+        counts = cls(
+            source,
+            _first(stats, _STEPS, _int),
+            _first(stats, _DRAFTED, _int),
+            _first(stats, _ACCEPTED, _int),
+            _first(stats, _LENGTH, _float),
+            _first(stats, _RATE, _float),
+        )
+        known = counts.length is not None or counts.rate is not None
+        if not known and counts.accepted is not None and (counts.steps or counts.drafted):
+            known = True
+        return counts if known else None
+
+
+def engine_counts(rec: Recording) -> EngineCounts | None:
+    """The engine's own per-request speculative counts, from wherever this engine puts them."""
+    metrics = rec.vllm_metrics
+    spec = metrics.get("speculative_decoding") if metrics is not None else None
+    if isinstance(spec, Mapping):
+        found = EngineCounts.read("vllm_metrics", spec)
+        if found is not None:
+            return found
+    stats = rec.engine_stats or {}
+    choice = stats.get("choice_stats")
+    if isinstance(choice, Mapping) and (found := EngineCounts.read("choice_stats", choice)):
+        return found
+    meta = stats.get("meta_info")
+    if isinstance(meta, Mapping) and (found := EngineCounts.read("sglang_meta_info", meta)):
+        return found
+    return _prediction_tokens(rec.usage)
+
+
+def _prediction_tokens(usage: Mapping[str, Any] | None) -> EngineCounts | None:
+    """``completion_tokens_details.{accepted,rejected}_prediction_tokens``: engines that report
+    speculation through the OpenAI usage fields. OpenAI itself uses them for Predicted Outputs
+    (how much of a client-given ``prediction`` appeared) — all zero without one, so zeros say
+    nothing. No step count: an acceptance rate, never a length."""
+    details = usage.get("completion_tokens_details") if usage is not None else None
+    if not isinstance(details, Mapping):
         return None
-    spec = metrics.get("speculative_decoding")
-    return spec if isinstance(spec, Mapping) else None
+    accepted = _int(details.get("accepted_prediction_tokens"))
+    rejected = _int(details.get("rejected_prediction_tokens"))
+    if accepted is None or rejected is None or accepted + rejected == 0:
+        return None
+    drafted = accepted + rejected
+    return EngineCounts(
+        "usage_prediction_tokens", None, drafted, accepted, None, accepted / drafted
+    )
 
 
 def tokens_per_pass(rec: Recording) -> float | None:
@@ -80,15 +173,12 @@ def leg_acceptance(rec: Recording | None) -> LegAcceptance:
     """Acceptance evidence of one leg's recording."""
     if rec is None:
         return NO_ACCEPTANCE
-    spec = _spec_metrics(rec.vllm_metrics)
+    counts = engine_counts(rec)
     mal = rate = None
     drafts = draft_tokens = accepted = None
-    if spec is not None:
-        drafts = _int(spec.get("num_drafts", spec.get("num_spec_steps")))
-        draft_tokens = _int(spec.get("num_draft_tokens"))
-        accepted = _int(spec.get("num_accepted_draft_tokens", spec.get("num_accepted_tokens")))
-        mal = _float(spec.get("mean_acceptance_length"))
-        rate = _float(spec.get("draft_acceptance_rate"))
+    if counts is not None:
+        drafts, draft_tokens, accepted = counts.steps, counts.drafted, counts.accepted
+        mal, rate = counts.length, counts.rate
         if mal is None and drafts and accepted is not None:
             mal = 1.0 + accepted / drafts
         if rate is None and draft_tokens and accepted is not None:
@@ -97,14 +187,13 @@ def leg_acceptance(rec: Recording | None) -> LegAcceptance:
     coverage = None
     if per_pass is not None and mal is not None and mal > 1.0:
         coverage = min(1.0, max(0.0, (per_pass - 1.0) / (mal - 1.0)))
-    known = spec is not None and (mal is not None or rate is not None)
     return LegAcceptance(
         mean_acceptance_length=mal,
         draft_acceptance_rate=rate,
         num_drafts=drafts,
         num_draft_tokens=draft_tokens,
         num_accepted_tokens=accepted,
-        source="vllm_metrics" if known else None,
+        source=counts.source if counts is not None else None,
         tokens_per_pass=per_pass,
         tokens_per_pass_source="stream_shape" if per_pass is not None else None,
         coverage=coverage,

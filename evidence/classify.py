@@ -11,7 +11,8 @@ The classifier's rules, first hit wins:
 
 - ``tool_call``: the request offers ``tools`` (or legacy ``functions``) and ``tool_choice`` is
   not ``"none"``;
-- ``structured_output``: ``response_format.type`` is ``json_object`` or ``json_schema``;
+- ``structured_output``: ``response_format.type`` (the Responses API: ``text.format.type``) is
+  ``json_object`` or ``json_schema``;
 - ``rag``: prompt text longer than :data:`RAG_MIN_CHARS`, or numbered sources (``[1]`` … at
   least two distinct), or a ``context:`` / ``sources:`` / ``documents:`` marker line;
 - ``code``: a code fence, or at least :data:`CODE_MIN_HITS` programming keywords;
@@ -29,6 +30,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from core import request_body
 
 CategorySource = Literal["header", "policy", "classifier", "unknown"]
 CATEGORIES = (
@@ -81,12 +84,11 @@ def _content_text(content: Any) -> str:
 
 
 def prompt_text(payload: Mapping[str, Any]) -> str:
-    """The prompt's text: chat message contents joined by newlines, or the completion prompt."""
-    messages = payload.get("messages")
-    if isinstance(messages, list):
-        return "\n".join(
-            _content_text(m.get("content")) for m in messages if isinstance(m, Mapping)
-        )
+    """The prompt's text: the messages' contents joined by newlines (chat, or the Responses API's
+    instructions and input), or the completion prompt."""
+    messages = request_body.messages(payload)
+    if messages is not None:
+        return "\n".join(_content_text(m.get("content")) for m in messages)
     prompt = payload.get("prompt")
     if isinstance(prompt, str):
         return prompt
@@ -96,17 +98,14 @@ def prompt_text(payload: Mapping[str, Any]) -> str:
 
 
 def request_traits(payload: Mapping[str, Any]) -> RequestTraits:
-    rf = payload.get("response_format")
-    json_mode = isinstance(rf, Mapping) and rf.get("type") in ("json_object", "json_schema")
-    tools = payload.get("tools") or payload.get("functions")
-    has_tools = bool(tools) and payload.get("tool_choice") != "none"
-    messages = payload.get("messages")
-    users = (
-        sum(1 for m in messages if isinstance(m, Mapping) and m.get("role") == "user")
-        if isinstance(messages, list)
-        else 1
+    messages = request_body.messages(payload)
+    users = 1 if messages is None else sum(1 for m in messages if m.get("role") == "user")
+    return RequestTraits(
+        request_body.json_mode(payload),
+        request_body.offers_tools(payload),
+        users,
+        len(prompt_text(payload)),
     )
-    return RequestTraits(json_mode, has_tools, users, len(prompt_text(payload)))
 
 
 def classify_request(payload: Mapping[str, Any]) -> str:

@@ -144,6 +144,7 @@ async def _cancel(task: asyncio.Task[None]) -> None:
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", handlers.completions)
     app.router.add_post("/v1/completions", handlers.completions)
+    app.router.add_post("/v1/responses", handlers.completions)
     app.router.add_get("/healthz", handlers.healthz)
     app.router.add_get("/readyz", handlers.readyz)
     app.router.add_get("/metrics", handlers.metrics)

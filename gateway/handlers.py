@@ -1,6 +1,7 @@
 """Route handlers: the thin aiohttp shell around the gateway's request path.
 
-``completions`` serves ``POST /v1/chat/completions`` and ``POST /v1/completions`` through
+``completions`` serves ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``POST
+/v1/responses`` (the Responses API) through
 :func:`gateway.proxy.serve_completion`; ``passthrough`` relays any other ``/v1/*`` request to the
 primary untouched and untimed; ``healthz``, ``readyz`` and ``metrics`` are the operator's probes.
 """

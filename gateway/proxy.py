@@ -77,7 +77,7 @@ def retry_count(request: web.Request) -> int:
 
 
 async def serve_completion(gw: Gateway, request: web.Request, route: Route) -> web.StreamResponse:
-    """Serve one ``POST /v1/chat/completions`` or ``/v1/completions`` (see the module doc)."""
+    """Serve one ``POST /v1/chat/completions``, ``/v1/completions`` or ``/v1/responses``."""
     tel = gw.telemetry
     span = tel.start_request_span(route=request.path, method="POST", carrier=request.headers)
     request_id = request_id_of(request)
@@ -124,6 +124,7 @@ async def serve_completion(gw: Gateway, request: web.Request, route: Route) -> w
             parent_span=span,
             stream=draft.stream,
             operation=operation,
+            route=route,
         )
         shadows, drop_reason = gw.shadows.launch(policy, decision.legs, shadow_request)
         draft.drop_reason = draft.drop_reason or drop_reason

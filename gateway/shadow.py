@@ -5,7 +5,8 @@ The one promise: a shadow never slows, changes or breaks what the client gets.
 - Every shadow backend has its own connection pool (an :class:`UpstreamClient` per backend), never
   the primary's.
 - Admission never queues: a leg over the in-flight budget, over the rate, or to a backend whose
-  breaker is open is **dropped** and counted by reason.
+  breaker is open is **dropped** and counted by reason — as is every leg of a request no shadow
+  can answer (a Responses API ``previous_response_id``: :attr:`ShadowRequest.unanswerable`).
 - Legs run as tracked tasks (:class:`~core.tasks.TaskSet`); the body is shaped inside the task,
   so the primary's handler pays nothing for it. Any exception is contained at the task boundary
   and becomes the leg's outcome.
@@ -25,7 +26,7 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
-from core.exchange import LegResult
+from core.exchange import LegResult, Route
 from core.tasks import TaskSet
 from core.timings import StreamOutcome
 from core.wire import CATEGORY_HEADER
@@ -36,7 +37,7 @@ from gateway.load import LoadBook
 from gateway.settings import UpstreamSettings
 from gateway.upstream import UpstreamClient, UpstreamTarget
 from otel.telemetry import Telemetry
-from policies.compiled import BackendSpec, BreakerSpec, CompiledPolicy, LegPlan
+from policies.compiled import BackendSpec, BreakerSpec, Budgets, CompiledPolicy, LegPlan
 from policies.shape import shadow_headers, shape_shadow_body
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,16 @@ class ShadowRequest:
     parent_span: Span  # the exchange's SERVER span
     stream: bool  # the client asked for a stream
     operation: str  # GenAI operation name of the route (``chat``, ``text_completion``)
+    route: Route = "chat"
+
+    @property
+    def unanswerable(self) -> str | None:
+        """Why no shadow can answer this request, or None. A Responses API request continuing a
+        stored response (``previous_response_id``) has its context only on the backend that
+        stored it — the primary; another backend would answer a different question (vLLM: 404)."""
+        if self.route == "responses" and self.payload.get("previous_response_id") is not None:
+            return "previous_response_id"
+        return None
 
 
 @dataclass
@@ -229,6 +240,17 @@ class ShadowDispatcher:
             await client.close()
         self.clients.clear()
 
+    def _admit(self, leg: LegPlan, budgets: Budgets) -> str | None:
+        """None when ``leg`` may start now, else why it is dropped (in this order: the in-flight
+        budget, the backend's breaker — which may take a half-open probe — then the rate)."""
+        if self.in_flight >= budgets.max_in_flight:
+            return "budget"
+        if not self.breaker(leg.backend, budgets.breaker).allow():
+            return "breaker_open"
+        if not self.rate.try_take(budgets.max_rps, budgets.rps_burst):
+            return "rate"
+        return None
+
     def launch(
         self, policy: CompiledPolicy, legs: tuple[LegPlan, ...], request: ShadowRequest
     ) -> tuple[ShadowBatch, str | None]:
@@ -236,16 +258,11 @@ class ShadowDispatcher:
         batch = ShadowBatch()
         drop_reason: str | None = None
         budgets = policy.budgets
+        unanswerable = request.unanswerable
         for leg in legs:
             backend = leg.backend.name
             self.count("sampled", leg.role, backend)
-            reason = None
-            if self.in_flight >= budgets.max_in_flight:
-                reason = "budget"
-            elif not self.breaker(leg.backend, budgets.breaker).allow():
-                reason = "breaker_open"
-            elif not self.rate.try_take(budgets.max_rps, budgets.rps_burst):
-                reason = "rate"
+            reason = unanswerable or self._admit(leg, budgets)
             if reason is not None:
                 self.count("dropped", leg.role, backend, reason)
                 batch.dropped.append((backend, leg.role, reason))
@@ -290,7 +307,7 @@ class ShadowDispatcher:
             # aiohttp writes a request's headers and body from a task it queues as it sends
             # (CPython < 3.12 has no eager tasks): one yield puts this leg's set-up behind it.
             await asyncio.sleep(0)
-            body = shape_shadow_body(request.payload, leg, policy.shaping)
+            body = shape_shadow_body(request.payload, leg, policy.shaping, route=request.route)
             shaped = True
             headers = shadow_headers(
                 request.client_headers,

@@ -14,7 +14,7 @@ from typing import Any
 
 from opentelemetry.util.types import AttributeValue
 
-from core import jsonx
+from core import jsonx, request_body
 from core.evidence import Comparison
 from core.exchange import OPERATION_NAMES, Exchange, LegResult
 from core.timings import Recording
@@ -189,13 +189,12 @@ def output_messages_json(rec: Recording) -> str:
 
 
 def input_messages_json(request: Mapping[str, Any]) -> str:
-    """``gen_ai.input.messages`` from an OpenAI request (chat ``messages`` or ``prompt``)."""
+    """``gen_ai.input.messages`` from an OpenAI request (chat ``messages``, the Responses API's
+    ``instructions`` and ``input``, or ``prompt``)."""
     messages: list[dict[str, Any]] = []
-    raw_messages = request.get("messages")
-    if isinstance(raw_messages, list):
+    raw_messages = request_body.messages(request)
+    if raw_messages is not None:
         for message in raw_messages:
-            if not isinstance(message, Mapping):
-                continue
             content = message.get("content")
             text = content if isinstance(content, str) else jsonx.dumps(content).decode()
             messages.append(

@@ -213,7 +213,8 @@ class Match(_Strict):
     exact strings or shell-style globs (``*``, ``?``, ``[...]``), case-sensitive."""
 
     routes: list[Route] | None = Field(default=None, min_length=1)
-    """Routes: ``chat`` (/v1/chat/completions) and/or ``completions`` (/v1/completions)."""
+    """Routes: ``chat`` (/v1/chat/completions), ``completions`` (/v1/completions), ``responses``
+    (/v1/responses, the Responses API)."""
     models: list[Pattern] | None = Field(default=None, min_length=1)
     """Requested model names (the client's ``model``), exact or glob, e.g. ``llama-3-*``. A request
     without a model never matches a rule that lists models."""

@@ -5,7 +5,10 @@ never mutate their inputs. What a leg gets:
 
 - body: the client's JSON with the leg's model rewrite, streaming forced with usage reporting
   (so every leg is timed the same way), vLLM's ``include_metrics`` for ``vllm``/``sim`` backends,
-  and the policy's seed/temperature overrides;
+  and the policy's seed/temperature overrides. Responses API bodies get ``stream: true`` (usage
+  comes in ``response.completed``; no ``stream_options``) and always ``store: false``: a shadow
+  never persists a conversation upstream. (Requests continuing one with ``previous_response_id``
+  are not mirrored at all — see :class:`~policies.compiled.RequestFacts`.);
 - headers: only allow-listed client headers, never the client's credentials; the backend's own
   key; and the gateway's own ``content-type``, ``x-request-id``, ``traceparent`` and the
   ``x-specshadow-shadow: <role>`` marker so backends can exclude shadow traffic from billing/logs.
@@ -17,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from core import jsonx
+from core.exchange import Route
 from core.wire import SHADOW_MARKER_HEADER
 from policies.compiled import CompiledPolicy, LegPlan, Shaping
 from policies.headers import is_credential, is_gateway_owned
@@ -25,13 +29,21 @@ from policies.headers import is_credential, is_gateway_owned
 _VLLM_LIKE = frozenset({"vllm", "sim"})
 
 
-def shape_shadow_body(body: Mapping[str, Any], leg: LegPlan, shaping: Shaping) -> bytes:
+def shape_shadow_body(
+    body: Mapping[str, Any], leg: LegPlan, shaping: Shaping, *, route: Route = "chat"
+) -> bytes:
     """The JSON bytes to send to ``leg``; ``body`` (the client's parsed JSON) is not modified."""
     out = dict(body)
     if leg.model is not None:
         out["model"] = leg.model
     vllm_like = leg.backend.kind in _VLLM_LIKE
-    if shaping.force_stream:
+    if route == "responses":
+        # Usage arrives in response.completed whether or not it streams; no stream_options needed.
+        # A shadow never persists a conversation upstream (OpenAI's default is store: true).
+        if shaping.force_stream:
+            out["stream"] = True
+        out["store"] = False
+    elif shaping.force_stream:
         out["stream"] = True
         previous = body.get("stream_options")
         options = dict(previous) if isinstance(previous, Mapping) else {}

@@ -46,6 +46,7 @@ from simulator.render import (
     usage_chunk,
 )
 from simulator.request import Route, SimRequest, SimRequestError, classify, parse_request
+from simulator.responses import ResponsesRender, response_id_for
 from simulator.state import EventKindSent, RecordOutcome, RequestRecord, SentEvent, SimState
 
 CONFIG = web.AppKey("sim_config", SimConfig)
@@ -107,7 +108,9 @@ class _EventWriter:
         self._config = config
         self.sent = 0
 
-    async def send(self, kind: EventKindSent, data: bytes, tokens: int = 0) -> None:
+    async def send(
+        self, kind: EventKindSent, data: bytes, tokens: int = 0, event: str | None = None
+    ) -> None:
         faults = self._faults
         if faults.drop_after is not None and self.sent >= faults.drop_after:
             if self._request.transport is not None:
@@ -117,6 +120,8 @@ class _EventWriter:
             await _hang(self._request, self._state, self._config)
             raise _StreamStopped("hung")
         payload = b"data: " + data + b"\n\n"
+        if event is not None:
+            payload = b"event: " + event.encode() + b"\n" + payload
         sent_ns = time.perf_counter_ns()
         if self._config.stamp_events:
             payload = b": sent_ns=%d\n" % sent_ns + payload
@@ -233,11 +238,28 @@ async def _stream(
         "call_id": call_id,
     }
     malformed_at = len(plan.steps) // 2 if faults.malformed else -1
+    responses = (
+        ResponsesRender(sim, response_id=response_id, created=created, model=sim.model, plan=plan)
+        if sim.route == "responses"
+        else None
+    )
 
     def with_usage(chunk: dict[str, Any], completion_tokens: int) -> bytes:
         if sim.include_usage and sim.continuous_usage:
             chunk["usage"] = usage(plan.prompt_tokens, completion_tokens)
         return jsonx.dumps(chunk)
+
+    async def on_responses_step(index: int, start: int, end: int, step: Step) -> None:
+        assert responses is not None
+        if index == 0:
+            for name, data in responses.opening():
+                await writer.send("other", data, event=name)
+        event = responses.delta(start, end)
+        if event is None:
+            return
+        if index == malformed_at:
+            await writer.send("malformed", event[1][: len(event[1]) // 2], event=event[0])
+        await writer.send("output", event[1], tokens=end - start, event=event[0])
 
     async def on_step(index: int, start: int, end: int, step: Step) -> None:
         if index == 0 and sim.route == "chat":
@@ -259,6 +281,16 @@ async def _stream(
         await writer.send("output", with_usage(chunk, end), tokens=end - start)
 
     try:
+        if responses is not None:
+            await engine.run(on_responses_step)
+            metrics = _metrics_object(engine) if sim.include_metrics else None
+            *middle, terminal = responses.closing(metrics)
+            for name, data in middle:
+                await writer.send("other", data, event=name)
+            await writer.send("usage", terminal[1], event=terminal[0])  # no [DONE] follows
+            await response.write_eof()
+            record.outcome = "completed"
+            return response
         await engine.run(on_step)
         if sim.include_usage:
             final = usage_chunk(
@@ -296,16 +328,23 @@ async def _respond_whole(
         await engine.run(on_step)
     finally:
         record.finished_ns = time.perf_counter_ns()
-    body = full_body(
-        sim,
-        response_id=response_id,
-        created=int(time.time()),
-        model=sim.model,
-        plan=plan,
-        call_id=tool_call_id(response_id),
-    )
-    if sim.include_metrics:
-        body["metrics"] = _metrics_object(engine)
+    metrics = _metrics_object(engine) if sim.include_metrics else None
+    if sim.route == "responses":
+        render = ResponsesRender(
+            sim, response_id=response_id, created=int(time.time()), model=sim.model, plan=plan
+        )
+        body = render.response(done=True, metrics=metrics)
+    else:
+        body = full_body(
+            sim,
+            response_id=response_id,
+            created=int(time.time()),
+            model=sim.model,
+            plan=plan,
+            call_id=tool_call_id(response_id),
+        )
+        if metrics is not None:
+            body["metrics"] = metrics
     data = jsonx.dumps(body)
     headers = {REQUEST_ID_HEADER: record.request_id}
     if faults.hang_after is not None or faults.drop_after is not None:
@@ -370,8 +409,10 @@ def _completions_handler(route: Route) -> Callable[[web.Request], Awaitable[web.
                 faults.status, f"simulated fault: status {faults.status}", "SimulatedFault"
             )
 
-        prefix = "chatcmpl" if route == "chat" else "cmpl"
-        response_id = f"{prefix}-{request_id}"
+        if route == "responses":
+            response_id = response_id_for(request_id)
+        else:
+            response_id = f"{'chatcmpl' if route == 'chat' else 'cmpl'}-{request_id}"
         engine = _Engine(config, state, metrics, plan, record, request.app.get(BATCH))
         if sim.stream:
             return await _stream(request, sim, engine, faults, response_id)
@@ -443,6 +484,7 @@ def create_sim_app(config: SimConfig) -> web.Application:
         app.on_shutdown.append(stop_engine)
     app.router.add_post("/v1/chat/completions", _completions_handler("chat"))
     app.router.add_post("/v1/completions", _completions_handler("completions"))
+    app.router.add_post("/v1/responses", _completions_handler("responses"))
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/version", _version)

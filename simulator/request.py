@@ -3,6 +3,12 @@
 Validation mirrors vLLM's OpenAI server where a client can tell the difference: unreadable JSON and
 bad fields are 400, an unknown model is 404, ``stream_options`` without ``stream`` is 400, and an
 absent ``max_tokens`` falls back to a default.
+
+Responses API bodies (``input``, ``instructions``, ``max_output_tokens``, ``text.format``, flat
+function ``tools``) are read into the chat form — an ``input`` string is one user message,
+``instructions`` a system message before it — so a Responses request and the equivalent chat
+request get the same answer. ``previous_response_id`` is a 404, as on vLLM without a response
+store (``VLLM_ENABLE_RESPONSES_API_STORE`` unset).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from core import jsonx
 from simulator.config import SimConfig
 from simulator.textgen import count_prompt_tokens
 
-Route = Literal["chat", "completions"]
+Route = Literal["chat", "completions", "responses"]
 
 
 class SimRequestError(Exception):
@@ -99,6 +105,57 @@ def _pick_tool(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return functions[0]
 
 
+def _responses_as_chat(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A Responses API body in the chat form the rest of the parser reads (see the module doc)."""
+    previous = body.get("previous_response_id")
+    if previous is not None:
+        raise SimRequestError(
+            404, f"Response with id '{previous}' not found.", param="previous_response_id"
+        )
+    raw_input = body.get("input")
+    messages: list[Any] = []
+    instructions = body.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        messages.append({"role": "system", "content": instructions})
+    if isinstance(raw_input, str):
+        messages.append({"role": "user", "content": raw_input})
+    elif isinstance(raw_input, list) and raw_input:
+        for item in raw_input:
+            if not isinstance(item, Mapping):
+                raise SimRequestError(400, "input items must be objects", param="input")
+            if "role" in item:
+                messages.append({"role": item["role"], "content": item.get("content")})
+            else:  # function_call / function_call_output items: kept as context
+                messages.append({"role": str(item.get("type", "item")), "content": dict(item)})
+    else:
+        raise SimRequestError(400, "input must be a string or a non-empty list", param="input")
+    out: dict[str, Any] = {k: v for k, v in body.items() if k not in ("input", "instructions")}
+    out["messages"] = messages
+    out.pop("stream_options", None)  # Responses has its own (obfuscation); usage always comes
+    if "max_output_tokens" in body:
+        out["max_tokens"] = body["max_output_tokens"]
+    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), Mapping) else None
+    if isinstance(fmt, Mapping):
+        if fmt.get("type") == "json_schema":
+            out["response_format"] = {"type": "json_schema", "json_schema": dict(fmt)}
+        else:
+            out["response_format"] = {"type": fmt.get("type")}
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        out["tools"] = [
+            {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+            if isinstance(t, Mapping) and t.get("type") == "function"
+            else t
+            for t in tools
+        ]
+    choice = body.get("tool_choice")
+    if isinstance(choice, Mapping) and choice.get("type") == "function":
+        out["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+    include = body.get("include")
+    out["logprobs"] = isinstance(include, list) and "message.output_text.logprobs" in include
+    return out
+
+
 def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
     """Validate ``raw`` like vLLM would, or raise :class:`SimRequestError`."""
     try:
@@ -107,6 +164,8 @@ def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
         raise SimRequestError(400, f"JSON decode error: {exc}") from exc
     if not isinstance(body, Mapping):
         raise SimRequestError(400, "request body must be a JSON object")
+    if route == "responses":
+        body = _responses_as_chat(body)
     model = body.get("model", config.model)
     if not isinstance(model, str) or model not in config.served_names:
         raise SimRequestError(404, f"The model `{model}` does not exist.", param="model")
@@ -144,7 +203,7 @@ def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
             )
 
     tool: Mapping[str, Any] | None = None
-    if route == "chat":
+    if route in ("chat", "responses"):
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise SimRequestError(400, "messages must be a non-empty list", param="messages")
@@ -191,7 +250,7 @@ def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
         route=route,
         model=model,
         stream=stream,
-        include_usage=bool(options.get("include_usage", False)),
+        include_usage=route == "responses" or bool(options.get("include_usage", False)),
         continuous_usage=bool(options.get("continuous_usage_stats", False)),
         max_tokens=max_tokens if max_tokens is not None else config.default_max_tokens,
         logprobs=logprobs,

@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from simulator.plan import Plan
 
-EventKindSent = Literal["role", "output", "usage", "done", "malformed"]
+# "other": a Responses API event that carries no output (created, item and part boundaries).
+EventKindSent = Literal["role", "output", "usage", "done", "malformed", "other"]
 RecordOutcome = Literal[
     "running", "completed", "client_disconnected", "error_status", "hung", "dropped", "rejected"
 ]

@@ -81,7 +81,7 @@ def test_base_policy_is_valid() -> None:
         (
             "rules[0].match.routes",
             ["chat", "embeddings"],
-            "rules[0].match.routes[1]: must be one of 'chat' or 'completions', got 'embeddings'",
+            "rules[0].match.routes[1]: must be one of 'chat', 'completions' or 'responses', got 'embeddings'",
         ),
         (
             "rules[0].match.models",

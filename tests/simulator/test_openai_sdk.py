@@ -97,3 +97,67 @@ async def test_sdk_sees_unknown_models_as_not_found(client):
         await client.chat.completions.create(model="nope", messages=MESSAGES)
     models = await client.models.list()
     assert [m.id for m in models.data] == ["sim-model", "alias"]
+
+
+# -- the Responses API ------------------------------------------------------------------------
+
+
+async def test_sdk_responses_stream_body_and_chat_agree(client):
+    """One answer three ways: a Responses body, a Responses stream read by the SDK's strict
+    helper (it raises unless events arrive in the API's order), and the same prompt as chat."""
+    whole = await client.responses.create(
+        model="sim-model", input="Say something", max_output_tokens=400
+    )
+    assert whole.status == "completed" and whole.usage is not None
+    async with client.responses.stream(
+        model="sim-model", input="Say something", max_output_tokens=400
+    ) as stream:
+        deltas = [e.delta async for e in stream if e.type == "response.output_text.delta"]
+        final = await stream.get_final_response()
+    assert "".join(deltas) == whole.output_text == final.output_text
+    assert final.usage is not None and final.usage.output_tokens == whole.usage.output_tokens
+    chat = await client.chat.completions.create(
+        model="sim-model", messages=MESSAGES, max_tokens=400
+    )
+    assert chat.choices[0].message.content == whole.output_text
+
+
+async def test_sdk_responses_tool_call_schema_and_limits(client):
+    tools = [
+        {
+            "type": "function",
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        }
+    ]
+    async with client.responses.stream(model="sim-model", input="Weather?", tools=tools) as s:
+        final = await s.get_final_response()
+    (call,) = [item for item in final.output if item.type == "function_call"]
+    assert call.name == "get_weather" and set(json.loads(call.arguments)) == {"city"}
+    fmt = {
+        "type": "json_schema",
+        "name": "verdict",
+        "schema": {
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}},
+            "required": ["ok"],
+        },
+    }
+    reply = await client.responses.create(model="sim-model", input="Judge", text={"format": fmt})
+    assert isinstance(json.loads(reply.output_text)["ok"], bool)
+    cut = await client.responses.create(model="sim-model", input="Say", max_output_tokens=3)
+    assert cut.status == "incomplete" and cut.incomplete_details is not None
+    assert cut.incomplete_details.reason == "max_output_tokens"
+    assert cut.usage is not None and cut.usage.output_tokens == 3
+
+
+async def test_sdk_responses_previous_response_id_is_not_found_without_a_store(client):
+    """As on vLLM without VLLM_ENABLE_RESPONSES_API_STORE: nothing is stored, so nothing resolves."""
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.create(
+            model="sim-model", input="and then?", previous_response_id="resp_123"
+        )
