@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NewType, Protocol
 
+from core import jsonx
 from core.ids import new_id
 from core.timings import Recording, StreamOutcome
 from core.wire import CATEGORY_HEADER
@@ -50,6 +51,28 @@ class CaptureSpec:
 
 
 CAPTURE_OFF = CaptureSpec(text="off", redact=frozenset({"emails", "secrets"}))
+
+
+# How a speculative engine verifies drafts: ``lossless`` (the output distribution is the target
+# model's: standard rejection sampling, block verification, greedy exact match) or ``lossy``
+# (drafts may be accepted that the target would not have produced: vLLM's synthetic acceptance,
+# SGLang's relaxed thresholds, typical acceptance, TensorRT-LLM's relaxed thinking acceptance).
+Verification = Literal["lossless", "lossy"]
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeSpec:
+    """A backend's speculative decoding, as the policy declares it (any field may be unknown).
+
+    ``method``: the proposer (``ngram``, ``draft_model``, ``eagle3``, ``mtp``, …);
+    ``num_speculative_tokens``: the draft depth k (0: speculation off); ``label``: how reports
+    name this candidate; ``verification``: see :data:`Verification`.
+    """
+
+    method: str | None = None
+    num_speculative_tokens: int | None = None
+    label: str | None = None
+    verification: Verification | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +117,7 @@ class LegResult:
     inflight_at_dispatch: int  # legs of the same role in flight when this one started
     load: LegLoad | None = None  # the backend's load at dispatch; None: never dispatched
     share: float | None = None  # shadow legs: the share of the rule's requests this leg gets
+    speculative: SpeculativeSpec | None = None  # the backend's declared speculation, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,10 +169,6 @@ class ManagedSink(ExchangeSink, Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 class ExchangeDraft:
@@ -223,7 +243,7 @@ class ExchangeDraft:
             route=route,
             requested_model=ModelName(model) if isinstance(model, str) else None,
             stream=payload.get("stream") is True,
-            temperature=_number(payload.get("temperature")),
+            temperature=jsonx.as_number(payload.get("temperature")),
             seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
             category=headers.get(CATEGORY_HEADER),
             request_json=payload,

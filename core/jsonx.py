@@ -26,3 +26,15 @@ def dumps(obj: Any, *, sort_keys: bool = False, indent: bool = False) -> bytes:
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
     """Decode JSON; raises :data:`JSONDecodeError` (a ``ValueError``) on bad input."""
     return orjson.loads(data)
+
+
+def as_int(value: object) -> int | None:
+    """A decoded JSON integer, else None (``true`` is not 1 here)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def as_number(value: object) -> float | None:
+    """A decoded JSON number as a float, else None (booleans are not numbers here)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None

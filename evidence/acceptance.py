@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from core.evidence import NO_ACCEPTANCE, EngineAcceptanceSource, LegAcceptance
+from core.jsonx import as_int, as_number
 from core.timings import Recording
 
 # Upper bounds (exclusive) and labels; the last label takes everything above.
@@ -49,16 +50,6 @@ CONCURRENCY_BUCKETS: tuple[tuple[int, str], ...] = (
 )
 CONCURRENCY_TOP = ">64"
 _EXACT_SOURCES = ("usage", "continuous_usage", "logprobs")
-
-
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float(value: object) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    return None
 
 
 def _first(stats: Mapping[str, Any], names: tuple[str, ...], kind: Any) -> Any:
@@ -108,11 +99,11 @@ class EngineCounts:
     def read(cls, source: EngineAcceptanceSource, stats: Mapping[str, Any]) -> EngineCounts | None:
         counts = cls(
             source,
-            _first(stats, _STEPS, _int),
-            _first(stats, _DRAFTED, _int),
-            _first(stats, _ACCEPTED, _int),
-            _first(stats, _LENGTH, _float),
-            _first(stats, _RATE, _float),
+            _first(stats, _STEPS, as_int),
+            _first(stats, _DRAFTED, as_int),
+            _first(stats, _ACCEPTED, as_int),
+            _first(stats, _LENGTH, as_number),
+            _first(stats, _RATE, as_number),
         )
         known = counts.length is not None or counts.rate is not None
         if not known and counts.accepted is not None and (counts.steps or counts.drafted):
@@ -146,8 +137,8 @@ def _prediction_tokens(usage: Mapping[str, Any] | None) -> EngineCounts | None:
     details = usage.get("completion_tokens_details") if usage is not None else None
     if not isinstance(details, Mapping):
         return None
-    accepted = _int(details.get("accepted_prediction_tokens"))
-    rejected = _int(details.get("rejected_prediction_tokens"))
+    accepted = as_int(details.get("accepted_prediction_tokens"))
+    rejected = as_int(details.get("rejected_prediction_tokens"))
     if accepted is None or rejected is None or accepted + rejected == 0:
         return None
     drafted = accepted + rejected

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +27,7 @@ from core.exchange import CaptureSpec, Exchange, LegResult
 from evidence.acceptance import concurrency_bucket, output_length_bucket
 from evidence.classify import prompt_text
 from evidence.scrape import BackendSnapshot, MetricsSample
+from evidence.serverinfo import ReportedSpec, resolve
 
 SCHEMA = "specshadow.record/1"
 
@@ -107,6 +109,18 @@ def _backend_window(snap: BackendSnapshot | None) -> dict[str, Any] | None:
 
 
 Nearest = Callable[[str, int], MetricsSample | None]
+Reported = Callable[[str], ReportedSpec | None]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendFacts:
+    """What the gateway's pollers know about the backends as a record is built: the metrics
+    scraper's latest snapshot and its sample nearest in time to a leg, and each backend's own
+    account of its speculative decoding (:mod:`evidence.serverinfo`)."""
+
+    scraped: Mapping[str, BackendSnapshot] | None = None
+    nearest: Nearest | None = None
+    reported: Reported | None = None
 
 
 def leg_load(leg: LegResult, nearest: Nearest | None) -> dict[str, Any] | None:
@@ -145,10 +159,11 @@ def leg_record(
     leg: LegResult,
     acc: LegAcceptance,
     capture: CaptureSpec,
-    scraped: Mapping[str, BackendSnapshot] | None,
-    nearest: Nearest | None = None,
+    facts: BackendFacts = BackendFacts(),
     primary: LegResult | None = None,
 ) -> dict[str, Any]:
+    scraped, nearest = facts.scraped, facts.nearest
+    reported = facts.reported(leg.backend) if facts.reported is not None else None
     rec = leg.recording
     t = rec.timings if rec is not None else None
     choice = rec.choices[0] if rec is not None and rec.choices else None
@@ -182,6 +197,7 @@ def leg_record(
         if primary is not None and leg is not primary
         else None,
         "output_length_bucket": output_length_bucket(rec.output_tokens if rec else None),
+        "speculative": resolve(leg.speculative, reported),
         "acceptance": {
             "mean_acceptance_length": acc.mean_acceptance_length,
             "draft_acceptance_rate": acc.draft_acceptance_rate,
@@ -238,8 +254,7 @@ def build_record(
     evidence: Evidence,
     *,
     capture: CaptureSpec,
-    scraped: Mapping[str, BackendSnapshot] | None = None,
-    nearest: Nearest | None = None,
+    facts: BackendFacts = BackendFacts(),
 ) -> dict[str, Any]:
     """The record of one exchange's evidence (schema :data:`SCHEMA`)."""
     exchange = evidence.exchange
@@ -275,7 +290,7 @@ def build_record(
         "concurrency_bucket": concurrency_bucket(exchange.primary.inflight_at_dispatch),
         "request": captured_text(_request_text(exchange), capture),
         "legs": [
-            leg_record(leg, acc, capture, scraped, nearest, exchange.primary)
+            leg_record(leg, acc, capture, facts, exchange.primary)
             for leg, acc in zip(exchange.legs, evidence.acceptance, strict=True)
         ],
         "load_parity": load_parity(candidate, exchange.primary) if candidate is not None else None,

@@ -13,9 +13,10 @@ Whenever the queue has run empty, every consumer's ``flush`` runs (the store com
 there).
 
 A failing consumer is logged and counted (``consumer_failures``) and never stops the others; an
-exchange whose evidence cannot be built is logged and counted in ``failed``. The backend scraper (vLLM's
-``/metrics``), when given, runs as a task between :meth:`start` and :meth:`stop`; records carry
-its latest snapshot.
+exchange whose evidence cannot be built is logged and counted in ``failed``. The backend pollers, when
+given — the metrics scraper (``/metrics``) and the server-info probe (what speculation each
+backend runs) — run as tasks between :meth:`start` and :meth:`stop`; records carry what they
+know.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from core.tasks import TaskSet
 from evidence.acceptance import leg_acceptance
 from evidence.classify import categorize, request_traits
 from evidence.compare import compare, is_greedy
-from evidence.schema import build_record
+from evidence.schema import BackendFacts, build_record
 from evidence.scrape import MetricsScraper
+from evidence.serverinfo import ServerInfoProbe
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +46,9 @@ def build_evidence(
     *,
     capture_default: CaptureSpec = CAPTURE_OFF,
     scraper: MetricsScraper | None = None,
+    probe: ServerInfoProbe | None = None,
 ) -> Evidence:
-    """Classify, measure acceptance and compare one exchange (pure, apart from the scraper)."""
+    """Classify, measure acceptance and compare one exchange (pure, apart from the pollers)."""
     category, source = categorize(exchange.category, exchange.request_json)
     greedy = is_greedy(exchange.temperature, exchange.seed)
     comparisons: tuple[Comparison, ...] = ()
@@ -62,11 +65,12 @@ def build_evidence(
     capture = exchange.capture or capture_default
 
     def record(evidence: Evidence) -> Mapping[str, Any]:
-        if scraper is None:
-            return build_record(evidence, capture=capture)
-        return build_record(
-            evidence, capture=capture, scraped=scraper.snapshot(), nearest=scraper.nearest
+        facts = BackendFacts(
+            scraped=scraper.snapshot() if scraper is not None else None,
+            nearest=scraper.nearest if scraper is not None else None,
+            reported=probe.reported if probe is not None else None,
         )
+        return build_record(evidence, capture=capture, facts=facts)
 
     return Evidence(
         exchange,
@@ -94,6 +98,7 @@ class EvidenceWorker:
         *,
         capture_default: CaptureSpec = CAPTURE_OFF,
         scraper: MetricsScraper | None = None,
+        probe: ServerInfoProbe | None = None,
         maxsize: int = 10_000,
         interval_s: float = 0.05,
         on_drop: Callable[[], None] | None = None,
@@ -101,6 +106,7 @@ class EvidenceWorker:
         self.consumers = tuple(consumers)
         self.capture_default = capture_default
         self.scraper = scraper
+        self.probe = probe
         self.consumer_failures = 0
         # A consumer is an object with handle() (flush() and close() optional) or a callable.
         self._handlers: tuple[Callable[[Evidence], None], ...] = tuple(
@@ -118,7 +124,7 @@ class EvidenceWorker:
             start=False,
         )
         self._tasks = TaskSet()
-        self._scrape_task: asyncio.Task[None] | None = None
+        self._pollers: list[asyncio.Task[None]] = []  # the metrics scraper, the info probe
 
     # Counters, for tests and the admin endpoint.
     @property
@@ -149,7 +155,9 @@ class EvidenceWorker:
             return
         self._sink.start()
         if self.scraper is not None:
-            self._scrape_task = self._tasks.spawn(self.scraper.run(), name="metrics-scraper")
+            self._pollers.append(self._tasks.spawn(self.scraper.run(), name="metrics-scraper"))
+        if self.probe is not None:
+            self._pollers.append(self._tasks.spawn(self.probe.run(), name="server-info-probe"))
 
     async def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until everything submitted so far was handled and flushed; False on timeout."""
@@ -157,11 +165,11 @@ class EvidenceWorker:
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Handle what is queued (within ``timeout_s``), close every consumer, stop the scraper."""
-        if self._scrape_task is not None:
-            self._scrape_task.cancel()
+        for task in self._pollers:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._scrape_task
-            self._scrape_task = None
+                await task
+        self._pollers.clear()
         if not self._sink.running:
             return
         await asyncio.to_thread(self._sink.close, timeout_s)
@@ -179,7 +187,7 @@ class EvidenceWorker:
 
     def _handle(self, exchange: Exchange) -> None:
         evidence = build_evidence(
-            exchange, capture_default=self.capture_default, scraper=self.scraper
+            exchange, capture_default=self.capture_default, scraper=self.scraper, probe=self.probe
         )  # raising here counts the exchange in ``failed`` (ThreadedSink)
         for handle in self._handlers:
             try:

@@ -16,7 +16,7 @@ import time
 import aiohttp
 from opentelemetry.trace import Span
 
-from core.exchange import LegLoad, LegResult, Role
+from core.exchange import LegLoad, LegResult, Role, SpeculativeSpec
 from core.timings import StreamOutcome
 from gateway.forward import RecorderTee, recorder_for
 from otel.telemetry import Telemetry
@@ -37,6 +37,7 @@ class LegRun:
         "server_address",
         "share",
         "span",
+        "speculative",
         "started_unix_ns",
         "status",
         "t0_ns",
@@ -58,9 +59,11 @@ class LegRun:
         capture_text: bool,
         chunk_events: int,
         share: float | None = None,
+        speculative: SpeculativeSpec | None = None,
     ) -> None:
         self.telemetry = telemetry
         self.share = share
+        self.speculative = speculative
         self.load: LegLoad | None = None
         self.role: Role = role
         self.backend = backend
@@ -123,6 +126,7 @@ class LegRun:
             inflight_at_dispatch=self.inflight,
             load=self.load,
             share=self.share,
+            speculative=self.speculative,
         )
         self.telemetry.finish_leg_span(
             self.span,

@@ -144,6 +144,7 @@ async def serve_completion(gw: Gateway, request: web.Request, route: Route) -> w
         stream=draft.stream,
         capture_text=capture_text,
         chunk_events=policy.chunk_events,
+        speculative=policy.primary.speculative if policy.primary is not None else None,
     )
     headers = upstream_request_headers(
         request.headers, request_id=request_id, extra=leg.trace_headers().items()

@@ -297,6 +297,7 @@ class ShadowDispatcher:
             capture_text=policy.capture.text == "full",
             chunk_events=policy.chunk_events,
             share=leg.share,
+            speculative=backend.speculative,
         )
         outcome: StreamOutcome = "upstream_error"
         error_type: str | None = None

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from urllib.parse import urlsplit
 
-from core.exchange import CaptureSpec
+from core.exchange import CaptureSpec, SpeculativeSpec
 from policies.compiled import (
     BackendSpec,
     BreakerSpec,
@@ -217,7 +217,15 @@ def _backend(name: str, b: Backend, connect_s: float, idle_s: float) -> BackendS
         max_connections=b.max_connections,
         server_address=_server_address(b.url),
         replicas=b.replicas,
+        speculative=_speculative(b),
     )
+
+
+def _speculative(b: Backend) -> SpeculativeSpec | None:
+    s = b.speculative
+    if s is None:
+        return None
+    return SpeculativeSpec(s.method, s.num_speculative_tokens, s.label, s.verification)
 
 
 def _server_address(url: str) -> str:
@@ -238,17 +246,8 @@ def _override_primary(
         metrics = primary.metrics_url
         if metrics == primary.url + "/metrics":
             metrics = base + "/metrics"
-        return BackendSpec(
-            name=primary.name,
-            url=base,
-            kind=primary.kind,
-            api_key_env=primary.api_key_env,
-            metrics_url=metrics,
-            connect_s=primary.connect_s,
-            idle_s=primary.idle_s,
-            max_connections=primary.max_connections,
-            server_address=_server_address(base),
-            replicas=primary.replicas,
+        return dataclasses.replace(
+            primary, url=base, metrics_url=metrics, server_address=_server_address(base)
         )
     if PRIMARY_NAME in backends:
         raise PolicyError(

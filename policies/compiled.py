@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Literal
 
-from core.exchange import CaptureSpec, Route, ShadowRole
+from core.exchange import CaptureSpec, Route, ShadowRole, SpeculativeSpec
 from policies.sample import sample_unit
 
 BackendKind = Literal["vllm", "sglang", "openai", "sim"]
@@ -40,6 +40,7 @@ class BackendSpec:
     max_connections: int
     server_address: str  # host:port, for spans and LegResult.server_address
     replicas: int = 1  # servers behind url (per-replica load = load / replicas)
+    speculative: SpeculativeSpec | None = None  # declared; the gateway also asks the backend
 
     def auth_header(self, environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
         """``("authorization", "Bearer <key>")`` from ``api_key_env``, read now; None if unset.

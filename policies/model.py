@@ -29,12 +29,13 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainValidator,
+    StringConstraints,
     WithJsonSchema,
     model_validator,
 )
 
 from core import jsonx
-from core.exchange import Route, ShadowRole
+from core.exchange import Route, ShadowRole, Verification
 from policies.compiled import BackendKind
 
 SCHEMA_DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -155,6 +156,28 @@ class BackendTimeouts(_Strict):
     leg fails with ``upstream_timeout``."""
 
 
+class Speculative(_Strict):
+    """What a backend's speculative decoding is, as the operator knows it. Every field is
+    optional: the gateway also asks vLLM (``GET /server_info``, served with
+    ``VLLM_SERVER_DEV_MODE=1``) and SGLang (``GET /get_server_info``), and records carry both;
+    where they disagree the backend's own answer wins and the disagreement is logged and
+    reported."""
+
+    method: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    """The proposer: ``ngram``, ``draft_model``, ``eagle``, ``eagle3``, ``mtp``, ``medusa``,
+    ``suffix``, … (free text, as the engine names it)."""
+    num_speculative_tokens: int | None = Field(default=None, ge=0, le=64)
+    """Draft depth k: tokens proposed per step (0: speculation off)."""
+    label: Annotated[str, StringConstraints(min_length=1, max_length=80)] | None = None
+    """How the report names this candidate, e.g. ``n-gram k=4``. Default: the backend name."""
+    verification: Verification | None = None
+    """``lossless`` (standard rejection sampling: the output distribution is the target's) or
+    ``lossy`` (drafts may be accepted that the target would not have produced: relaxed or
+    synthetic acceptance). Declare ``lossy`` for modes no endpoint reveals (SGLang's
+    ``SGLANG_SIMULATE_ACC_LEN``, TensorRT-LLM's relaxed acceptance). A report never calls a
+    candidate lossless when the policy or the backend says lossy."""
+
+
 class Backend(_Strict):
     """An upstream the gateway may send requests to. Upstreams come only from here (or the
     ``--primary``/``--shadow``/``--baseline`` flags): no client header or URL can pick one."""
@@ -188,6 +211,9 @@ class Backend(_Strict):
     max_connections: int = Field(default=64, ge=1, le=10_000)
     """Size of this backend's connection pool. Shadow legs beyond it wait for a connection
     inside their own deadline; they never borrow the primary's pool."""
+    speculative: Speculative | None = None
+    """This backend's speculative decoding (method, depth, label, verification); see
+    ``Speculative``. Records carry it per leg; the report names candidates by its label."""
 
 
 class PromptBytes(_Strict):

@@ -448,6 +448,24 @@ async def _version(request: web.Request) -> web.Response:
     return _json_response({"version": _VERSION})
 
 
+async def _server_info(request: web.Request) -> web.Response:
+    """vLLM's development endpoint (``VLLM_SERVER_DEV_MODE=1``), the speculative part only."""
+    config = request.app[CONFIG]
+    if not config.server_info:
+        return _error(404, "Not Found", "NotFoundError")
+    spec = None
+    if config.speculative:
+        spec = {
+            "method": config.proposer,
+            "num_speculative_tokens": config.num_speculative_tokens,
+            "rejection_sample_method": config.rejection_sample_method,
+            "num_speculative_tokens_per_batch_size": None,
+        }
+    return _json_response(
+        {"vllm_config": {"model_config": {"model": config.model}, "speculative_config": spec}}
+    )
+
+
 async def _metrics(request: web.Request) -> web.Response:
     response = web.Response(body=request.app[METRICS].render())
     response.headers["Content-Type"] = METRICS_CONTENT_TYPE
@@ -489,6 +507,7 @@ def create_sim_app(config: SimConfig) -> web.Application:
     app.router.add_get("/health", _health)
     app.router.add_get("/version", _version)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/server_info", _server_info)
     app.router.add_get("/sim/requests", _sim_requests)
     app.on_shutdown.append(_on_shutdown)
     return app

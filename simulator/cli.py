@@ -40,6 +40,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         category_coverage=_category_pairs(args.category_coverage, float),
         seed=args.seed,
         divergence_at=args.divergence_at,
+        proposer=args.proposer,
+        rejection_sample_method=args.rejection_sample_method,
         min_output_tokens=args.min_output_tokens,
         max_output_tokens=args.max_output_tokens,
         prefill_base_s=args.prefill_ms / 1e3,
@@ -118,6 +120,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--spec-overhead-ms", type=float, default=0.0, help="proposer cost per step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--divergence-at", type=int, default=None)
+    p.add_argument("--proposer", default="ngram", help="method named by /server_info")
+    p.add_argument(
+        "--rejection-sample-method",
+        choices=["standard", "block", "synthetic"],
+        default="standard",
+        help="what /server_info reports (synthetic: a lossy verification)",
+    )
     p.add_argument("--min-output-tokens", type=int, default=16)
     p.add_argument("--max-output-tokens", type=int, default=256)
     p.add_argument("--max-num-seqs", type=int, default=256)

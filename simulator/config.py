@@ -131,6 +131,11 @@ class SimConfig:
     ``draft_s`` per drafting request (a draft model's cost) + the prefill of requests admitted
     in that step (:mod:`simulator.engine`). ``kv_overhead_fraction``: extra KV cache a speculative
     request holds per token (a drafter's own cache), which lowers the concurrency that fits.
+
+    ``GET /server_info?config_format=json`` answers like vLLM in dev mode (``server_info``):
+    ``speculative_config`` is null in plain mode, else ``proposer`` as its ``method``,
+    ``num_speculative_tokens`` and ``rejection_sample_method`` (``synthetic`` declares a lossy
+    verification — pair it with ``divergence_at`` for outputs that show it).
     """
 
     model: str = "sim-model"
@@ -161,6 +166,9 @@ class SimConfig:
     step_slot_s: float = 0.0
     draft_s: float = 0.0
     kv_overhead_fraction: float = 0.0
+    proposer: str = "ngram"
+    rejection_sample_method: str = "standard"
+    server_info: bool = True
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens

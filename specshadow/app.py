@@ -5,7 +5,9 @@ tests' gateway fixture): :func:`gateway.app.create_app` with one
 :class:`~evidence.worker.EvidenceWorker` as its sink, whose consumers are the telemetry (metrics,
 comparison counts, ``compare`` spans, records as OTLP logs when configured) and — with
 ``--store`` — the embedded record store. The backends' ``/metrics`` are scraped whenever the
-policy names a metrics URL, with or without a store.
+policy names a metrics URL, with or without a store, and every vLLM, SGLang or simulator backend
+is asked what speculative decoding it runs (:mod:`evidence.serverinfo`). Both pollers follow
+the policy the gateway started with; a reload that adds backends needs a restart for them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from aiohttp import web
 from core.evidence import EvidenceConsumer
 from core.exchange import ExchangeSink
 from evidence.scrape import MetricsScraper
+from evidence.serverinfo import INFO_PATHS, InfoTarget, ServerInfoProbe
 from evidence.store import RecordWriter
 from evidence.worker import EvidenceWorker
 from gateway.app import create_app, open_policy
@@ -33,6 +36,15 @@ def scrape_targets(policy: CompiledPolicy) -> dict[str, str]:
     return {name: b.metrics_url for name, b in policy.backends.items() if b.metrics_url}
 
 
+def info_targets(policy: CompiledPolicy) -> dict[str, InfoTarget]:
+    """Backends that can say what speculation they run (vLLM, SGLang, the simulator)."""
+    return {
+        name: InfoTarget(b.url, b.kind, b.speculative)
+        for name, b in policy.backends.items()
+        if b.kind in INFO_PATHS
+    }
+
+
 def evidence_worker(
     settings: Settings,
     policy: PolicyStore,
@@ -46,10 +58,12 @@ def evidence_worker(
         first.append(RecordWriter(settings.store_path))  # opened now: a bad path fails fast
     targets = scrape_targets(policy.current)
     scraper = MetricsScraper(targets, settings.scrape_interval_s) if targets else None
+    info = info_targets(policy.current)
     return EvidenceWorker(
         [*first, telemetry, *consumers],
         capture_default=policy.current.capture,
         scraper=scraper,
+        probe=ServerInfoProbe(info) if info else None,
         # Visible as specshadow.telemetry.dropped{signal=metrics, reason=queue_full}.
         on_drop=lambda: telemetry.count_telemetry_dropped("metrics", "queue_full", 1),
     )

@@ -21,6 +21,7 @@ what the verdict uses. The verdict per category, in order:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from loadgen.report import load as lt
+from loadgen.report.candidates import Lossless, Speculation, lossless_claim, speculation
 from loadgen.report.records import (
     ALL,
     Record,
@@ -112,6 +114,12 @@ class CandidateAnalysis:
     verdicts: list[Verdict]
     examples: list[Example]
     depth: int | None  # num_speculative_tokens, as the records show it
+    speculation: Speculation | None = None  # who the candidate is (method, depth, label, …)
+    lossless: Lossless | None = None  # whether the report may call it lossless
+
+    @property
+    def label(self) -> str:
+        return self.speculation.label if self.speculation is not None else self.backend
 
 
 @dataclass(slots=True)
@@ -399,7 +407,17 @@ def analyze_candidate(
     }
     points = lt.speedup_vs_load(baseline_pairs, primary_pairs)
     cross = lt.crossover(points)
-    depth = _depth(records, backend)
+    spec = speculation(records, backend)
+    observed = _depth(records, backend)
+    depth = spec.num_speculative_tokens if spec.num_speculative_tokens is not None else observed
+    if observed is not None and depth is not None and observed > depth:
+        spec = dataclasses.replace(
+            spec,
+            mismatches=(
+                *spec.mismatches,
+                f"per-request counts show up to {observed} drafts per step; k is said to be {depth}",
+            ),
+        )
     capacity = _capacity(records, backend)
     problems = capacity.problems(backend)
     raw = raw_speedups(records, backend)
@@ -417,6 +435,12 @@ def analyze_candidate(
         )
         for cat in [*categories, ALL]
     ]  # fmt: skip
+    claim = lossless_claim(spec, qual.get(ALL))
+    if spec.verification == "lossy":
+        verdicts = [
+            dataclasses.replace(v, reasons=(*v.reasons, f"not lossless: {claim.reason}"))
+            for v in verdicts
+        ]
     return CandidateAnalysis(
         backend=backend,
         speedups=raw,
@@ -431,6 +455,8 @@ def analyze_candidate(
         verdicts=verdicts,
         examples=examples(records, backend),
         depth=depth,
+        speculation=spec,
+        lossless=claim,
     )
 
 

@@ -53,6 +53,9 @@ def candidate_json(c: CandidateAnalysis) -> dict[str, Any]:
         "crossover_concurrency": c.crossover.concurrency if c.crossover is not None else None,
         "speculation_schedule": c.schedule,
         "num_speculative_tokens": c.depth,
+        "label": c.label,
+        "speculative": c.speculation.to_json() if c.speculation is not None else None,
+        "lossless": c.lossless.to_json() if c.lossless is not None else None,
         "capacity": {
             "sampled_legs": cap.sampled,
             "dropped": dict(cap.dropped),

@@ -287,6 +287,38 @@ def _loadgen_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     return out
 
 
+_CLAIMS = {"lossless": "lossless", "not_lossless": "not lossless", "unverified": "not verified"}
+_CAND_HEAD = [
+    "candidate",
+    "backend",
+    "method",
+    "k",
+    "verification",
+    "lossless?",
+    "why",
+    "disagreements",
+]
+
+
+def _candidate_rows(a: Analysis) -> list[list[str]]:
+    rows = []
+    for c in a.candidates.values():
+        s, claim = c.speculation, c.lossless
+        verification = "—"
+        if s is not None and s.verification is not None:
+            verification = f"{s.verification} ({s.verification_source}: {s.verification_detail})"
+        rows.append([
+            c.label, c.backend,
+            (s.method if s is not None else None) or "—",
+            str(c.depth) if c.depth is not None else "—",
+            verification,
+            _CLAIMS[claim.claim] if claim is not None else "—",
+            claim.reason if claim is not None else "",
+            "; ".join(s.mismatches) if s is not None and s.mismatches else "none",
+        ])  # fmt: skip
+    return rows
+
+
 def render_html(
     a: Analysis, figs: Mapping[str, str | None], *, title: str, sources: Sequence[str]
 ) -> str:
@@ -306,6 +338,14 @@ def render_html(
             *(_card(v) for v in a.verdicts),
             "</div>",
         ]
+    if a.candidates:
+        parts += [
+            "<h2>Candidates</h2>",
+            '<p class="muted">What each candidate runs, as the policy declares it and as the backend reports it '
+            "(vLLM <code>/server_info</code>, SGLang <code>/get_server_info</code>). A candidate is called lossless only when "
+            "its verification mode is reported lossless <i>and</i> its outputs sit within the noise floor; a lossy mode is never called lossless.</p>",
+            _table(_CAND_HEAD, _candidate_rows(a)),
+        ]  # fmt: skip
     parts += [
         "<h2>Decision gate: is generation the bottleneck?</h2>",
         f'<div class="callout {cls}">{escape(gate)}</div>',
@@ -422,6 +462,15 @@ def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
                 f"| {v.category} | **{v.label}** | {_est(at)} | {_sp(v.e2e)} | {_sp(v.tpot)} | {why} |"
             )
         lines.append("")
+    if a.candidates:
+        lines += [
+            "## Candidates",
+            "",
+            "| " + " | ".join(_CAND_HEAD) + " |",
+            "|" + "---|" * len(_CAND_HEAD),
+            *("| " + " | ".join(row) + " |" for row in _candidate_rows(a)),
+            "",
+        ]
     _, gate = _gate_text(a)
     lines += ["## Decision gate", "", gate, ""]
     main = a.main

@@ -136,6 +136,10 @@ def server_environment(base: Mapping[str, str], env: VllmEnv, work_dir: Path) ->
         HF_HOME=str(work_dir / "hf"),
         PYTHONPATH=str(env.pystub),
         PATH=f"{env.venv / 'bin'}{os.pathsep}{base.get('PATH', '/usr/bin:/bin')}",
+        # vLLM's development endpoints, for GET /server_info?config_format=json: the gateway reads
+        # each backend's speculative config (method, depth, verification) from it. Loopback-only
+        # test servers; a production vLLM would rather declare it in the policy (docs/vllm.md).
+        VLLM_SERVER_DEV_MODE="1",
     )
     return out
 

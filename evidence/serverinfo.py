@@ -1,0 +1,336 @@
+"""What speculative decoding a backend runs, in its own words — and the policy's, side by side.
+
+Pure: :func:`from_vllm` reads vLLM's ``GET /server_info?config_format=json`` (served only with
+``VLLM_SERVER_DEV_MODE=1``): ``vllm_config.speculative_config`` gives the ``method``,
+``num_speculative_tokens``, its batch-size schedule (``num_speculative_tokens_per_batch_size``)
+and how drafts are verified — ``rejection_sample_method`` ``standard`` or ``block`` (lossless),
+``synthetic`` (drafts accepted at a calibrated rate whatever the target says: lossy), or the
+older ``acceptance_method`` ``typical_acceptance_sampler`` (lossy). :func:`from_sglang` reads
+SGLang's ``GET /get_server_info``: ``speculative_algorithm``, ``speculative_num_steps``, and
+``speculative_accept_threshold_single`` / ``_acc`` — below 1.0 SGLang accepts drafts the target
+would not have sampled (lossy). :func:`resolve` merges the policy's declaration with the report:
+the backend's answer wins for what it reports; ``lossy`` from either side wins over
+``lossless``; every disagreement is listed.
+
+I/O shell: :class:`ServerInfoProbe` asks every ``vllm``/``sglang``/``sim`` backend once at
+start and every ``refresh_s`` after (a restart may change the config), logs each new
+disagreement with the policy once, and answers :meth:`ServerInfoProbe.reported` for records.
+An endpoint that is not served (vLLM without dev mode: 404) is not an error: the backend simply
+reports nothing, and the policy's declaration is all there is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+
+from core.exchange import SpeculativeSpec, Verification
+from core.jsonx import as_int, as_number
+
+log = logging.getLogger(__name__)
+
+InfoSource = Literal["vllm_server_info", "sglang_server_info"]
+VerificationSource = Literal["policy", "vllm_server_info", "sglang_server_info"]
+ProbeStatus = Literal["pending", "reported", "not_served", "unreachable"]
+
+# Paths by backend kind; the simulator answers vLLM's.
+INFO_PATHS: Mapping[str, tuple[str, InfoSource]] = {
+    "vllm": ("/server_info?config_format=json", "vllm_server_info"),
+    "sim": ("/server_info?config_format=json", "vllm_server_info"),
+    "sglang": ("/get_server_info", "sglang_server_info"),
+}
+_LOSSLESS_VLLM = frozenset({"standard", "block"})
+_LOSSY_VLLM = frozenset({"synthetic"})
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedSpec:
+    """A backend's own account of its speculative decoding (``speculative`` False: none)."""
+
+    source: InfoSource
+    speculative: bool
+    method: str | None = None
+    num_speculative_tokens: int | None = None
+    verification: Verification | None = None
+    verification_detail: str | None = None  # the engine setting behind ``verification``
+    schedule: tuple[tuple[int, int, int], ...] | None = None  # [batch from, to, k], vLLM
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "speculative": self.speculative,
+            "method": self.method,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "verification": self.verification,
+            "verification_detail": self.verification_detail,
+            "schedule": [list(s) for s in self.schedule] if self.schedule else None,
+        }
+
+
+def _schedule(raw: object) -> tuple[tuple[int, int, int], ...] | None:
+    """vLLM's ``[[batch from, batch to, k], …]``; None when absent or malformed."""
+    if not isinstance(raw, list):
+        return None
+    rows: list[tuple[int, int, int]] = []
+    for row in raw:
+        values = [v for v in map(as_int, row) if v is not None] if isinstance(row, list) else []
+        if len(values) != 3 or len(row) != 3:
+            return None
+        rows.append((values[0], values[1], values[2]))
+    return tuple(rows) or None
+
+
+def from_vllm(info: Mapping[str, Any]) -> ReportedSpec | None:
+    """vLLM's ``/server_info`` JSON → its speculative config (None: not that shape)."""
+    config = info.get("vllm_config")
+    if not isinstance(config, Mapping):
+        return None
+    spec = config.get("speculative_config")
+    if spec is None:
+        return ReportedSpec("vllm_server_info", speculative=False)
+    if not isinstance(spec, Mapping):
+        return None
+    method = spec.get("method")
+    verification: Verification | None = None
+    detail = None
+    sampler = spec.get("rejection_sample_method")
+    acceptance = spec.get("acceptance_method")  # vLLM V0's name for the same choice
+    if isinstance(sampler, str):
+        detail = f"rejection_sample_method={sampler}"
+        if sampler in _LOSSY_VLLM:
+            verification = "lossy"
+        elif sampler in _LOSSLESS_VLLM:
+            verification = "lossless"
+    elif isinstance(acceptance, str):
+        detail = f"acceptance_method={acceptance}"
+        verification = "lossy" if acceptance == "typical_acceptance_sampler" else "lossless"
+    schedule = _schedule(spec.get("num_speculative_tokens_per_batch_size"))
+    return ReportedSpec(
+        "vllm_server_info",
+        speculative=True,
+        method=method if isinstance(method, str) else None,
+        num_speculative_tokens=as_int(spec.get("num_speculative_tokens")),
+        verification=verification,
+        verification_detail=detail,
+        schedule=schedule or None,
+    )
+
+
+def from_sglang(info: Mapping[str, Any]) -> ReportedSpec | None:
+    """SGLang's ``/get_server_info`` JSON (server args, flat) → its speculative config."""
+    if "speculative_algorithm" not in info:
+        return None
+    algorithm = info.get("speculative_algorithm")
+    if not algorithm or not isinstance(algorithm, str):
+        return ReportedSpec("sglang_server_info", speculative=False)
+    single = as_number(info.get("speculative_accept_threshold_single"))
+    acc = as_number(info.get("speculative_accept_threshold_acc"))
+    relaxed = [
+        f"{name}={value:g}"
+        for name, value in (
+            ("speculative_accept_threshold_single", single),
+            ("speculative_accept_threshold_acc", acc),
+        )
+        if value is not None and value < 1.0
+    ]
+    verification: Verification | None = None
+    detail = None
+    if relaxed:
+        verification, detail = "lossy", ", ".join(relaxed)
+    elif single is not None or acc is not None:
+        verification, detail = "lossless", "speculative_accept_threshold_* = 1"
+    return ReportedSpec(
+        "sglang_server_info",
+        speculative=True,
+        method=algorithm.lower(),
+        num_speculative_tokens=as_int(info.get("speculative_num_steps")),
+        verification=verification,
+        verification_detail=detail,
+    )
+
+
+def parse_info(source: InfoSource, info: object) -> ReportedSpec | None:
+    if not isinstance(info, Mapping):
+        return None
+    return from_vllm(info) if source == "vllm_server_info" else from_sglang(info)
+
+
+def _declared_json(spec: SpeculativeSpec) -> dict[str, Any]:
+    return {
+        "method": spec.method,
+        "num_speculative_tokens": spec.num_speculative_tokens,
+        "label": spec.label,
+        "verification": spec.verification,
+    }
+
+
+def _method_key(method: str) -> str:
+    """``n-gram``, ``NGRAM`` and ``ngram`` are one method."""
+    return method.lower().replace("-", "").replace("_", "")
+
+
+def mismatches(declared: SpeculativeSpec | None, reported: ReportedSpec | None) -> list[str]:
+    """Where the policy and the backend disagree, one sentence each."""
+    if declared is None or reported is None:
+        return []
+    out: list[str] = []
+    if not reported.speculative:
+        if declared.method is not None or (declared.num_speculative_tokens or 0) > 0:
+            out.append("the policy declares speculative decoding; the backend reports none")
+        return out
+    if (
+        declared.method is not None
+        and reported.method is not None
+        and _method_key(declared.method) != _method_key(reported.method)
+    ):
+        out.append(f"method: the policy says {declared.method}, the backend {reported.method}")
+    k, rk = declared.num_speculative_tokens, reported.num_speculative_tokens
+    if k is not None and rk is not None and k != rk:
+        out.append(f"num_speculative_tokens: the policy says {k}, the backend {rk}")
+    v, rv = declared.verification, reported.verification
+    if v is not None and rv is not None and v != rv:
+        out.append(
+            f"verification: the policy says {v}, the backend reports {rv} "
+            f"({reported.verification_detail})"
+        )
+    return out
+
+
+Claim = tuple[Verification | None, VerificationSource | None, str | None]
+
+
+def _verification(declared: SpeculativeSpec | None, reported: ReportedSpec | None) -> Claim:
+    """``lossy`` if anyone says so, else ``lossless`` if anyone says so; with who and why."""
+    claims: list[Claim] = []
+    if reported is not None and reported.verification is not None:
+        claims.append((reported.verification, reported.source, reported.verification_detail))
+    if declared is not None and declared.verification is not None:
+        claims.append((declared.verification, "policy", "declared in the policy"))
+    for wanted in ("lossy", "lossless"):
+        for claim in claims:
+            if claim[0] == wanted:
+                return claim
+    return None, None, None
+
+
+def resolve(
+    declared: SpeculativeSpec | None, reported: ReportedSpec | None
+) -> dict[str, Any] | None:
+    """The record's ``legs[].speculative``: what is known, where it came from, disagreements.
+
+    None when neither side says anything. The backend's report wins for method and depth (a
+    backend reporting no speculation has depth 0); ``lossy`` wins over ``lossless``.
+    """
+    if declared is None and reported is None:
+        return None
+    running = reported if reported is not None and reported.speculative else None
+    method = running.method if running is not None else None
+    depth = running.num_speculative_tokens if running is not None else None
+    if reported is not None and not reported.speculative:
+        depth = 0
+    if declared is not None:
+        method = method or declared.method
+        depth = declared.num_speculative_tokens if depth is None else depth
+    verification, source, detail = _verification(declared, running)
+    return {
+        "method": method,
+        "num_speculative_tokens": depth,
+        "label": declared.label if declared is not None else None,
+        "verification": verification,
+        "verification_source": source,
+        "verification_detail": detail,
+        "declared": _declared_json(declared) if declared is not None else None,
+        "reported": reported.to_json() if reported is not None else None,
+        "mismatches": mismatches(declared, reported),
+    }
+
+
+@dataclass(slots=True)
+class _InfoTarget:
+    name: str
+    url: str
+    source: InfoSource
+    declared: SpeculativeSpec | None
+    status: ProbeStatus = "pending"
+    reported: ReportedSpec | None = None
+    last_error: str | None = None
+    warned: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class InfoTarget:
+    """One backend to ask: base URL (no ``/v1``), kind, and the policy's declaration."""
+
+    url: str
+    kind: str
+    declared: SpeculativeSpec | None = None
+
+
+class ServerInfoProbe:
+    """Asks each backend what it runs (see the module doc). ``reported`` is safe from any thread."""
+
+    def __init__(
+        self,
+        targets: Mapping[str, InfoTarget],
+        *,
+        refresh_s: float = 60.0,
+        retry_s: float = 2.0,
+        timeout_s: float = 5.0,
+    ) -> None:
+        self.refresh_s = refresh_s
+        self.retry_s = retry_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._targets: dict[str, _InfoTarget] = {}
+        for name, t in targets.items():
+            path = INFO_PATHS.get(t.kind)
+            if path is not None:
+                self._targets[name] = _InfoTarget(name, t.url + path[0], path[1], t.declared)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._targets)
+
+    def reported(self, name: str) -> ReportedSpec | None:
+        target = self._targets.get(name)
+        return target.reported if target is not None else None
+
+    def status(self, name: str) -> ProbeStatus | None:
+        target = self._targets.get(name)
+        return target.status if target is not None else None
+
+    async def run(self) -> None:
+        """Ask until cancelled: soon again while a backend is unreachable, else every refresh."""
+        async with aiohttp.ClientSession(timeout=self._timeout) as session:
+            while True:
+                await self.poll_once(session)
+                waiting = any(t.status == "unreachable" for t in self._targets.values())
+                await asyncio.sleep(self.retry_s if waiting else self.refresh_s)
+
+    async def poll_once(self, session: aiohttp.ClientSession) -> None:
+        await asyncio.gather(*(self._poll(session, t) for t in self._targets.values()))
+
+    async def _poll(self, session: aiohttp.ClientSession, target: _InfoTarget) -> None:
+        try:
+            async with session.get(target.url) as resp:
+                if resp.status in (401, 403, 404, 405):
+                    target.status, target.last_error = "not_served", f"HTTP {resp.status}"
+                    return
+                resp.raise_for_status()
+                info = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            target.status, target.last_error = "unreachable", f"{type(exc).__name__}: {exc}"
+            return
+        reported = parse_info(target.source, info)
+        if reported is None:
+            target.status, target.last_error = "not_served", "unrecognised server info"
+            return
+        target.status, target.reported, target.last_error = "reported", reported, None
+        new = set(mismatches(target.declared, reported)) - target.warned
+        for problem in sorted(new):
+            log.warning("backend %s: %s", target.name, problem)
+        target.warned |= new

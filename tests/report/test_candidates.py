@@ -1,0 +1,93 @@
+"""The word *lossless*: earned only by a reported lossless verification with outputs inside the
+noise floor; refused to a backend reporting a lossy mode even when its outputs match. Records
+come from the real gateway in front of simulators that report their verification mode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evidence.store import query_records
+from loadgen.report import build_report
+from loadgen.report.analysis import analyze
+from tests.gateway.test_shadow import CHAT, raw_stream
+
+REQUESTS = 12
+
+
+async def gather_records(
+    sims: Any, gateway: Any, write_policy: Any, tmp_path: Path, **candidate: Any
+) -> list[dict[str, Any]]:
+    primary = await sims()
+    cand = await sims(mode="speculative", num_speculative_tokens=3, **candidate)
+    base = await sims()
+    policy = (
+        "version: 1\n"
+        f"backends:\n  prim: {{url: '{primary.base_url}', kind: sim}}\n"
+        f"  cand: {{url: '{cand.base_url}', kind: sim}}\n"
+        f"  base: {{url: '{base.base_url}', kind: sim}}\n"
+        "primary: prim\n"
+        "default: {ratio: 1.0, legs: [{backend: cand, role: candidate}, {backend: base, role: baseline}]}\n"
+    )
+    store = tmp_path / "r.sqlite"
+    gw = await gateway(None, policy_path=write_policy(policy), store_path=str(store))
+    await asyncio.sleep(0.3)  # the server-info probe's first answer (loopback, milliseconds)
+    for i in range(REQUESTS):
+        body = {**CHAT, "messages": [{"role": "user", "content": f"question {i}"}]}
+        status, _ = await raw_stream(gw.url, body, {"x-request-id": f"q{i}"})
+        assert status == 200
+        await gw.sink.wait_for(lambda e, i=i: e.request_id == f"q{i}")
+    await gw.server.close()
+    return list(query_records(store))
+
+
+@pytest.mark.parametrize(
+    ("candidate", "claim", "because"),
+    [
+        ({}, "lossless", "verification reported lossless (rejection_sample_method=standard)"),
+        (
+            {"rejection_sample_method": "synthetic"},
+            "not_lossless",
+            "the backend reports a lossy verification mode (rejection_sample_method=synthetic)",
+        ),
+        (
+            {"rejection_sample_method": "synthetic", "divergence_at": 3},
+            "not_lossless",
+            "the backend reports a lossy verification mode",
+        ),
+        ({"divergence_at": 3}, "not_lossless", "outputs diverge from the primary beyond the noise"),
+        ({"server_info": False}, "unverified", "does not report how it verifies drafts"),
+    ],
+    ids=["standard", "synthetic-identical-outputs", "synthetic-diverging", "diverging", "silent"],
+)
+async def test_the_lossless_claim(candidate, claim, because, sims, gateway, write_policy, tmp_path):
+    records = await gather_records(sims, gateway, write_policy, tmp_path, **candidate)
+    identical = all(r["comparisons"][0]["exact_match"] for r in records)
+    assert identical == ("divergence_at" not in candidate)  # the ground truth of the outputs
+    analysis = analyze(records)
+    cand = analysis.candidates["cand"]
+    assert cand.lossless is not None
+    assert cand.lossless.claim == claim and because in cand.lossless.reason
+    assert cand.label == "ngram k=3" if candidate.get("server_info", True) else cand.label == "cand"
+    lossy = candidate.get("rejection_sample_method") == "synthetic"
+    for verdict in cand.verdicts:
+        assert any(r.startswith("not lossless") for r in verdict.reasons) == lossy
+    out = tmp_path / "report"
+    build_report(records, None, out)
+    report = json.loads((out / "report.json").read_text())
+    entry = report["candidates"]["cand"]
+    assert entry["lossless"]["claim"] == claim
+    assert entry["speculative"]["verification"] == (
+        "lossy" if lossy else None if candidate.get("server_info") is False else "lossless"
+    )
+    md = (out / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith(f"| {cand.label} | cand |"))
+    assert {
+        "lossless": "| lossless |",
+        "not_lossless": "| not lossless |",
+        "unverified": "| not verified |",
+    }[claim] in row
