@@ -5,8 +5,9 @@ which traffic, and how do we roll back?".
 Layout: ``inputs`` (result files; records come from :mod:`evidence.sources`), ``records``
 (record accessors), ``sections`` (latency, raw speed-ups, acceptance, quality, gate), ``load``
 (speed-ups at production's load, crossover, schedule, capacity), ``analysis`` (per candidate,
-verdicts), ``checklist``, ``export`` (``report.json``), ``plots`` (matplotlib Agg → PNG data
-URIs), ``render`` (HTML and Markdown, pure), ``cli`` (``specshadow report``). :func:`build_report` is the one entry point for code (the demo).
+verdicts), ``candidates`` (who each candidate is, lossless or not, head to head, the recommendation),
+``checklist``, ``export`` (``report.json``), ``plots`` (matplotlib Agg → PNG data URIs),
+``render`` (HTML) and ``markdown`` (the summary), pure, ``cli`` (``specshadow report``). :func:`build_report` is the one entry point for code (the demo).
 
 numpy and matplotlib are imported when a report is built, not when this package is imported, so
 registering the ``report`` command costs every other command nothing.
@@ -48,8 +49,9 @@ def build_report(
     from core import jsonx
     from loadgen.report.analysis import analyze
     from loadgen.report.export import report_json
+    from loadgen.report.markdown import render_markdown
     from loadgen.report.plots import figures
-    from loadgen.report.render import render_html, render_markdown
+    from loadgen.report.render import render_html
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -9,9 +9,10 @@ what the verdict uses. The verdict per category, in order:
 1. the candidate cannot sustain production's rate (admission drops, a queue that does not drain,
    KV cache too small for production's peak) → ``do_not_adopt`` with the capacity reason;
 2. fewer than :data:`MIN_PAIRS` paired exchanges → ``not_enough_data``;
-3. the pairs do not cover production's load (the candidate ran at another per-replica arrival
-   rate) → ``not_load_matched``, with the parity measured and the share or replica count that
-   would fix it — never ``adopt``;
+3. the pairs do not cover production's load: when most pairs are at production's per-replica
+   rate but some load strata hold too few of them → ``not_enough_data`` with the pairs needed;
+   when the candidate ran at another per-replica arrival rate → ``not_load_matched``, with the
+   parity measured and the share or replica count that would fix it — never ``adopt``;
 4. candidate divergence above the noise floor (baseline-vs-primary rate) plus a tolerance →
    ``do_not_adopt`` (quality);
 5. the speed-up at production load: CI above 1 → ``adopt``; below 1 → ``do_not_adopt``; within
@@ -29,7 +30,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from loadgen.report import load as lt
-from loadgen.report.candidates import Lossless, Speculation, lossless_claim, speculation
+from loadgen.report.candidates import (
+    HeadToHead,
+    Lossless,
+    Recommendation,
+    Speculation,
+    head_to_head,
+    lossless_claim,
+    policy_fragment,
+    recommend,
+    speculation,
+)
 from loadgen.report.records import (
     ALL,
     Record,
@@ -69,6 +80,7 @@ __all__ = [
 ]
 
 MIN_PAIRS = 10
+MATCHED_SHARE = 0.5  # at least this share of pairs at parity: the load is right, the data thin
 NO_GAIN = 0.03  # a speedup CI inside [1/1.03, 1.03] is "no material gain"
 GATE_SHARE = 0.5
 
@@ -137,6 +149,9 @@ class Analysis:
     matrix: list[dict[str, Any]] = field(default_factory=list)
     stable_regions: list[str] = field(default_factory=list)
     loadgen: list[dict[str, Any]] = field(default_factory=list)
+    head_to_head: list[HeadToHead] = field(default_factory=list)
+    recommendations: dict[str, Recommendation] = field(default_factory=dict)  # category → pick
+    policy_fragment: str | None = None  # rules routing each category to its pick
 
     @property
     def gate_overall(self) -> float | None:
@@ -144,33 +159,16 @@ class Analysis:
 
     @property
     def main(self) -> CandidateAnalysis | None:
-        """The candidate the summary speaks for (the only one, or the first)."""
+        """The candidate the report's top line speaks for: the one recommended for all
+        traffic, else the first."""
+        pick = self.recommendations.get(ALL)
+        if pick is not None and pick.backend in self.candidates:
+            return self.candidates[pick.backend]
         return next(iter(self.candidates.values()), None)
 
-    # The main candidate's sections, as one-candidate reports have always read them.
     @property
-    def speedups(self) -> dict[str, dict[str, Speedup | None]]:
-        return self.main.speedups if self.main else {}
-
-    @property
-    def acceptance(self) -> dict[str, dict[str, dict[str, list[float]]]]:
-        return (
-            self.main.acceptance
-            if self.main
-            else {"category": {}, "output_length": {}, "concurrency": {}}
-        )
-
-    @property
-    def quality(self) -> dict[str, Quality]:
-        return self.main.quality if self.main else {}
-
-    @property
-    def verdicts(self) -> list[Verdict]:
-        return self.main.verdicts if self.main else []
-
-    @property
-    def examples(self) -> list[Example]:
-        return self.main.examples if self.main else []
+    def several(self) -> bool:
+        return len(self.candidates) > 1
 
 
 # -- pairs and exclusions ----------------------------------------------------------------------
@@ -321,6 +319,18 @@ def _verdict(
             f"{mirrored} paired primary/candidate exchanges; at least {MIN_PAIRS} needed"
         )
         return make("not_enough_data", MIN_PAIRS)
+    if (not at.load_matched or at.e2e is None) and at.matched_pairs >= mirrored * MATCHED_SHARE:
+        # The candidate ran at production's load; there are just too few pairs in some part of
+        # production's load range to say what happens there.
+        thin = [s for s in at.strata if s.weight > 0 and not s.covered]
+        needed = max(MIN_PAIRS, math.ceil(lt.MIN_STRATUM * lt.STRATA * mirrored / at.matched_pairs))
+        reasons.append(
+            f"{at.matched_pairs} of {mirrored} pairs at production's per-replica load (parity "
+            f"within ±{lt.PARITY_BAND - 1:.0%}), but {len(thin)} of {lt.STRATA} load strata hold "
+            f"fewer than {lt.MIN_STRATUM}: they cover {at.coverage:.0%} of production's load "
+            f"(needs {lt.MIN_COVERAGE:.0%})"
+        )
+        return make("not_enough_data", needed)
     if not at.load_matched or at.e2e is None:
         parity = f"{at.parity_p50:.2f}×" if at.parity_p50 is not None else "an unknown multiple of"
         reasons.append(
@@ -360,12 +370,12 @@ def _verdict(
     if e2e.low >= 1 / (1 + NO_GAIN) and e2e.high <= 1 + NO_GAIN:
         reasons.append(f"no material gain: the CI lies within ±{NO_GAIN:.0%}")
         return make("do_not_adopt")
-    needed = _needed(e2e)
+    resolve = _needed(e2e)
     reasons.append(
         "the CI includes 1"
-        + (f"; about {needed} pairs would resolve the measured effect" if needed else "")
+        + (f"; about {resolve} pairs would resolve the measured effect" if resolve else "")
     )
-    return make("not_enough_data", needed)
+    return make("not_enough_data", resolve)
 
 
 def _needed(e: lt.Estimate, margin: float = 1.2, cap: int = 1_000_000) -> int | None:
@@ -511,6 +521,13 @@ def analyze(
         matrix=matrix,
         stable_regions=stable_regions(matrix),
         loadgen=loadgen,
+        head_to_head=head_to_head(recs, backends, cats),
     )
+    specs = {b: c.speculation for b, c in a.candidates.items() if c.speculation is not None}
+    for cat in [*cats, ALL]:
+        verdicts = {b: v for b, c in a.candidates.items() for v in c.verdicts if v.category == cat}
+        if verdicts:
+            a.recommendations[cat] = recommend(cat, verdicts, specs, a.head_to_head)
+    a.policy_fragment = policy_fragment(list(a.recommendations.values()))
     a.checklist = checklist(a) if recs else []
     return a

@@ -1,4 +1,5 @@
-"""Who each candidate is, and whether the report may call it lossless (pure).
+"""Who each candidate is, whether it may be called lossless, how candidates compare with each
+other on the same requests, and which one to ship per category (pure).
 
 :func:`speculation` reads the candidate legs' ``speculative`` blocks (docs/records.md): what the
 policy declared and what the backend reported — method, depth, label, verification — over all
@@ -14,16 +15,22 @@ makes the candidate lossy; ``lossless`` needs every record that says anything to
   noise floor;
 - ``unverified`` otherwise: outputs within the noise floor but no verification mode reported,
   or no comparable outputs.
+
+:func:`head_to_head` pairs every two candidates on the requests mirrored to both, and
+:func:`recommend` applies :data:`RULE` per category; :func:`policy_fragment` writes the rules
+that keep each category on its pick.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from loadgen.report.records import Record, candidate_leg
+from loadgen.report import load as lt
+from loadgen.report.records import ALL, Record, candidate_leg, category, leg_ok, num
 from loadgen.report.sections import Quality
+from loadgen.speedup import Speedup, paired_speedup
 
 Claim = Literal["lossless", "not_lossless", "unverified"]
 
@@ -155,3 +162,218 @@ def lossless_claim(spec: Speculation, quality: Quality | None) -> Lossless:
         "drafts (vLLM: VLLM_SERVER_DEV_MODE=1 serves /server_info; or declare "
         "speculative.verification in the policy)",
     )
+
+
+# -- candidates against each other ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HeadToHead:
+    """``b`` against ``a`` on the same requests: ratio ``a`` / ``b`` (above 1: ``b`` faster).
+
+    Only exchanges where both legs completed at production's load (load parity within the
+    band) count, so the comparison is as load-true as each candidate's own verdict.
+    """
+
+    category: str
+    a: str
+    b: str
+    e2e: Speedup | None
+    tpot: Speedup | None
+    mirrored: int  # exchanges with both legs completed, at any load
+
+    @property
+    def b_faster(self) -> bool:
+        return self.e2e is not None and self.e2e.significant_gain
+
+    @property
+    def a_faster(self) -> bool:
+        return self.e2e is not None and self.e2e.significant_loss
+
+    def to_json(self) -> dict[str, Any]:
+        def sp(s: Speedup | None) -> dict[str, float | int] | None:
+            return (
+                None
+                if s is None
+                else {"estimate": s.point, "low": s.ci_low, "high": s.ci_high, "n": s.n}
+            )
+
+        return {
+            "a": self.a,
+            "b": self.b,
+            "e2e_b_over_a": sp(self.e2e),
+            "tpot_b_over_a": sp(self.tpot),
+            "mirrored": self.mirrored,
+        }
+
+
+def head_to_head(
+    records: Sequence[Record], backends: Sequence[str], categories: Sequence[str]
+) -> list[HeadToHead]:
+    """Every pair of candidates (in ``backends`` order) per category and overall."""
+    out: list[HeadToHead] = []
+    for i, a in enumerate(backends):
+        for b in backends[i + 1 :]:
+            pairs: dict[str, dict[str, list[tuple[float | None, float | None]]]] = {}
+            mirrored: dict[str, int] = {}
+            for r in records:
+                la, lb = candidate_leg(r, a), candidate_leg(r, b)
+                if not (leg_ok(la) and leg_ok(lb)):
+                    continue
+                assert la is not None
+                assert lb is not None
+                matched = all(
+                    (p := num(leg.get("load_parity"))) is not None and lt.matched(p)
+                    for leg in (la, lb)
+                )
+                for cat in (category(r), ALL):
+                    mirrored[cat] = mirrored.get(cat, 0) + 1
+                    if not matched:
+                        continue
+                    slot = pairs.setdefault(cat, {"e2e": [], "tpot": []})
+                    for m in ("e2e", "tpot"):
+                        slot[m].append((num(la.get(f"{m}_s")), num(lb.get(f"{m}_s"))))
+            for cat in [*categories, ALL]:
+                slot = pairs.get(cat, {"e2e": [], "tpot": []})
+                out.append(
+                    HeadToHead(
+                        cat, a, b,
+                        paired_speedup(slot["e2e"], seed=7),
+                        paired_speedup(slot["tpot"], seed=7),
+                        mirrored.get(cat, 0),
+                    )
+                )  # fmt: skip
+    return out
+
+
+# -- the recommendation ------------------------------------------------------------------------
+
+# Proposers that need no model of their own (they draft from the prompt or the output so far).
+MODEL_FREE = frozenset({"ngram", "suffix", "prompt_lookup", "lookahead"})
+
+
+def cost_key(spec: Speculation) -> tuple[int, int, str]:
+    """Cheaper first: no draft model, then a smaller k (an unknown method counts as a model)."""
+    method = (spec.method or "").lower().replace("-", "").replace("_", "")
+    free = method in {m.replace("_", "") for m in MODEL_FREE}
+    return (0 if free else 1, spec.num_speculative_tokens or 0, spec.backend)
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    category: str
+    backend: str | None  # the configuration to ship for this category, or None
+    reason: str
+    runner_up: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backend": self.backend, "reason": self.reason, "runner_up": self.runner_up}
+
+
+RULE = (
+    "Per category: among candidates whose verdict is adopt (speed-up at production load with a "
+    "95 % CI above 1, quality within the noise floor, capacity to carry production's rate) and "
+    "whose verification is not lossy, the one with the highest speed-up at production load — if "
+    "its head-to-head CI against the runner-up on the same requests excludes 1. Otherwise the "
+    "tied candidates are equal and the cheaper one ships: no draft model before a draft model, "
+    "then the smaller k."
+)
+
+
+def recommend(
+    category: str,
+    verdicts: Mapping[str, Any],  # backend → Verdict for this category
+    specs: Mapping[str, Speculation],
+    pairs: Sequence[HeadToHead],
+) -> Recommendation:
+    """The configuration to ship for ``category`` (rule: :data:`RULE`)."""
+    lossy = {b for b, s in specs.items() if s.verification == "lossy"}
+    adopted = [b for b, v in verdicts.items() if v.decision == "adopt" and b not in lossy]
+    if not adopted:
+        if any(v.decision == "adopt" for v in verdicts.values()):
+            return Recommendation(
+                category, None, "the only candidates that pass verify drafts lossily"
+            )
+        return Recommendation(category, None, "no candidate passed the verdict")
+
+    def speed(b: str) -> float:
+        at = verdicts[b].at_load
+        return at.e2e.estimate if at is not None and at.e2e is not None else 0.0
+
+    ranked = sorted(adopted, key=speed, reverse=True)
+    best = ranked[0]
+    if len(ranked) == 1:
+        return Recommendation(
+            category, best, f"the only candidate that passes ({speed(best):.2f}×)"
+        )
+    tied = [best]
+    for other in ranked[1:]:
+        h = _between(pairs, category, best, other)
+        if h is None or not _faster(h, best):
+            tied.append(other)
+    runner_up = ranked[1]
+    if len(tied) == 1:
+        h = _between(pairs, category, best, runner_up)
+        assert h is not None
+        assert h.e2e is not None
+        ratio = h.e2e.point if h.b == best else 1 / h.e2e.point  # runner-up e2e / best e2e
+        return Recommendation(
+            category, best,
+            f"{speed(best):.2f}× at production load; measurably faster than {runner_up} on the "
+            f"same requests ({ratio:.2f}×, n={h.e2e.n})",
+            runner_up,
+        )  # fmt: skip
+    cheapest = min(tied, key=lambda b: cost_key(specs[b]))
+    others = "; ".join(
+        _tie_text(_between(pairs, category, cheapest, b), cheapest, b)
+        for b in tied
+        if b != cheapest
+    )
+    return Recommendation(
+        category, cheapest,
+        f"indistinguishable on the same requests ({others}); the cheaper configuration "
+        f"({specs[cheapest].label})",
+        runner_up if cheapest == best else best,
+    )  # fmt: skip
+
+
+def _tie_text(h: HeadToHead | None, x: str, y: str) -> str:
+    if h is None or h.e2e is None:
+        return f"{y}: too few pairs"
+    point, low, high = h.e2e.point, h.e2e.ci_low, h.e2e.ci_high
+    if h.a == x:  # the ratio is x/y's e2e: y's speed relative to x; say it as x against y
+        point, low, high = 1 / point, 1 / high, 1 / low
+    return f"vs {y}: {point:.2f}× [{low:.2f}, {high:.2f}] includes 1"
+
+
+def _between(pairs: Sequence[HeadToHead], category: str, x: str, y: str) -> HeadToHead | None:
+    for h in pairs:
+        if h.category == category and {h.a, h.b} == {x, y}:
+            return h
+    return None
+
+
+def _faster(h: HeadToHead, who: str) -> bool:
+    """``who`` is measurably faster than the other in ``h``."""
+    return h.b_faster if h.b == who else h.a_faster
+
+
+def policy_fragment(recommendations: Sequence[Recommendation]) -> str | None:
+    """Policy rules that keep each recommended candidate on its categories (YAML, validated by
+    the tests against the policy schema); None when nothing is recommended per category."""
+    chosen = [r for r in recommendations if r.backend is not None and r.category != ALL]
+    if not chosen:
+        return None
+    by_backend: dict[str, list[str]] = {}
+    for r in chosen:
+        assert r.backend is not None
+        by_backend.setdefault(r.backend, []).append(r.category)
+    lines = ["rules:"]
+    for backend, cats in by_backend.items():
+        lines += [
+            f"  - name: recommended-{backend}",
+            f"    match: {{categories: [{', '.join(cats)}]}}",
+            "    ratio: load_matched",
+            f"    legs: [{{backend: {backend}, role: candidate}}]",
+        ]
+    return "\n".join(lines) + "\n"

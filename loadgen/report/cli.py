@@ -29,8 +29,16 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     sources = [f"store {path}" for path in args.store] + [f"results {p}" for p in args.results]
     paths = build_report(records, results, args.out, sources=sources)
-    for v in paths.analysis.verdicts:
-        print(f"{v.category:<20} {v.decision}")
+    a = paths.analysis
+    indent = "  " if a.several else ""
+    for c in a.candidates.values():
+        if a.several:
+            print(f"{c.label} ({c.backend}):")
+        for v in c.verdicts:
+            print(f"{indent}{v.category:<20} {v.decision}")
+    for cat, r in a.recommendations.items():
+        pick = a.candidates[r.backend].label if r.backend is not None else "none"
+        print(f"recommended for {cat}: {pick}")
     print(f"report: {paths.html}\nsummary: {paths.markdown}")
     return 0
 

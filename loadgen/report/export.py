@@ -2,8 +2,10 @@
 
 Schema ``specshadow.report/1``, documented in docs/report.md. Top level: ``overall`` and
 ``categories.<name>`` (each ``verdict``, ``e2e_speedup_at_production_load``, ``load``, …) for
-the main candidate, ``speedup_vs_load``, ``crossover_load``, ``speculation_schedule``,
-``capacity``, ``exclusions``, and ``candidates.<backend>`` with the same shape per candidate.
+the candidate named by ``candidate`` (the one recommended for all traffic, else the first),
+``speedup_vs_load``, ``crossover_load``, ``speculation_schedule``, ``capacity``; then
+``candidates.<backend>`` with the same shape for every candidate, ``recommendation.<category>``
+(a backend name or ``null``) with its reasons, rule and policy fragment, and ``head_to_head``.
 Unknown values are ``null``.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from loadgen.report.analysis import ALL, Analysis, CandidateAnalysis, Verdict
+from loadgen.report.candidates import RULE
 
 SCHEMA = "specshadow.report/1"
 
@@ -78,6 +81,13 @@ def report_json(a: Analysis) -> dict[str, Any]:
         "categories_seen": a.categories,
         "candidate": main.backend if main is not None else None,
         "notes": a.notes,
+        "recommendation": {cat: r.backend for cat, r in a.recommendations.items()},
+        "recommendation_reasons": {cat: r.to_json() for cat, r in a.recommendations.items()},
+        "recommendation_rule": RULE,
+        "recommendation_policy": a.policy_fragment,
+        "head_to_head": [
+            {"category": h.category, **h.to_json()} for h in a.head_to_head if h.mirrored
+        ],
     }
     body = (
         candidate_json(main)

@@ -1,7 +1,8 @@
 """Report figures: matplotlib (Agg, no pyplot global state) rendered to base64 PNG data URIs.
 
-Each function takes the :class:`~loadgen.report.analysis.Analysis` and returns a ``data:`` URI,
-or ``None`` when there is nothing to draw (the report then says so in words).
+Each function takes the :class:`~loadgen.report.analysis.Analysis` (or one candidate's
+:class:`~loadgen.report.analysis.CandidateAnalysis`) and returns a ``data:`` URI, or ``None`` when
+there is nothing to draw (the report then says so in words).
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from loadgen.report.analysis import ALL, Analysis, bucket_order
+from loadgen.report.analysis import ALL, Analysis, CandidateAnalysis, bucket_order
 
 __all__ = ["figures"]
 
 ROLE_COLORS = {"primary": "#3b6ea5", "candidate": "#e07b39", "baseline": "#9a9a9a"}
+CANDIDATE_PALETTE = ("#e07b39", "#7b4fa0", "#2a9d8f", "#b5651d", "#d6336c")
 DECISION_COLORS = {
     "adopt": "#2e7d32",
     "do_not_adopt": "#c62828",
@@ -40,23 +42,28 @@ def _style(ax: Any) -> None:
     ax.grid(axis="y", alpha=0.25)
 
 
+def _leg_order(label: str) -> tuple[int, str]:
+    return ({"primary": 0, "baseline": 2}.get(label, 1), label)
+
+
 def _uri(fig: Figure) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=_DPI)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def speedup_forest(a: Analysis) -> str | None:
+def speedup_forest(c: CandidateAnalysis, categories: Sequence[str]) -> str | None:
     """Per category: e2e and tpot speedup with 95 % CI; a line at 1 (no change)."""
-    cats = [c for c in [*a.categories, ALL] if a.speedups.get(c, {}).get("e2e") is not None]
+    speedups = c.speedups
+    cats = [k for k in [*categories, ALL] if speedups.get(k, {}).get("e2e") is not None]
     if not cats:
         return None
-    verdict = {v.category: v.decision for v in a.verdicts}
+    verdict = {v.category: v.decision for v in c.verdicts}
     fig = _figure(8.0, 0.9 + 0.55 * len(cats))
     ax = fig.add_subplot()
     for i, cat in enumerate(reversed(cats)):
         for dy, metric, marker in ((0.13, "e2e", "o"), (-0.13, "tpot", "s")):
-            s = a.speedups[cat].get(metric)
+            s = speedups[cat].get(metric)
             if s is None:
                 continue
             color = DECISION_COLORS[verdict.get(cat, "not_enough_data")]
@@ -66,7 +73,7 @@ def speedup_forest(a: Analysis) -> str | None:
                 mfc=color if metric == "e2e" else "white",
             )  # fmt: skip
     ax.axvline(1.0, color="#333", lw=1, ls="--")
-    ax.set_yticks(range(len(cats)), [f"{c} (n={a.speedups[c]['e2e'].n})" for c in reversed(cats)])  # type: ignore[union-attr]
+    ax.set_yticks(range(len(cats)), [f"{k} (n={speedups[k]['e2e'].n})" for k in reversed(cats)])  # type: ignore[union-attr]
     ax.set_xlabel("speedup = primary / candidate  (● e2e, □ tpot; > 1 = candidate faster)")
     ax.spines["top"].set_visible(False)
     ax.spines["right"].set_visible(False)
@@ -74,10 +81,24 @@ def speedup_forest(a: Analysis) -> str | None:
     return _uri(fig)
 
 
+def _leg_colors(labels: Sequence[str]) -> dict[str, str]:
+    """Colours per leg label: the role's, and one per candidate when there are several."""
+    out: dict[str, str] = {}
+    candidates = [label for label in labels if label.startswith("candidate ")]
+    for label in labels:
+        if label in ROLE_COLORS:
+            out[label] = ROLE_COLORS[label]
+        else:
+            out[label] = CANDIDATE_PALETTE[candidates.index(label) % len(CANDIDATE_PALETTE)]
+    return out
+
+
 def latency_bars(a: Analysis) -> str | None:
-    """p50 bars with p99 ticks per category and role, for e2e and tpot."""
+    """p50 bars with p99 ticks per category and leg (each candidate its own), e2e and tpot."""
     cats = [c for c in [*a.categories, ALL] if ("primary", c) in a.latency]
-    roles = [r for r in ROLE_COLORS if any((r, c) in a.latency for c in cats)]
+    labels = sorted({label for label, _ in a.latency}, key=_leg_order)
+    roles = [r for r in labels if any((r, c) in a.latency for c in cats)]
+    colors = _leg_colors(roles)
     if not cats or not roles:
         return None
     fig = _figure(9.0, 3.4)
@@ -93,7 +114,7 @@ def latency_bars(a: Analysis) -> str | None:
                 xs.append(i + (j - (len(roles) - 1) / 2) * width)
                 p50s.append(row[0] * 1e3)
                 p99s.append((row[2] or row[0]) * 1e3)
-            ax.bar(xs, p50s, width * 0.95, color=ROLE_COLORS[role], label=role)
+            ax.bar(xs, p50s, width * 0.95, color=colors[role], label=role)
             ax.scatter(xs, p99s, marker="_", s=120, color="#222", zorder=3)
         ax.set_xticks(range(len(cats)), cats, rotation=15)
         ax.set_title(f"{title} (ms): bar p50, tick p99", fontsize=10)
@@ -114,15 +135,16 @@ def _boxes(ax: Any, groups: Mapping[str, Sequence[float]], color: str) -> None:
     _style(ax)
 
 
-def acceptance_panels(a: Analysis) -> str | None:
+def acceptance_panels(c: CandidateAnalysis) -> str | None:
     """Candidate tokens per event by category, output length and concurrency; acceptance length."""
+    acceptance = c.acceptance
     dims = [
         ("category", "by category"),
         ("output_length", "by output length (tokens)"),
         ("concurrency", "by concurrency"),
     ]
     present = [
-        (d, t) for d, t in dims if any(v["tokens_per_event"] for v in a.acceptance[d].values())
+        (d, t) for d, t in dims if any(v["tokens_per_event"] for v in acceptance[d].values())
     ]
     if not present:
         return None
@@ -131,11 +153,11 @@ def acceptance_panels(a: Analysis) -> str | None:
     for ax, (dim, title) in zip(axes, present, strict=True):
         groups = {
             k: v["tokens_per_event"]
-            for k, v in sorted(a.acceptance[dim].items(), key=lambda kv: bucket_order(kv[0]))
+            for k, v in sorted(acceptance[dim].items(), key=lambda kv: bucket_order(kv[0]))
         }
         _boxes(ax, groups, ROLE_COLORS["candidate"])
         keys = [k for k, v in groups.items() if v]
-        mal = [a.acceptance[dim][k]["mean_acceptance_length"] for k in keys]
+        mal = [acceptance[dim][k]["mean_acceptance_length"] for k in keys]
         xs = [i + 1 for i, v in enumerate(mal) if v]
         ys = [sum(v) / len(v) for v in mal if v]
         if xs:
@@ -148,11 +170,10 @@ def acceptance_panels(a: Analysis) -> str | None:
     return _uri(fig)
 
 
-def quality_bars(a: Analysis) -> str | None:
+def quality_bars(c: CandidateAnalysis, categories: Sequence[str]) -> str | None:
     """Divergence rate, candidate vs baseline (the noise floor), per category, Wilson 95 % CI."""
-    cats = [
-        c for c in [*a.categories, ALL] if c in a.quality and a.quality[c].candidate_divergence.n
-    ]
+    quality = c.quality
+    cats = [k for k in [*categories, ALL] if k in quality and quality[k].candidate_divergence.n]
     if not cats:
         return None
     fig = _figure(8.0, 3.0)
@@ -162,7 +183,7 @@ def quality_bars(a: Analysis) -> str | None:
     ):
         xs, ys, lo, hi = [], [], [], []
         for i, cat in enumerate(cats):
-            rate = getattr(a.quality[cat], attr)
+            rate = getattr(quality[cat], attr)
             if not rate.n:
                 continue
             ci = rate.interval
@@ -296,14 +317,14 @@ def speedup_vs_load(a: Analysis) -> str | None:
         return None
     fig = _figure(8.0, 3.4)
     ax = fig.add_subplot(1, 1, 1)
-    palette = ["#e07b39", "#7b4fa0", "#2a9d8f", "#b5651d"]
-    for i, (backend, c) in enumerate(curves.items()):
+    palette = CANDIDATE_PALETTE
+    for i, c in enumerate(curves.values()):
         xs = [p.load for p in c.load_points]
         ys = [p.e2e_speedup for p in c.load_points]
         lo = [p.e2e_speedup - p.low for p in c.load_points]
         hi = [p.high - p.e2e_speedup for p in c.load_points]
         color = palette[i % len(palette)]
-        ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", color=color, capsize=3, label=backend)
+        ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", color=color, capsize=3, label=c.label)
         if c.crossover is not None:
             ax.axvline(c.crossover.load, color=color, linestyle=":", linewidth=1)
     main = a.main
@@ -319,15 +340,43 @@ def speedup_vs_load(a: Analysis) -> str | None:
     return _uri(fig)
 
 
+def head_to_head_forest(a: Analysis) -> str | None:
+    """Each pair of candidates per category: e2e ratio on the same requests with 95 % CI."""
+    rows = [h for h in a.head_to_head if h.e2e is not None]
+    if not rows:
+        return None
+    labels = {b: c.label for b, c in a.candidates.items()}
+    fig = _figure(8.0, 0.9 + 0.42 * len(rows))
+    ax = fig.add_subplot()
+    for i, h in enumerate(reversed(rows)):
+        s = h.e2e
+        assert s is not None
+        color = "#2e7d32" if s.significant_gain else "#c62828" if s.significant_loss else "#757575"
+        ax.errorbar(
+            s.point, i, xerr=[[max(0.0, s.point - s.ci_low)], [max(0.0, s.ci_high - s.point)]],
+            fmt="o", color=color, ecolor=color, capsize=3,
+        )  # fmt: skip
+    ax.axvline(1.0, color="#333", lw=1, ls="--")
+    ticks = [f"{h.category}: {labels[h.b]} vs {labels[h.a]} (n={h.e2e.n})" for h in reversed(rows)]  # type: ignore[union-attr]
+    ax.set_yticks(range(len(rows)), ticks)
+    ax.set_xlabel("e2e ratio on the same requests (> 1: the first named is faster)")
+    _style(ax)
+    return _uri(fig)
+
+
 def figures(a: Analysis) -> dict[str, str | None]:
-    """Every figure by name (``None`` where there was nothing to draw)."""
-    return {
+    """Every figure by name (``None`` where there was nothing to draw); per-candidate figures are
+    named ``<figure>:<backend>``."""
+    out = {
         "speedup_vs_load": speedup_vs_load(a),
-        "speedup": speedup_forest(a),
         "latency": latency_bars(a),
-        "acceptance": acceptance_panels(a),
-        "quality": quality_bars(a),
         "gate": gate_bars(a),
         "matrix_speedup": matrix_speedup(a),
         "matrix_acceptance": matrix_acceptance(a),
+        "head_to_head": head_to_head_forest(a) if a.several else None,
     }
+    for backend, c in a.candidates.items():
+        out[f"speedup:{backend}"] = speedup_forest(c, a.categories)
+        out[f"acceptance:{backend}"] = acceptance_panels(c)
+        out[f"quality:{backend}"] = quality_bars(c, a.categories)
+    return out

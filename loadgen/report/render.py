@@ -1,5 +1,10 @@
 """Report rendering: :class:`~loadgen.report.analysis.Analysis` + figures → one self-contained
-HTML page (inline CSS, images as data URIs, no scripts, no network) and a Markdown summary (pure).
+HTML page (inline CSS, images as data URIs, no scripts, no network) (pure). The Markdown summary
+(:mod:`loadgen.report.markdown`) reuses the table builders here.
+
+One candidate: verdict cards, then its sections. Several: a category × candidate verdict table
+with the pick, the candidates' identities, their head-to-head on the same requests, then each
+candidate's own sections — never one pooled "candidate".
 """
 
 from __future__ import annotations
@@ -10,11 +15,12 @@ from html import escape
 from typing import Any
 
 from loadgen.report.analysis import ALL, GATE_SHARE, Analysis, CandidateAnalysis, Verdict
+from loadgen.report.candidates import RULE
 from loadgen.report.load import MIN_COVERAGE, OPEN_LOOP, PARITY_BAND, Estimate
 from loadgen.report.sections import Rate, bucket_order
 from loadgen.speedup import Speedup
 
-__all__ = ["render_html", "render_markdown"]
+__all__ = ["render_html"]
 
 _CSS = """
 :root{--ink:#1d2330;--muted:#5b6472;--line:#e3e6ea;--bg:#f7f8fa;--adopt:#2e7d32;--no:#c62828;--nd:#757575}
@@ -55,11 +61,11 @@ def _rate(r: Rate) -> str:
     return f"{_pct(r.value)} ({r.k}/{r.n})" if r.n else "—"
 
 
-def _sp(s: Speedup | None) -> str:
+def sp(s: Speedup | None) -> str:
     return "—" if s is None else f"{s.point:.2f}× [{s.ci_low:.2f}, {s.ci_high:.2f}]"
 
 
-def _est(e: Estimate | None) -> str:
+def est(e: Estimate | None) -> str:
     return "—" if e is None else f"{e.estimate:.2f}× [{e.low:.2f}, {e.high:.2f}]"
 
 
@@ -100,7 +106,7 @@ def _load_rows(c: CandidateAnalysis, categories: Sequence[str]) -> list[list[str
         if at is None:
             continue
         rows.append([
-            cat, _est(at.e2e), _est(at.tpot), f"{at.matched_pairs}/{at.mirrored_pairs}",
+            cat, est(at.e2e), est(at.tpot), f"{at.matched_pairs}/{at.mirrored_pairs}",
             _num(at.parity_p50, ".2f"), f"{at.coverage:.0%}",
             _num(at.primary_load_p50), _num(at.candidate_load_p50),
         ])  # fmt: skip
@@ -116,12 +122,14 @@ def _capacity_rows(a: Analysis, c: CandidateAnalysis) -> list[list[str]]:
     return rows
 
 
-def _load_section(a: Analysis, c: CandidateAnalysis, figs: Mapping[str, str | None]) -> list[str]:
+def _load_section(
+    a: Analysis, c: CandidateAnalysis, figs: Mapping[str, str | None], of: str = ""
+) -> list[str]:
     cap = c.capacity
     cross = c.crossover
     exclusions: Mapping[str, int] = c.exclusions.get(ALL, {})
     parts = [
-        "<h2>Load: measured at production's load?</h2>",
+        f"<h2>Load: measured at production's load?{of}</h2>",
         '<p class="muted">A speed-up holds only at the load it was measured at: speculation wins at low batch and loses at high batch, '
         "and a shadow sees only the mirrored share of traffic. Per-replica arrival rate must match production's (load parity 1); "
         f"pairs within ±{PARITY_BAND - 1:.0%} count, re-weighted to production's own load distribution, and the verdict needs them to cover "
@@ -129,9 +137,10 @@ def _load_section(a: Analysis, c: CandidateAnalysis, figs: Mapping[str, str | No
         _table(["category", "e2e at production load", "tpot at production load", "matched / mirrored pairs",
                 "load parity p50", "coverage", "production req/s per replica p50", "candidate req/s per replica p50"],
                _load_rows(c, a.categories)),
-        _figure(figs.get("speedup_vs_load"), "Speed-up against the candidate's per-replica arrival rate, 95 % CI; shaded: production's operating range (p5–p95)",
-                "No pairs at a known load: no speed-up against load."),
     ]  # fmt: skip
+    if not a.several:  # with several candidates the figure, all curves in one, heads the report
+        parts.append(_figure(figs.get("speedup_vs_load"), "Speed-up against the candidate's per-replica arrival rate, 95 % CI; shaded: production's operating range (p5–p95)",
+                             "No pairs at a known load: no speed-up against load."))  # fmt: skip
     if cross is not None:
         parts.append(
             f'<div class="callout warn">Speculation stops paying at about <b>{cross.load:.3g} requests/s per replica</b> '
@@ -173,7 +182,7 @@ def _load_section(a: Analysis, c: CandidateAnalysis, figs: Mapping[str, str | No
     return parts
 
 
-def _gate_text(a: Analysis) -> tuple[str, str]:
+def gate_text(a: Analysis) -> tuple[str, str]:
     share = a.gate_overall
     if share is None:
         return (
@@ -192,10 +201,16 @@ def _gate_text(a: Analysis) -> tuple[str, str]:
     )
 
 
+def _leg_order(label: str) -> tuple[int, str]:
+    """primary, the candidates (``candidate`` or ``candidate <backend>``), baseline."""
+    return ({"primary": 0, "baseline": 2}.get(label, 1), label)
+
+
 def _latency_rows(a: Analysis) -> list[list[str]]:
     rows = []
+    labels = sorted({label for label, _ in a.latency}, key=_leg_order)
     for cat in [*a.categories, ALL]:
-        for role in ("primary", "candidate", "baseline"):
+        for role in labels:
             lat = a.latency.get((role, cat))
             if lat is None:
                 continue
@@ -215,14 +230,14 @@ _LAT_HEAD = [
 ]  # fmt: skip
 
 
-def _acceptance_rows(a: Analysis) -> list[list[str]]:
+def _acceptance_rows(c: CandidateAnalysis) -> list[list[str]]:
     rows = []
     for dim, label in (
         ("category", "category"),
         ("output_length", "output length"),
         ("concurrency", "concurrency"),
     ):
-        for key, v in sorted(a.acceptance[dim].items(), key=lambda kv: bucket_order(kv[0])):
+        for key, v in sorted(c.acceptance[dim].items(), key=lambda kv: bucket_order(kv[0])):
 
             def m(vals: list[float]) -> str:
                 return f"{sum(vals) / len(vals):.2f}" if vals else "—"
@@ -234,10 +249,10 @@ def _acceptance_rows(a: Analysis) -> list[list[str]]:
     return rows
 
 
-def _quality_rows(a: Analysis) -> list[list[str]]:
+def quality_rows(c: CandidateAnalysis, categories: Sequence[str]) -> list[list[str]]:
     rows = []
-    for cat in [*a.categories, ALL]:
-        q = a.quality.get(cat)
+    for cat in [*categories, ALL]:
+        q = c.quality.get(cat)
         if q is None:
             continue
         worse = q.worse_than_noise
@@ -288,7 +303,7 @@ def _loadgen_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
 
 
 _CLAIMS = {"lossless": "lossless", "not_lossless": "not lossless", "unverified": "not verified"}
-_CAND_HEAD = [
+CAND_HEAD = [
     "candidate",
     "backend",
     "method",
@@ -300,7 +315,7 @@ _CAND_HEAD = [
 ]
 
 
-def _candidate_rows(a: Analysis) -> list[list[str]]:
+def candidate_rows(a: Analysis) -> list[list[str]]:
     rows = []
     for c in a.candidates.values():
         s, claim = c.speculation, c.lossless
@@ -319,32 +334,167 @@ def _candidate_rows(a: Analysis) -> list[list[str]]:
     return rows
 
 
+def verdict_cell(v: Verdict | None) -> str:
+    if v is None:
+        return "—"
+    at = v.at_load.e2e if v.at_load is not None else None
+    return v.label + (f" · {est(at)}" if at is not None else "")
+
+
+def verdict_matrix(a: Analysis) -> tuple[list[str], list[list[str]]]:
+    """Category rows × candidate columns (verdict and speed-up at production load), and the pick."""
+    head = ["category", *(c.label for c in a.candidates.values()), "recommended"]
+    rows = []
+    for cat in [*a.categories, ALL]:
+        by = {
+            c.backend: next((v for v in c.verdicts if v.category == cat), None)
+            for c in a.candidates.values()
+        }
+        pick = a.recommendations.get(cat)
+        picked = a.candidates[pick.backend].label if pick is not None and pick.backend else "none"
+        rows.append(
+            ["all traffic" if cat == ALL else cat, *(verdict_cell(v) for v in by.values()), picked]
+        )
+    return head, rows
+
+
+def recommendation_rows(a: Analysis) -> list[list[str]]:
+    rows = []
+    for cat, r in a.recommendations.items():
+        label = a.candidates[r.backend].label if r.backend is not None else "none"
+        rows.append(["all traffic" if cat == ALL else cat, label, r.reason])
+    return rows
+
+
+def head_to_head_rows(a: Analysis) -> list[list[str]]:
+    labels = {b: c.label for b, c in a.candidates.items()}
+    rows = []
+    for h in a.head_to_head:
+        if h.mirrored == 0:
+            continue
+        verdict = (
+            f"{labels[h.b]} faster" if h.b_faster else f"{labels[h.a]} faster" if h.a_faster
+            else "not distinguishable" if h.e2e is not None else "too few pairs"
+        )  # fmt: skip
+        rows.append([
+            h.category, f"{labels[h.b]} vs {labels[h.a]}", sp(h.e2e), sp(h.tpot),
+            f"{h.e2e.n if h.e2e else 0}/{h.mirrored}", verdict,
+        ])  # fmt: skip
+    return rows
+
+
+def _speed_rows(a: Analysis, c: CandidateAnalysis) -> list[list[str]]:
+    speeds = c.speedups
+    return [
+        [k, str((speeds.get(k, {}).get("e2e") or Speedup(0, 0, 0, 0, 0)).n), sp(speeds.get(k, {}).get("e2e")),
+         sp(speeds.get(k, {}).get("tpot")), sp(speeds.get(k, {}).get("ttft")), sp(speeds.get(k, {}).get("baseline_e2e"))]
+        for k in [*a.categories, ALL] if k in speeds
+    ]  # fmt: skip
+
+
+def _candidate_sections(
+    a: Analysis, c: CandidateAnalysis, figs: Mapping[str, str | None]
+) -> list[str]:
+    """Speed, load, acceptance, quality and examples of one candidate."""
+    of = f" — {escape(c.label)}" if a.several else ""
+    parts = [
+        f"<h2>Speed: paired candidate-vs-primary speedups{of}</h2>",
+        '<p class="muted">Per exchange ratio primary / candidate on the same request; geometric mean with a bootstrap 95 % interval. '
+        "Above 1 means the candidate is faster. These are raw: at whatever load the candidate ran at (see the load section for the speed-up at production's load, which the verdict uses). "
+        "The baseline column is the same comparison for a plain copy of the primary: it should sit at 1.</p>",
+        _figure(figs.get(f"speedup:{c.backend}"), "Speedup per category with 95 % CI (colour = verdict)", "No paired primary/candidate exchanges."),
+        _table(["category", "pairs", "e2e", "tpot", "ttft", "baseline e2e (noise)"], _speed_rows(a, c)),
+        *_load_section(a, c, figs, of),
+        f"<h2>Speculation: acceptance{of}</h2>",
+        '<p class="muted"><b>Tokens per event</b> (from the stream shape) ≈ tokens per target pass — what buys latency. '
+        "<b>Mean acceptance length</b> (the engine's count) counts only the steps where the proposer drafted; <b>coverage</b> is the share of passes that drafted at all. "
+        "They are different quantities.</p>",
+        _figure(figs.get(f"acceptance:{c.backend}"), "Candidate tokens per event (boxes) and mean acceptance length (diamonds)", "No candidate acceptance data."),
+        _table(["group", "n", "tokens/event", "mean acceptance length", "draft acceptance rate", "coverage"], _acceptance_rows(c)),
+        f"<h2>Quality: equivalence against the noise floor{of}</h2>",
+        '<p class="muted">A candidate divergence rate means something only next to the baseline\'s (two plain copies of the primary also diverge: batching, kernels, numerics).</p>',
+        _figure(figs.get(f"quality:{c.backend}"), "Share of exchanges not exactly equal to the primary, with Wilson 95 % CI", "No comparisons recorded."),
+        _table(["category", "candidate diverges", "baseline diverges (noise)", "vs noise", "flagged (greedy)", "JSON valid", "JSON equal", "tool calls equal", "one-sided refusals", "similarity p50"], quality_rows(c, a.categories)),
+    ]  # fmt: skip
+    if c.examples:
+        parts.append("<h3>Worst examples</h3>")
+        for ex in c.examples:
+            sim = "—" if ex.similarity is None else f"{ex.similarity:.3f}"
+            parts.append(
+                f"<p><b>{escape(ex.category)}</b> · exchange <code>{escape(ex.exchange_id)}</code> · similarity {sim} · "
+                f"first divergence at {escape(str(ex.first_divergence))} {escape(str(ex.divergence_unit or ''))}</p>"
+            )
+            if ex.primary_text is not None or ex.candidate_text is not None:
+                parts.append(
+                    f"<pre>primary:   {escape((ex.primary_text or '')[:600])}\ncandidate: {escape((ex.candidate_text or '')[:600])}</pre>"
+                )
+            else:
+                parts.append(
+                    '<p class="muted">Text was not captured (capture policy off/hashes).</p>'
+                )
+    return parts
+
+
+def _bottom_line(a: Analysis) -> list[str]:
+    if not a.candidates:
+        return []
+    parts = ["<h2>Bottom line</h2>"]
+    if a.several:
+        head, rows = verdict_matrix(a)
+        parts += [
+            '<p class="muted">Every candidate judged on its own against the primary (verdict · e2e speed-up at production load, 95 % CI), '
+            "and the configuration to ship per category.</p>",
+            _table(head, rows),
+        ]
+    else:
+        main = a.main
+        assert main is not None
+        parts += ['<div class="cards">', *(_card(v) for v in main.verdicts), "</div>"]
+    parts += [
+        "<h3>Recommendation</h3>",
+        f'<p class="muted">{escape(RULE)}</p>',
+        _table(["category", "ship", "why"], recommendation_rows(a)),
+    ]
+    if a.policy_fragment:
+        parts += [
+            "<p>Policy rules that keep each category on its pick (add them to the policy's <code>rules</code>; "
+            "a rollout stage turns a rule live):</p>",
+            f"<pre>{escape(a.policy_fragment)}</pre>",
+        ]
+    return parts
+
+
 def render_html(
     a: Analysis, figs: Mapping[str, str | None], *, title: str, sources: Sequence[str]
 ) -> str:
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    cls, gate = _gate_text(a)
+    cls, gate = gate_text(a)
     parts = [
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>',
         f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{_CSS}</style></head><body><main>',
         f"<h1>{escape(title)}</h1>",
         f'<p class="sub">Generated {generated} from {escape(", ".join(sources) or "no inputs")} · '
         f"{a.records} comparison records · categories: {escape(', '.join(a.categories) or '—')}</p>",
-    ]
-    if a.verdicts:
-        parts += [
-            "<h2>Bottom line</h2>",
-            '<div class="cards">',
-            *(_card(v) for v in a.verdicts),
-            "</div>",
-        ]
+        *_bottom_line(a),
+    ]  # fmt: skip
     if a.candidates:
         parts += [
             "<h2>Candidates</h2>",
             '<p class="muted">What each candidate runs, as the policy declares it and as the backend reports it '
             "(vLLM <code>/server_info</code>, SGLang <code>/get_server_info</code>). A candidate is called lossless only when "
             "its verification mode is reported lossless <i>and</i> its outputs sit within the noise floor; a lossy mode is never called lossless.</p>",
-            _table(_CAND_HEAD, _candidate_rows(a)),
+            _table(CAND_HEAD, candidate_rows(a)),
+        ]  # fmt: skip
+    if a.several:
+        parts += [
+            "<h2>Head to head: candidates on the same requests</h2>",
+            '<p class="muted">Every request mirrored to two candidates is a paired comparison between them: ratio of their e2e (and tpot), '
+            "geometric mean with a bootstrap 95 % interval, counting only requests where both ran at production's load (load parity within the band). "
+            "A CI that excludes 1 makes “B beats A on this category” a measured statement.</p>",
+            _figure(figs.get("head_to_head"), "e2e ratio per pair and category, 95 % CI (green: the first named is faster)", "No request reached two candidates."),
+            _table(["category", "pair", "e2e ratio", "tpot ratio", "pairs at load / mirrored", "result"], head_to_head_rows(a)),
+            _figure(figs.get("speedup_vs_load"), "Speed-up against each candidate's per-replica arrival rate, 95 % CI; shaded: production's operating range (p5–p95)",
+                    "No pairs at a known load: no speed-up against load."),
         ]  # fmt: skip
     parts += [
         "<h2>Decision gate: is generation the bottleneck?</h2>",
@@ -352,50 +502,21 @@ def render_html(
         _figure(figs.get("gate"), "Median split of primary response time: waiting for the first token vs generating; dashed line at 50 %", "No timing data for the gate."),
     ]  # fmt: skip
     if a.records:
-        sp_rows = [
-            [c, str((a.speedups.get(c, {}).get("e2e") or Speedup(0, 0, 0, 0, 0)).n), _sp(a.speedups.get(c, {}).get("e2e")),
-             _sp(a.speedups.get(c, {}).get("tpot")), _sp(a.speedups.get(c, {}).get("ttft")), _sp(a.speedups.get(c, {}).get("baseline_e2e"))]
-            for c in [*a.categories, ALL] if c in a.speedups
-        ]  # fmt: skip
+        for c in a.candidates.values():
+            parts += _candidate_sections(a, c, figs)
         parts += [
-            "<h2>Speed: paired candidate-vs-primary speedups</h2>",
-            '<p class="muted">Per exchange ratio primary / candidate on the same request; geometric mean with a bootstrap 95 % interval. '
-            "Above 1 means the candidate is faster. These are raw: at whatever load the candidate ran at (see the load section for the speed-up at production's load, which the verdict uses). "
-            "The baseline column is the same comparison for a plain copy of the primary: it should sit at 1.</p>",
-            _figure(figs.get("speedup"), "Speedup per category with 95 % CI (colour = verdict)", "No paired primary/candidate exchanges."),
-            _table(["category", "pairs", "e2e", "tpot", "ttft", "baseline e2e (noise)"], sp_rows),
-            *(_load_section(a, a.main, figs) if a.main is not None else []),
-            "<h3>Latency per role and category (ms)</h3>",
-            _figure(figs.get("latency"), "p50 (bars) and p99 (ticks) per role", "No latency data."),
+            "<h2>Latency per leg and category (ms)</h2>",
+            _figure(figs.get("latency"), "p50 (bars) and p99 (ticks) per leg", "No latency data."),
             _table(_LAT_HEAD, _latency_rows(a)),
-            "<h2>Speculation: acceptance</h2>",
-            '<p class="muted"><b>Tokens per event</b> (from the stream shape) ≈ tokens per target pass — what buys latency. '
-            "<b>Mean acceptance length</b> (vLLM) counts only the steps where the proposer drafted; <b>coverage</b> is the share of passes that drafted at all. "
-            "They are different quantities.</p>",
-            _figure(figs.get("acceptance"), "Candidate tokens per event (boxes) and mean acceptance length (diamonds)", "No candidate acceptance data."),
-            _table(["group", "n", "tokens/event", "mean acceptance length", "draft acceptance rate", "coverage"], _acceptance_rows(a)),
-            "<h2>Quality: equivalence against the noise floor</h2>",
-            '<p class="muted">A candidate divergence rate means something only next to the baseline\'s (two plain copies of the primary also diverge: batching, kernels, numerics).</p>',
-            _figure(figs.get("quality"), "Share of exchanges not exactly equal to the primary, with Wilson 95 % CI", "No comparisons recorded."),
-            _table(["category", "candidate diverges", "baseline diverges (noise)", "vs noise", "flagged (greedy)", "JSON valid", "JSON equal", "tool calls equal", "one-sided refusals", "similarity p50"], _quality_rows(a)),
-        ]  # fmt: skip
-        if a.examples:
-            parts.append("<h3>Worst examples</h3>")
-            for ex in a.examples:
-                sim = "—" if ex.similarity is None else f"{ex.similarity:.3f}"
-                parts.append(
-                    f"<p><b>{escape(ex.category)}</b> · exchange <code>{escape(ex.exchange_id)}</code> · similarity {sim} · "
-                    f"first divergence at {escape(str(ex.first_divergence))} {escape(str(ex.divergence_unit or ''))}</p>"
-                )
-                if ex.primary_text is not None or ex.candidate_text is not None:
-                    parts.append(
-                        f"<pre>primary:   {escape((ex.primary_text or '')[:600])}\ncandidate: {escape((ex.candidate_text or '')[:600])}</pre>"
-                    )
-                else:
-                    parts.append(
-                        '<p class="muted">Text was not captured (capture policy off/hashes).</p>'
-                    )
-    parts.append("<h2>Memory and utilisation</h2>")
+        ]
+    parts += _tail(a, figs)
+    parts.append("</main></body></html>")
+    return "\n".join(parts)
+
+
+def _tail(a: Analysis, figs: Mapping[str, str | None]) -> list[str]:
+    """Memory, the benchmark matrix, client-side results, the checklist and the definitions."""
+    parts = ["<h2>Memory and utilisation</h2>"]
     if a.resources:
         parts.append(_table(["backend", "KV-cache usage peak", "mean", "samples"], [
             [b, _pct(r["kv_cache_usage_max"]), _pct(r["kv_cache_usage_mean"]), str(int(r["samples"]))] for b, r in sorted(a.resources.items())
@@ -435,75 +556,4 @@ def render_html(
         "tpot: (e2e − ttft)/(output tokens − 1) = vLLM TPOT = AIPerf/GuideLLM ITL. chunk gap: gaps between output-bearing events = vLLM ITL = AIPerf ICL. "
         "e2e: request sent → last output-bearing event = vLLM E2EL. tokens per event: output tokens / output-bearing events (no peer reports it).</p>"
     )
-    parts.append("</main></body></html>")
-    return "\n".join(parts)
-
-
-def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
-    lines = [
-        f"# {title}",
-        "",
-        f"Full report with figures: `{html_name}`. {a.records} comparison records.",
-        "",
-    ]
-    if a.verdicts:
-        lines += [
-            "## Bottom line",
-            "",
-            "| category | verdict | e2e speedup at production load [95 % CI] | raw e2e speedup | raw tpot speedup | why |",
-            "|---|---|---|---|---|---|",
-        ]
-        for v in a.verdicts:
-            why = "; ".join(v.reasons)
-            if v.decision == "not_enough_data" and v.pairs_needed:
-                why += f"; need ≈{v.pairs_needed} pairs"
-            at = v.at_load.e2e if v.at_load is not None else None
-            lines.append(
-                f"| {v.category} | **{v.label}** | {_est(at)} | {_sp(v.e2e)} | {_sp(v.tpot)} | {why} |"
-            )
-        lines.append("")
-    if a.candidates:
-        lines += [
-            "## Candidates",
-            "",
-            "| " + " | ".join(_CAND_HEAD) + " |",
-            "|" + "---|" * len(_CAND_HEAD),
-            *("| " + " | ".join(row) + " |" for row in _candidate_rows(a)),
-            "",
-        ]
-    _, gate = _gate_text(a)
-    lines += ["## Decision gate", "", gate, ""]
-    main = a.main
-    if main is not None:
-        lines += ["## Load", "", OPEN_LOOP, ""]
-        if main.crossover is not None:
-            lines += [
-                f"Speculation stops paying at about {main.crossover.load:.3g} requests/s per replica; "
-                f"depth schedule `{main.schedule}`.",
-                "",
-            ]
-        lines += [f"- {n}" for n in a.notes if n != OPEN_LOOP]
-        excluded: Mapping[str, int] = main.exclusions.get(ALL, {})
-        if excluded:
-            lines += ["", "| exchanges | count |", "|---|---|"]
-            lines += [f"| {r} | {n} |" for r, n in sorted(excluded.items(), key=lambda kv: -kv[1])]
-        lines.append("")
-    if a.quality:
-        lines += [
-            "## Quality vs noise floor",
-            "",
-            "| category | candidate diverges | baseline diverges | verdict |",
-            "|---|---|---|---|",
-        ]
-        for row in _quality_rows(a):
-            lines.append(f"| {row[0]} | {row[1]} | {row[2]} | {row[3]} |")
-        lines.append("")
-    if a.matrix:
-        lines += ["## Stable operating region", ""]
-        lines += [f"- {line}" for line in a.stable_regions] or ["- none found"]
-        lines.append("")
-    if a.checklist:
-        lines += ["## Release checklist", ""]
-        lines += [f"{i}. {item}" for i, item in enumerate(a.checklist, start=1)]
-        lines.append("")
-    return "\n".join(lines)
+    return parts

@@ -103,3 +103,67 @@ def records(
                 ],
             })  # fmt: skip
     return out
+
+
+def several(
+    candidates: dict[str, dict[str, Any]],
+    *,
+    categories: tuple[str, ...] = ("chat", "code"),
+    n: int = 40,
+    noise: float = 0.05,
+    seed: int = 3,
+) -> list[dict[str, Any]]:
+    """Records mirrored to several candidates at once, with known truth per candidate:
+    ``{backend: {"speedups": {category: x}, "divergence": {category: p}, "method": …, "k": …,
+    "verification": …}}``. Each candidate's e2e is the primary's / its speed-up × its own
+    lognormal(0, ``noise``); ``noise=0`` makes equal speed-ups exactly equal."""
+    rng = random.Random(seed)
+    out = []
+    for cat in categories:
+        for i in range(n):
+            tokens = rng.randint(20, 200)
+            e2e = 0.05 + tokens * 0.01 * math.exp(rng.gauss(0, 0.2))
+            legs = [leg("primary", ttft=0.05, e2e=e2e, tokens=tokens, tpe=1.0, kv=0.3)]
+            comparisons = []
+            for backend, truth in candidates.items():
+                speedup = truth["speedups"].get(cat, 1.0)
+                cand_e2e = e2e / speedup * math.exp(rng.gauss(0, noise) if noise else 0.0)
+                tpe = 1 + 1.6 * speedup / 1.5 if speedup > 1 else 1.05
+                cand = leg("candidate", ttft=min(0.05, cand_e2e / 2), e2e=cand_e2e, tokens=tokens,
+                           tpe=tpe, mal=tpe + 0.8, kv=0.45, parity=1.0)  # fmt: skip
+                cand["backend"] = backend
+                cand["speculative"] = {
+                    "method": truth.get("method", "ngram"),
+                    "num_speculative_tokens": truth.get("k", 4),
+                    "label": truth.get("label"),
+                    "verification": truth.get("verification", "lossless"),
+                    "verification_source": "vllm_server_info",
+                    "verification_detail": "rejection_sample_method=standard",
+                    "mismatches": [],
+                }
+                legs.append(cand)
+                exact = rng.random() >= truth.get("divergence", {}).get(cat, 0.0)
+                comparisons.append(
+                    {**comparison("primary", "candidate", exact), "b_backend": backend}
+                )
+            base = leg(
+                "baseline",
+                ttft=0.05,
+                e2e=e2e * math.exp(rng.gauss(0, noise)),
+                tokens=tokens,
+                tpe=1.0,
+                parity=1.0,
+            )
+            legs.append(base)
+            comparisons.append(comparison("primary", "baseline", True))
+            out.append({
+                "schema": "specshadow.record/1",
+                "exchange_id": f"{cat}-{i}",
+                "request_id": f"req-{cat}-{i}",
+                "category": cat,
+                "started_unix_ns": 1_700_000_000_000_000_000 + i,
+                "legs": legs,
+                "load_parity": 1.0,
+                "comparisons": comparisons,
+            })  # fmt: skip
+    return out

@@ -7,19 +7,24 @@ import math
 
 import pytest
 
-from loadgen.report.analysis import ALL, analyze, bucket_order, wilson
+from loadgen.report.analysis import ALL, Analysis, CandidateAnalysis, analyze, bucket_order, wilson
 from loadgen.speedup import paired_speedup, samples_needed
 from tests.report.synthetic import records
+
+
+def only(a: Analysis) -> CandidateAnalysis:
+    (c,) = a.candidates.values()
+    return c
 
 
 @pytest.mark.parametrize("true_speedup", [0.8, 1.25, 1.6])
 def test_the_e2e_speedup_ci_contains_the_true_ratio(true_speedup):
     a = analyze(records(speedups={"chat": true_speedup}, n=80, seed=11))
-    s = a.speedups["chat"]["e2e"]
+    s = only(a).speedups["chat"]["e2e"]
     assert s is not None and s.n == 80
     assert s.ci_low <= true_speedup <= s.ci_high
     assert s.ci_high - s.ci_low < 0.15 * true_speedup  # and it is informative
-    base = a.speedups["chat"]["baseline_e2e"]
+    base = only(a).speedups["chat"]["baseline_e2e"]
     assert base is not None and base.ci_low <= 1.0 <= base.ci_high * 1.02  # noise sits at 1
 
 
@@ -45,7 +50,7 @@ def test_verdicts_follow_speed_quality_and_sample_size():
         n=60, noise=0.01, candidate_divergence={"json": 0.4}, seed=5,
     ) + records(speedups={"rare": 1.4}, n=5, seed=6)  # fmt: skip
     a = analyze(recs)
-    verdict = {v.category: v for v in a.verdicts}
+    verdict = {v.category: v for v in only(a).verdicts}
     assert verdict["chat"].decision == "adopt"
     assert verdict["json"].decision == "do_not_adopt" and "diverges" in verdict["json"].reasons[0]
     assert verdict["slow"].decision == "do_not_adopt" and "slower" in verdict["slow"].reasons[-1]
@@ -54,13 +59,13 @@ def test_verdicts_follow_speed_quality_and_sample_size():
         and "no material gain" in verdict["flat"].reasons[-1]
     )
     assert verdict["rare"].decision == "not_enough_data" and verdict["rare"].pairs_needed == 10
-    assert a.quality["json"].worse_than_noise and not a.quality["chat"].worse_than_noise
+    assert only(a).quality["json"].worse_than_noise and not only(a).quality["chat"].worse_than_noise
     assert ALL in verdict
 
 
 def test_an_uncertain_speedup_asks_for_a_sample_size():
     a = analyze(records(speedups={"chat": 1.04}, n=12, noise=0.25, seed=2))
-    v = a.verdicts[0]
+    v = only(a).verdicts[0]
     assert v.decision == "not_enough_data"
     assert v.pairs_needed is not None and v.pairs_needed > 12
     assert any(f"Before deciding chat: shadow about {v.pairs_needed}" in i for i in a.checklist)
@@ -80,7 +85,7 @@ def test_rollback_triggers_come_from_the_adopted_categories_numbers():
     assert c_tpot is not None and p_tpot is not None
     limit = min(c_tpot * 1.2, p_tpot)
     text = "\n".join(a.checklist)
-    assert a.checklist[0].startswith("Enable speculative decoding for: chat.")
+    assert a.checklist[0] == "Enable speculative decoding for: chat — ship candidate-backend."
     assert f"Roll back chat if candidate p99 tpot > {limit * 1e3:.1f} ms" in text
     assert "Roll back chat if its divergence rate exceeds the noise floor" in text
     assert "slow" not in a.checklist[0]
@@ -88,10 +93,10 @@ def test_rollback_triggers_come_from_the_adopted_categories_numbers():
 
 def test_acceptance_is_grouped_by_category_output_length_and_concurrency():
     a = analyze(records(speedups={"chat": 1.5, "code": 1.2}, n=30))
-    assert set(a.acceptance["category"]) == {"chat", "code"}
-    assert set(a.acceptance["output_length"]) <= {"<64", "64-256"}
-    assert set(a.acceptance["concurrency"]) == {"1", "2-4"}
-    chat = a.acceptance["category"]["chat"]
+    assert set(only(a).acceptance["category"]) == {"chat", "code"}
+    assert set(only(a).acceptance["output_length"]) <= {"<64", "64-256"}
+    assert set(only(a).acceptance["concurrency"]) == {"1", "2-4"}
+    chat = only(a).acceptance["category"]["chat"]
     assert len(chat["tokens_per_event"]) == 30 and min(chat["tokens_per_event"]) > 2
     assert a.resources["candidate-backend"]["kv_cache_usage_max"] == pytest.approx(0.45)
 
@@ -101,7 +106,7 @@ def test_failed_legs_count_as_errors_and_leave_the_timings():
     recs[0]["legs"][1] |= {"status": 503, "outcome": "upstream_status", "e2e_s": 99.0}
     a = analyze(recs)
     assert a.errors[("candidate", "chat")].k == 1
-    assert a.speedups["chat"]["e2e"].n == 11  # type: ignore[union-attr]
+    assert only(a).speedups["chat"]["e2e"].n == 11  # type: ignore[union-attr]
     assert (a.latency[("candidate", "chat")]["e2e_s"][2] or 0.0) < 99.0
 
 
@@ -109,7 +114,7 @@ def test_no_records_means_no_verdicts():
     a = analyze([], [{"schema": "specshadow.matrix/1", "backend": "b", "bucket": "s",
                       "concurrency": 1, "stable": True}])  # fmt: skip
     assert (
-        a.verdicts == []
+        a.candidates == {}
         and a.checklist == []
         and a.stable_regions == ["b × s: speedup CI > 1 at concurrency 1"]
     )

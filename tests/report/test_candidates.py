@@ -91,3 +91,61 @@ async def test_the_lossless_claim(candidate, claim, because, sims, gateway, writ
         "not_lossless": "| not lossless |",
         "unverified": "| not verified |",
     }[claim] in row
+
+
+async def test_two_candidates_through_the_gateway_the_faster_one_is_named(
+    sims, gateway, write_policy, tmp_path
+):
+    """Same text, more tokens per target pass: named for every category, pairwise CI above 1."""
+    primary = await sims(step_s=0.004)
+    fast = await sims(mode="speculative", step_s=0.004, acceptance=0.9, proposer="ngram")
+    slow = await sims(mode="speculative", step_s=0.004, acceptance=0.3, proposer="draft_model")
+    policy = (
+        "version: 1\n"
+        f"backends:\n  prim: {{url: '{primary.base_url}', kind: sim}}\n"
+        f"  fast: {{url: '{fast.base_url}', kind: sim}}\n"
+        f"  slow: {{url: '{slow.base_url}', kind: sim}}\n"
+        "primary: prim\n"
+        "default: {ratio: 1.0, legs: [{backend: fast, role: candidate}, {backend: slow, role: candidate}]}\n"
+    )
+    store = tmp_path / "r.sqlite"
+    gw = await gateway(None, policy_path=write_policy(policy), store_path=str(store))
+    await asyncio.sleep(0.3)
+    for i in range(48):  # 24 per category: 5+ pairs in each of the 4 load strata
+        cat = ("chat", "code")[i % 2]
+        body = {**CHAT, "messages": [{"role": "user", "content": f"{cat} question {i}"}]}
+        headers = {"x-request-id": f"t{i}", "x-specshadow-category": cat}
+        status, _ = await raw_stream(gw.url, body, headers)
+        assert status == 200
+        await gw.sink.wait_for(lambda e, i=i: e.request_id == f"t{i}")
+    await gw.server.close()
+    records = list(query_records(store))
+    for r in records:  # the ground truth: the same text from both, fewer events from "fast"
+        legs = {leg["backend"]: leg for leg in r["legs"]}
+        assert all(c["exact_match"] for c in r["comparisons"])
+        assert legs["fast"]["tokens_per_event"] > legs["slow"]["tokens_per_event"]
+    a = analyze(records)
+    assert {cat: rec.backend for cat, rec in a.recommendations.items()} == {
+        "chat": "fast", "code": "fast", "all": "fast",
+    }  # fmt: skip
+    for h in a.head_to_head:
+        assert (h.a, h.b) == ("fast", "slow") and h.a_faster  # CI of slow/fast below 1
+    assert ("candidate", "all") not in a.latency  # each candidate has its own row
+    assert (
+        a.candidates["slow"].label == "draft_model k=4"
+        and a.candidates["fast"].label == "ngram k=4"
+    )
+    out = tmp_path / "report"
+    build_report(records, None, out)
+    report = json.loads((out / "report.json").read_text())
+    assert report["recommendation"] == {"chat": "fast", "code": "fast", "all": "fast"}
+    assert set(report["candidates"]) == {"fast", "slow"}
+    assert report["candidates"]["slow"]["overall"]["verdict"] in (
+        "adopt",
+        "not_enough_data",
+        "do_not_adopt",
+    )
+    html = (out / "report.html").read_text()
+    assert (
+        "Head to head" in html and "Speed: paired candidate-vs-primary speedups — ngram k=4" in html
+    )

@@ -1,0 +1,133 @@
+"""The report's Markdown summary: the verdicts, the recommendation, the candidates and the few
+numbers a reviewer needs in a pull request or a ticket (pure; tables from
+:mod:`loadgen.report.render`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from loadgen.report.analysis import ALL, Analysis
+from loadgen.report.candidates import RULE
+from loadgen.report.load import OPEN_LOOP
+from loadgen.report.render import (
+    CAND_HEAD,
+    candidate_rows,
+    est,
+    gate_text,
+    head_to_head_rows,
+    quality_rows,
+    recommendation_rows,
+    sp,
+    verdict_matrix,
+)
+
+__all__ = ["render_markdown"]
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    return [
+        "| " + " | ".join(cell(h) for h in head) + " |",
+        "|" + "---|" * len(head),
+        *("| " + " | ".join(cell(c) for c in row) + " |" for row in rows),
+        "",
+    ]
+
+
+def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
+    lines = [
+        f"# {title}",
+        "",
+        f"Full report with figures: `{html_name}`. {a.records} comparison records.",
+        "",
+    ]
+    if a.candidates:
+        lines += ["## Bottom line", ""]
+        if a.several:
+            head, rows = verdict_matrix(a)
+            lines += _table(head, rows)
+        else:
+            main = a.main
+            assert main is not None
+            rows = []
+            for v in main.verdicts:
+                why = "; ".join(v.reasons)
+                if v.decision == "not_enough_data" and v.pairs_needed:
+                    why += f"; need ≈{v.pairs_needed} pairs"
+                at = v.at_load.e2e if v.at_load is not None else None
+                rows.append([v.category, f"**{v.label}**", est(at), sp(v.e2e), sp(v.tpot), why])
+            lines += _table(
+                [
+                    "category",
+                    "verdict",
+                    "e2e speedup at production load [95 % CI]",
+                    "raw e2e speedup",
+                    "raw tpot speedup",
+                    "why",
+                ],
+                rows,
+            )
+        lines += ["### Recommendation", "", RULE, ""]
+        lines += _table(["category", "ship", "why"], recommendation_rows(a))
+        if a.policy_fragment:
+            lines += [
+                "Policy rules that keep each category on its pick:",
+                "",
+                "```yaml",
+                a.policy_fragment.rstrip(),
+                "```",
+                "",
+            ]
+        lines += ["## Candidates", ""]
+        lines += _table(CAND_HEAD, candidate_rows(a))
+    if a.several:
+        lines += ["## Head to head (same requests, at production's load)", ""]
+        lines += _table(
+            ["category", "pair", "e2e ratio", "tpot ratio", "pairs at load / mirrored", "result"],
+            head_to_head_rows(a),
+        )
+    _, gate = gate_text(a)
+    lines += ["## Decision gate", "", gate, ""]
+    lines += _load(a)
+    for c in a.candidates.values():
+        rows = [row[:4] for row in quality_rows(c, a.categories)]
+        if rows:
+            of = f" — {c.label}" if a.several else ""
+            lines += [f"## Quality vs noise floor{of}", ""]
+            lines += _table(
+                ["category", "candidate diverges", "baseline diverges", "verdict"], rows
+            )
+    if a.matrix:
+        lines += ["## Stable operating region", ""]
+        lines += [f"- {line}" for line in a.stable_regions] or ["- none found"]
+        lines.append("")
+    if a.checklist:
+        lines += ["## Release checklist", ""]
+        lines += [f"{i}. {item}" for i, item in enumerate(a.checklist, start=1)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _load(a: Analysis) -> list[str]:
+    if not a.candidates:
+        return []
+    lines = ["## Load", "", OPEN_LOOP, ""]
+    for c in a.candidates.values():
+        who = f"{c.label}: " if a.several else ""
+        if c.crossover is not None:
+            lines += [
+                f"{who}speculation stops paying at about {c.crossover.load:.3g} requests/s per "
+                f"replica; depth schedule `{c.schedule}`.",
+                "",
+            ]
+    lines += [f"- {n}" for n in a.notes if n != OPEN_LOOP]
+    main = a.main
+    assert main is not None
+    excluded: Mapping[str, int] = main.exclusions.get(ALL, {})
+    if excluded:
+        lines += ["", "| exchanges | count |", "|---|---|"]
+        lines += [f"| {r} | {n} |" for r, n in sorted(excluded.items(), key=lambda kv: -kv[1])]
+    lines.append("")
+    return lines
