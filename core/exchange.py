@@ -151,6 +151,13 @@ class Exchange:
     sweep_step: int | None = None  # the deciding rule's sweep step; None: no sweep
     # Shadow legs the policy chose but admission refused: (backend, role, reason) each.
     dropped: tuple[tuple[str, str, str], ...] = ()
+    # Rollouts: the role of the leg that answered the client (``primary`` is the leg in
+    # ``primary``, which is the *served* leg — a candidate in canary or live); the rule's
+    # rollout stage when it was decided; and why a candidate that should have answered did not
+    # (it failed before its first byte, so the primary answered).
+    served_by: Role = "primary"
+    rollout_stage: str | None = None
+    failover: str | None = None
 
     @property
     def legs(self) -> tuple[LegResult, ...]:
@@ -180,14 +187,17 @@ class ExchangeDraft:
         "drop_reason",
         "dropped",
         "exchange_id",
+        "failover",
         "policy_generation",
         "policy_rule",
         "request_id",
         "request_json",
         "requested_model",
+        "rollout_stage",
         "route",
         "sampled",
         "seed",
+        "served_by",
         "started_unix_ns",
         "stream",
         "sweep_step",
@@ -225,6 +235,9 @@ class ExchangeDraft:
         self.capture: CaptureSpec | None = None
         self.traceparent: str | None = None
         self.sweep_step: int | None = None
+        self.served_by: Role = "primary"
+        self.rollout_stage: str | None = None
+        self.failover: str | None = None
 
     @classmethod
     def from_payload(
@@ -290,4 +303,7 @@ class ExchangeDraft:
             traceparent=self.traceparent,
             sweep_step=self.sweep_step,
             dropped=self.dropped,
+            served_by=self.served_by,
+            rollout_stage=self.rollout_stage,
+            failover=self.failover,
         )

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from core.classify import prompt_text
 from core.evidence import Comparison, Evidence, LegAcceptance
 from core.exchange import CaptureSpec, Exchange, LegResult
 from evidence.acceptance import concurrency_bucket, output_length_bucket
-from evidence.classify import prompt_text
 from evidence.scrape import BackendSnapshot, MetricsSample
 from evidence.serverinfo import ReportedSpec, resolve
 
@@ -285,6 +285,10 @@ def build_record(
             ],
         },
         "capture": capture.text,
+        "served_by": exchange.served_by,
+        "rollout": None
+        if exchange.rollout_stage is None
+        else {"stage": exchange.rollout_stage, "failover": exchange.failover},
         "output_length_bucket": output_length_bucket(primary.output_tokens if primary else None),
         "concurrency": exchange.primary.inflight_at_dispatch,
         "concurrency_bucket": concurrency_bucket(exchange.primary.inflight_at_dispatch),

@@ -292,6 +292,14 @@ class MetricsScraper:
         """The latest per-backend state (name → snapshot), as of the last completed poll."""
         return self._snapshot
 
+    def recent_kv(self, name: str, n: int = 3) -> list[float]:
+        """Backend ``name``'s last ``n`` scraped KV-cache usages (0..1), oldest first."""
+        target = self._targets.get(name)
+        if target is None:
+            return []
+        values = [s.kv_cache_usage_perc for s in list(target.samples)[-n:]]
+        return [v for v in values if v is not None]
+
     def nearest(self, name: str, unix_ns: int, *, max_age_s: float = 5.0) -> MetricsSample | None:
         """The sample of backend ``name`` closest in time to ``unix_ns`` (None: none that close).
 

@@ -27,12 +27,12 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from core.classify import categorize, request_traits
 from core.evidence import Comparison, Evidence, EvidenceConsumer
 from core.exchange import CAPTURE_OFF, CaptureSpec, Exchange
 from core.sinks import ThreadedSink
 from core.tasks import TaskSet
 from evidence.acceptance import leg_acceptance
-from evidence.classify import categorize, request_traits
 from evidence.compare import compare, is_greedy
 from evidence.schema import BackendFacts, build_record
 from evidence.scrape import MetricsScraper

@@ -1,7 +1,9 @@
-"""Admin endpoints: the active policy and the shadow counters.
+"""Admin endpoints: the active policy, the shadow counters, and the rollouts.
 
-Served only to loopback peers, or to anyone presenting ``Authorization: Bearer <admin_token>``
-when the operator configured a token (``SPECSHADOW_ADMIN_TOKEN``). Everything else gets 403.
+Reads are served only to loopback peers, or to anyone presenting ``Authorization: Bearer
+<admin_token>`` when the operator configured a token (``SPECSHADOW_ADMIN_TOKEN``). Rollout
+changes (``promote``, ``rollback``) need the token from every peer, loopback included, and are
+disabled without one. Everything else gets 403.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from aiohttp import web
 
 from core import jsonx
 from gateway.errors import GatewayError
+from gateway.rollout import RolloutController
 from gateway.state import GATEWAY
 
 
@@ -72,3 +75,92 @@ async def shadow_status(request: web.Request) -> web.Response:
             ],
         }
     )
+
+
+def authorize_change(request: web.Request) -> None:
+    """Rollout changes need the admin token, from anywhere: loopback is not enough."""
+    token = request.app[GATEWAY].settings.admin_token
+    presented = request.headers.get("authorization", "")
+    if token and hmac.compare_digest(presented.encode(), f"Bearer {token}".encode()):
+        return
+    raise AdminForbidden(
+        "rollout changes need the admin bearer token (SPECSHADOW_ADMIN_TOKEN)"
+        if token
+        else "rollout changes are disabled: start the gateway with SPECSHADOW_ADMIN_TOKEN set"
+    )
+
+
+def _controller(request: web.Request) -> RolloutController:
+    controller = request.app[GATEWAY].rollout
+    if controller is None:  # pragma: no cover - create_app always builds one
+        raise RolloutNotFound("no rollout controller")
+    return controller
+
+
+class RolloutNotFound(GatewayError):
+    status = 404
+    type = "not_found_error"
+    code = "rollout_not_found"
+
+
+class RolloutBadRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_rollout_change"
+
+
+async def rollout_status(request: web.Request) -> web.Response:
+    """``GET /admin/rollout``: every rolling-out rule's stage, serve ratio, guards, last change."""
+    authorize(request)
+    return _json(_controller(request).status())
+
+
+async def _change_body(request: web.Request) -> dict[str, object]:
+    if not request.body_exists:
+        return {}
+    try:
+        body = jsonx.loads(await request.read())
+    except jsonx.JSONDecodeError as exc:
+        raise RolloutBadRequest(f"body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise RolloutBadRequest("body must be a JSON object")
+    return body
+
+
+async def rollout_promote(request: web.Request) -> web.Response:
+    """``POST /admin/rollout/{rule}/promote`` — body optional: ``{"stage": "canary"|"live",
+    "serve_ratio": 0.3}``; without one, one step up. Clears a rollback."""
+    authorize_change(request)
+    body = await _change_body(request)
+    stage, ratio = body.get("stage"), body.get("serve_ratio")
+    if stage is not None and stage not in ("canary", "live"):
+        raise RolloutBadRequest(f"stage: must be 'canary' or 'live', got {stage!r}")
+    if ratio is not None and (
+        isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio <= 1
+    ):
+        raise RolloutBadRequest(f"serve_ratio: must be a number in (0, 1], got {ratio!r}")
+    name = request.match_info["rule"]
+    try:
+        t = _controller(request).promote(
+            name,
+            stage="canary" if stage == "canary" else "live" if stage == "live" else None,
+            ratio=float(ratio) if isinstance(ratio, int | float) else None,
+        )
+    except KeyError:
+        raise RolloutNotFound(f"no rule {name!r} has a rollout") from None
+    return _json(t.to_json())
+
+
+async def rollout_rollback(request: web.Request) -> web.Response:
+    """``POST /admin/rollout/{rule}/rollback`` — body optional: ``{"reason": "…"}``."""
+    authorize_change(request)
+    body = await _change_body(request)
+    reason = body.get("reason")
+    name = request.match_info["rule"]
+    try:
+        t = _controller(request).rollback(
+            name, reason=str(reason) if reason else "operator rollback"
+        )
+    except KeyError:
+        raise RolloutNotFound(f"no rule {name!r} has a rollout") from None
+    return _json(t.to_json())

@@ -23,6 +23,7 @@ from core.sinks import FanoutSink
 from core.tasks import TaskSet
 from gateway import admin, errors, handlers
 from gateway.load import LoadBook
+from gateway.rollout import RolloutController
 from gateway.settings import Settings
 from gateway.shadow import ShadowDispatcher
 from gateway.state import GATEWAY, Gateway, ReadyProbe
@@ -59,6 +60,7 @@ def create_app(
     sinks: Sequence[ExchangeSink] = (),
     policy: PolicyStore | None = None,
     telemetry: Telemetry | None = None,
+    rollout: RolloutController | None = None,
 ) -> web.Application:
     """The gateway as an aiohttp application (not yet started).
 
@@ -106,6 +108,10 @@ def create_app(
             # Shadow legs and exchange assembly finish (or are cancelled) before the pools close
             # and before the sinks stop, so every exchange reaches them.
             stack.push_async_callback(tasks.drain, settings.shutdown_timeout_s)
+            controller = rollout or RolloutController(settings.state_path, telemetry=tel)
+            controller.reconcile(store.current)
+            # A reload takes effect on the rollouts at once, not at the next request.
+            store.listeners.append(lambda ok: controller.reconcile(store.current) if ok else None)
             app[GATEWAY] = Gateway(
                 settings=settings,
                 primary=primary,
@@ -116,6 +122,7 @@ def create_app(
                 telemetry=tel,
                 tasks=tasks,
                 loads=loads,
+                rollout=controller,
             )
             if settings.policy_path:
                 watcher = tasks.spawn(
@@ -150,5 +157,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", handlers.metrics)
     app.router.add_get("/admin/policy", admin.policy_status)
     app.router.add_get("/admin/shadow", admin.shadow_status)
+    app.router.add_get("/admin/rollout", admin.rollout_status)
+    app.router.add_post("/admin/rollout/{rule}/promote", admin.rollout_promote)
+    app.router.add_post("/admin/rollout/{rule}/rollback", admin.rollout_rollback)
     # GET /v1/models and every other /v1/* request: relayed untouched and untimed.
     app.router.add_route("*", "/v1/{tail:.*}", handlers.passthrough)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
+from collections.abc import Iterable
 
 import aiohttp
 from aiohttp import web
@@ -84,6 +85,7 @@ async def relay(
     *,
     request_id: str,
     tee: RecorderTee | None,
+    extra_headers: Iterable[tuple[str, str]] = (),
 ) -> tuple[web.StreamResponse, StreamOutcome, str | None]:
     """Relay ``response`` to the client unchanged; return the client response and the outcome.
 
@@ -96,7 +98,9 @@ async def relay(
     downstream = web.StreamResponse(
         status=response.status,
         reason=response.reason,
-        headers=client_response_headers(response.headers, request_id=request_id),
+        headers=client_response_headers(
+            response.headers, request_id=request_id, extra=extra_headers
+        ),
     )
     length = known_content_length(response.headers)
     if length is not None:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from core.wire import REQUEST_ID_HEADER
+from policies.headers import is_credential
 
 HOP_BY_HOP = frozenset(
     {
@@ -65,12 +66,39 @@ def upstream_request_headers(
     return out
 
 
-def client_response_headers(
-    upstream_headers: CIMultiDictProxy[str], *, request_id: str
+def candidate_request_headers(
+    client_headers: CIMultiDictProxy[str],
+    *,
+    request_id: str,
+    auth: tuple[str, str] | None,
+    extra: Iterable[tuple[str, str]] = (),
 ) -> CIMultiDict[str]:
-    """Headers for the client: the upstream's end-to-end headers plus ``x-request-id``."""
+    """Headers for a candidate that *answers* the client (canary, live): the client's end-to-end
+    headers without its credentials — the candidate gets its own key (``auth``), never the
+    client's — plus the request id and ``extra``."""
+    out = _filtered(client_headers, _REQUEST_SKIP)
+    for name in [n for n in out if is_credential(n.lower())]:
+        del out[name]
+    if auth is not None:
+        out[auth[0]] = auth[1]
+    out[REQUEST_ID_HEADER] = request_id
+    for name, value in extra:
+        out[name] = value
+    return out
+
+
+def client_response_headers(
+    upstream_headers: CIMultiDictProxy[str],
+    *,
+    request_id: str,
+    extra: Iterable[tuple[str, str]] = (),
+) -> CIMultiDict[str]:
+    """Headers for the client: the upstream's end-to-end headers plus ``x-request-id`` and
+    ``extra`` (``x-specshadow-served-by`` during a rollout)."""
     out = _filtered(upstream_headers, _RESPONSE_SKIP)
     out[REQUEST_ID_HEADER] = request_id
+    for name, value in extra:
+        out[name] = value
     return out
 
 

@@ -1,27 +1,32 @@
-"""The request path of one completion: receive → decide → mirror → relay the primary → hand off.
+"""The request path of one completion: receive → decide → serve → mirror → hand off.
 
 :func:`serve_completion` reads the body once, checks only that it is a JSON object (the upstream
-validates the rest), asks the policy what to do, starts the shadow legs it admits (before the
-primary's request, or after its response with ``mirror.timing: after_primary``), relays the
-primary's answer to the client byte for byte while the recorder times every chunk, and — once
-every leg has ended — hands one :class:`~core.exchange.Exchange` to the gateway's sinks. Nothing
-after the primary's last byte delays the client: the exchange is assembled in a tracked task.
+validates the rest), asks the policy what to do and the rollout controller who answers. The
+primary answers (:func:`serve_primary`) unless a rule's canary or live stage picks the candidate
+(:func:`serve_candidate`, which fails over to the primary before its first byte). The shadow
+legs the policy admits start with the answering leg (or after its response with
+``mirror.timing: after_primary``); the answer reaches the client byte for byte while the
+recorder times every chunk, and — once every leg has ended — one
+:class:`~core.exchange.Exchange` goes to the gateway's sinks. Nothing after the last byte delays
+the client: the exchange is assembled in a tracked task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from opentelemetry.trace import Span
 
 from core import jsonx
-from core.exchange import OPERATION_NAMES, ExchangeDraft, LegResult, Route
+from core.classify import classify_request
+from core.exchange import OPERATION_NAMES, ExchangeDraft, LegResult, Role, Route
 from core.ids import new_id
 from core.timings import StreamOutcome
-from core.wire import REQUEST_ID_HEADER
+from core.wire import REQUEST_ID_HEADER, SERVED_BY_HEADER
 from gateway.errors import (
     BodyTooLargeError,
     ClientRequestError,
@@ -30,11 +35,12 @@ from gateway.errors import (
     error_response,
 )
 from gateway.forward import relay
-from gateway.headers import upstream_request_headers
+from gateway.headers import candidate_request_headers, upstream_request_headers
 from gateway.legs import LegRun
+from gateway.rollout import ServePlan
 from gateway.shadow import ShadowBatch, ShadowRequest
 from gateway.state import Gateway
-from policies.compiled import CompiledPolicy, RequestFacts
+from policies.compiled import BackendSpec, CompiledPolicy, LegPlan, RequestFacts
 
 
 def request_id_of(request: web.Request) -> str:
@@ -76,6 +82,63 @@ def retry_count(request: web.Request) -> int:
     return int(value) if len(value) <= 18 else 2**63 - 1
 
 
+@dataclass(slots=True)
+class Call:
+    """One completion request in flight: what every step of its serving path needs."""
+
+    gw: Gateway
+    request: web.Request
+    route: Route
+    body: bytes
+    payload: dict[str, Any]
+    draft: ExchangeDraft
+    span: Span
+    request_id: str
+    policy: CompiledPolicy
+    capture_text: bool
+    shadows: ShadowBatch | None = None
+
+    @property
+    def operation(self) -> str:
+        return OPERATION_NAMES[self.route]
+
+    def mirror(self, legs: tuple[LegPlan, ...]) -> None:
+        """Start ``legs`` as shadow legs of this exchange (admission may drop some)."""
+        if not legs:
+            return
+        shadow_request = ShadowRequest(
+            path_qs=self.request.path_qs,
+            payload=self.payload,
+            client_headers=self.request.headers,
+            request_id=self.request_id,
+            parent_span=self.span,
+            stream=self.draft.stream,
+            operation=self.operation,
+            route=self.route,
+        )
+        self.shadows, drop_reason = self.gw.shadows.launch(self.policy, legs, shadow_request)
+        self.draft.drop_reason = self.draft.drop_reason or drop_reason
+        self.draft.dropped = tuple(self.shadows.dropped)
+
+    def leg(self, role: Role, backend: BackendSpec | None, model: str | None) -> LegRun:
+        gw = self.gw
+        return LegRun(
+            gw.telemetry,
+            self.span,
+            role=role,
+            backend=backend.name if backend is not None else gw.primary.target.name,
+            server_address=backend.server_address
+            if backend is not None
+            else gw.primary.target.server_address,
+            operation=self.operation,
+            model=model,
+            stream=self.draft.stream,
+            capture_text=self.capture_text,
+            chunk_events=self.policy.chunk_events,
+            speculative=backend.speculative if backend is not None else None,
+        )
+
+
 async def serve_completion(gw: Gateway, request: web.Request, route: Route) -> web.StreamResponse:
     """Serve one ``POST /v1/chat/completions``, ``/v1/completions`` or ``/v1/responses``."""
     tel = gw.telemetry
@@ -90,19 +153,21 @@ async def serve_completion(gw: Gateway, request: web.Request, route: Route) -> w
     draft = ExchangeDraft.from_payload(payload, request.headers, route=route, request_id=request_id)
     draft.traceparent = tel.traceparent(span)
     policy = gw.policy.current
-    decision = policy.decide(
-        RequestFacts(
-            route=route,
-            model=draft.requested_model,
-            stream=draft.stream,
-            headers=request.headers,
-            prompt_bytes=len(body),
-            category=draft.category,
-            request_id=request_id,
-            retry_count=retry_count(request),
-            body_bytes=len(body),
-        )
+    category = draft.category
+    if category is None and policy.uses_categories:  # only rules that route by category pay
+        category = classify_request(payload)
+    facts = RequestFacts(
+        route=route,
+        model=draft.requested_model,
+        stream=draft.stream,
+        headers=request.headers,
+        prompt_bytes=len(body),
+        category=category,
+        request_id=request_id,
+        retry_count=retry_count(request),
+        body_bytes=len(body),
     )
+    decision = policy.decide(facts)
     draft.decided(
         policy.generation,
         rule=decision.rule,
@@ -111,41 +176,34 @@ async def serve_completion(gw: Gateway, request: web.Request, route: Route) -> w
         skip_reason=decision.skip_reason,
         sweep_step=decision.sweep_step,
     )
-    shadows: ShadowBatch | None = None
-    operation = OPERATION_NAMES[route]
+    call = Call(
+        gw, request, route, body, payload, draft, span, request_id, policy,
+        capture_text=decision.capture.text == "full",
+    )  # fmt: skip
+    rollout = gw.rollout
+    plan = rollout.plan(policy, decision, facts) if rollout is not None else None
+    if plan is not None:
+        return await serve_candidate(call, plan)
+    served_by: tuple[tuple[str, str], ...] = ()
+    if rollout is not None and (stage := rollout.stage_of(decision.rule)) is not None:
+        draft.rollout_stage = stage
+        served_by = ((SERVED_BY_HEADER, "primary"),)
+    return await serve_primary(call, decision.legs, served_by)
 
-    def mirror() -> None:
-        nonlocal shadows
-        shadow_request = ShadowRequest(
-            path_qs=request.path_qs,
-            payload=payload,
-            client_headers=request.headers,
-            request_id=request_id,
-            parent_span=span,
-            stream=draft.stream,
-            operation=operation,
-            route=route,
-        )
-        shadows, drop_reason = gw.shadows.launch(policy, decision.legs, shadow_request)
-        draft.drop_reason = draft.drop_reason or drop_reason
-        draft.dropped = tuple(shadows.dropped)
 
-    if decision.legs and policy.mirror.timing == "with_primary":
-        mirror()
-    capture_text = decision.capture.text == "full"
-    leg = LegRun(
-        tel,
-        span,
-        role="primary",
-        backend=gw.primary.target.name,
-        server_address=gw.primary.target.server_address,
-        operation=operation,
-        model=draft.requested_model,
-        stream=draft.stream,
-        capture_text=capture_text,
-        chunk_events=policy.chunk_events,
-        speculative=policy.primary.speculative if policy.primary is not None else None,
-    )
+async def serve_primary(
+    call: Call,
+    legs: tuple[LegPlan, ...],
+    extra_headers: tuple[tuple[str, str], ...] = (),
+    failed: tuple[LegResult, ...] = (),
+) -> web.StreamResponse:
+    """The primary answers; ``legs`` are mirrored; ``failed``: a candidate attempt that failed
+    over to here (it joins the exchange as a candidate leg, so the guards count it)."""
+    gw, request, draft, span, policy = call.gw, call.request, call.draft, call.span, call.policy
+    request_id = call.request_id
+    if policy.mirror.timing == "with_primary":
+        call.mirror(legs)
+    leg = call.leg("primary", None, draft.requested_model)
     headers = upstream_request_headers(
         request.headers, request_id=request_id, extra=leg.trace_headers().items()
     )
@@ -154,39 +212,129 @@ async def serve_completion(gw: Gateway, request: web.Request, route: Route) -> w
     replicas = policy.primary.replicas if policy.primary is not None else 1
     leg.dispatch(gw.in_flight, primary_load.dispatch(replicas))
     try:
-        async with gw.primary.open("POST", request.path_qs, headers=headers, data=body) as up:
+        async with gw.primary.open("POST", request.path_qs, headers=headers, data=call.body) as up:
             tee = leg.attach(up)
             downstream, outcome, error_type = await relay(
-                request, up, request_id=request_id, tee=tee
+                request, up, request_id=request_id, tee=tee, extra_headers=extra_headers
             )
     except UpstreamError as exc:
         outcome = "upstream_timeout" if exc.status == 504 else "upstream_error"
         done = end_primary(gw, leg, span, draft, outcome, type(exc).__name__, exc.status)
-        hand_off(gw, draft, done, shadows, policy)
-        return error_response(exc, headers={REQUEST_ID_HEADER: request_id})
+        hand_off(gw, draft, done, call.shadows, policy, failed)
+        return error_response(exc, headers={REQUEST_ID_HEADER: request_id, **dict(extra_headers)})
     except asyncio.CancelledError:
-        # Cancelled because the client left. If it had the terminal event it had the whole
-        # answer (the official SDKs close the moment they read data: [DONE]): that leg is complete.
-        if leg.tee is not None and leg.tee.recorder.done:
-            hand_off(
-                gw, draft, end_primary(gw, leg, span, draft, "completed", None), shadows, policy
-            )
-            raise
-        if shadows is not None and policy.mirror.on_client_disconnect == "cancel":
-            shadows.cancel("cancelled")
-        done = end_primary(gw, leg, span, draft, "client_disconnected", "CancelledError")
-        hand_off(gw, draft, done, shadows, policy)
+        _client_left(call, leg, failed)
         raise
     finally:
         gw.in_flight -= 1
         primary_load.done()
-    if decision.legs and policy.mirror.timing == "after_primary" and outcome == "completed":
-        mirror()
-    disconnected = outcome == "client_disconnected"
-    if disconnected and shadows is not None and policy.mirror.on_client_disconnect == "cancel":
-        shadows.cancel("cancelled")
-    hand_off(gw, draft, end_primary(gw, leg, span, draft, outcome, error_type), shadows, policy)
+    if policy.mirror.timing == "after_primary" and outcome == "completed":
+        call.mirror(legs)
+    _finish(call, leg, outcome, error_type, failed)
     return downstream
+
+
+async def serve_candidate(call: Call, plan: ServePlan) -> web.StreamResponse:
+    """The candidate answers (canary or live). It may fail over to the primary until its first
+    byte: refused, timed out, breaker open, or a 5xx/429 status — the client then gets the
+    primary's answer and no error, and the attempt counts against the guards. After the first
+    byte nothing can be hidden: the client sees what the candidate did."""
+    gw, request, draft, policy = call.gw, call.request, call.draft, call.policy
+    draft.served_by, draft.rollout_stage = "candidate", plan.stage
+    backend = plan.candidate.backend
+    model = plan.candidate.model
+    leg = call.leg("candidate", backend, model or draft.requested_model)
+    breaker = gw.shadows.breaker(backend, policy.budgets.breaker)
+    if not breaker.allow():
+        return await _fail_over(
+            call, plan, leg.finish("upstream_error", "BreakerOpen"), "breaker_open"
+        )
+    headers = candidate_request_headers(
+        request.headers, request_id=call.request_id, auth=backend.auth_header(),
+        extra=leg.trace_headers().items(),
+    )  # fmt: skip
+    data = call.body if model is None else jsonx.dumps({**call.payload, "model": model})
+    load = gw.loads[backend.name]
+    leg.dispatch(1, load.dispatch(backend.replicas))
+    failure: str | None = None
+    downstream: web.StreamResponse | None = None
+    outcome: StreamOutcome = "upstream_error"
+    error_type: str | None = None
+    try:
+        async with gw.shadows.client(backend).open(
+            "POST", request.path_qs, headers=headers, data=data, retry=False
+        ) as up:
+            tee = leg.attach(up)
+            if up.status >= 500 or up.status == 429:
+                failure = f"status_{up.status}"
+                outcome, error_type = "upstream_status", f"HTTP {up.status}"
+            else:
+                if policy.mirror.timing == "with_primary":
+                    call.mirror(plan.shadows)  # now: a failover must not double the primary
+                downstream, outcome, error_type = await relay(
+                    request, up, request_id=call.request_id, tee=tee,
+                    extra_headers=((SERVED_BY_HEADER, "candidate"),),
+                )  # fmt: skip
+    except UpstreamError as exc:
+        outcome = "upstream_timeout" if exc.status == 504 else "upstream_error"
+        failure, error_type = outcome, type(exc).__name__
+    except asyncio.CancelledError:
+        _client_left(call, leg, ())
+        raise
+    finally:
+        load.done()
+    if failure is not None or downstream is None:
+        breaker.record(False)
+        return await _fail_over(call, plan, leg.finish(outcome, error_type), failure or outcome)
+    breaker.record(
+        outcome == "completed" or (outcome == "upstream_status" and (leg.status or 0) < 500)
+    )
+    gw.telemetry.rollout_served(plan.rule, backend.name, "candidate")
+    if policy.mirror.timing == "after_primary" and outcome == "completed":
+        call.mirror(plan.shadows)
+    _finish(call, leg, outcome, error_type, ())
+    return downstream
+
+
+async def _fail_over(
+    call: Call, plan: ServePlan, failed: LegResult, reason: str
+) -> web.StreamResponse:
+    draft = call.draft
+    draft.served_by, draft.failover = "primary", reason
+    rollout = call.gw.rollout
+    if rollout is not None:
+        rollout.failovers += 1
+    call.gw.telemetry.rollout_failover(plan.rule, plan.candidate.backend.name, reason)
+    others = tuple(leg for leg in plan.shadows if leg.role != "primary")
+    return await serve_primary(call, others, ((SERVED_BY_HEADER, "primary"),), (failed,))
+
+
+def _client_left(call: Call, leg: LegRun, failed: tuple[LegResult, ...]) -> None:
+    """The client went away mid-answer (the handler is being cancelled). If it had the terminal
+    event it had the whole answer (the official SDKs close the moment they read data: [DONE]):
+    that leg is complete."""
+    gw, policy = call.gw, call.policy
+    if leg.tee is not None and leg.tee.recorder.done:
+        hand_off(gw, call.draft, end_primary(gw, leg, call.span, call.draft, "completed", None),
+                 call.shadows, policy, failed)  # fmt: skip
+        return
+    if call.shadows is not None and policy.mirror.on_client_disconnect == "cancel":
+        call.shadows.cancel("cancelled")
+    done = end_primary(gw, leg, call.span, call.draft, "client_disconnected", "CancelledError")
+    hand_off(gw, call.draft, done, call.shadows, policy, failed)
+
+
+def _finish(call: Call, leg: LegRun, outcome: StreamOutcome, error_type: str | None,
+            failed: tuple[LegResult, ...]) -> None:  # fmt: skip
+    disconnected = outcome == "client_disconnected"
+    if (
+        disconnected
+        and call.shadows is not None
+        and call.policy.mirror.on_client_disconnect == "cancel"
+    ):
+        call.shadows.cancel("cancelled")
+    done = end_primary(call.gw, leg, call.span, call.draft, outcome, error_type)
+    hand_off(call.gw, call.draft, done, call.shadows, call.policy, failed)
 
 
 def end_primary(
@@ -223,15 +371,17 @@ def hand_off(
     primary: LegResult,
     shadows: ShadowBatch | None,
     policy: CompiledPolicy,
+    extra: tuple[LegResult, ...] = (),
 ) -> None:
-    """Submit the exchange now, or once its shadow legs end (a tracked task) — never blocking."""
+    """Submit the exchange now, or once its shadow legs end (a tracked task) — never blocking.
+    ``primary`` is the leg that answered; ``extra`` legs (a failed-over candidate) join it."""
     if shadows is None or not shadows.tasks:
-        gw.submit(draft.build(primary, ()))
+        gw.submit(draft.build(primary, extra))
         return
 
     async def assemble() -> None:
         elapsed_s = (time.time_ns() - draft.started_unix_ns) / 1e9
         results = await shadows.results(policy.timeouts.total_s - elapsed_s)
-        gw.submit(draft.build(primary, results))
+        gw.submit(draft.build(primary, (*extra, *results)))
 
     _task = gw.tasks.spawn(assemble(), name=f"exchange:{draft.request_id}")

@@ -66,6 +66,13 @@ class UpstreamSettings:
         return out
 
 
+def default_state_path(environ: Mapping[str, str] = os.environ) -> str:
+    """Where ``specshadow serve`` keeps rollout state without ``--state``:
+    ``$XDG_STATE_HOME/specshadow/rollout.json`` (``~/.local/state/specshadow/rollout.json``)."""
+    base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "specshadow", "rollout.json")
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     host: str = "127.0.0.1"
@@ -87,6 +94,9 @@ class Settings:
     # (docs/benchmarks.md) found 0.5 ms no better for latency and 3-12 % costlier in CPU.
     gil_switch_interval_s: float | None = None
     store_path: str | None = None  # comparison records (embedded SQLite store); None: not kept
+    # Rollout state (stage per rule, sticky rollbacks). None: kept in memory only — embedded
+    # uses (tests, the demo); `specshadow serve` always gives a path (default_state_path()).
+    state_path: str | None = None
     scrape_interval_s: float = 1.0  # how often backends' /metrics are scraped (to follow load)
     load_window_s: float = 10.0  # dispatch rates per backend are counted over this window
 

@@ -17,6 +17,7 @@ from yarl import URL
 from core.exchange import Exchange, ExchangeSink
 from core.tasks import TaskSet
 from gateway.load import LoadBook
+from gateway.rollout import RolloutController
 from gateway.settings import Settings
 from gateway.shadow import ShadowDispatcher
 from gateway.upstream import UpstreamClient
@@ -68,6 +69,7 @@ class Gateway:
     loads: LoadBook = field(
         default_factory=LoadBook
     )  # every backend's load as this gateway sees it
+    rollout: RolloutController | None = None  # which backend answers, per rolling-out rule
 
     def submit(self, exchange: Exchange) -> None:
         """Hand a finished exchange to the sink; a sink failure is logged, never raised."""

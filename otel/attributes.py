@@ -134,6 +134,10 @@ def exchange_span_attributes(exchange: Exchange) -> Attributes:
     put(attributes, sc.POLICY_GENERATION, exchange.policy_generation)
     put(attributes, sc.POLICY_RULE, exchange.policy_rule)
     put(attributes, sc.SHADOW_DROP_REASON, exchange.drop_reason)
+    if exchange.rollout_stage is not None:
+        attributes[sc.SERVED_BY] = exchange.served_by
+        attributes["specshadow.rollout.stage"] = exchange.rollout_stage
+        put(attributes, "specshadow.rollout.failover", exchange.failover)
     return attributes
 
 

@@ -238,7 +238,20 @@ def acceptance_length(meter: HistogramSource) -> HistogramLike:
     )
 
 
-class ObservedCounter:
+class _Observed:
+    """Values kept in a dict under a lock, reported by an observable instrument at collection."""
+
+    def __init__(self) -> None:
+        self._values: dict[AttributeKey, float] = {}
+        self._lock = threading.Lock()
+
+    def _observe(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            items = list(self._values.items())
+        return [Observation(value, dict(key)) for key, value in items]
+
+
+class ObservedCounter(_Observed):
     """A monotonic counter kept in a dict and reported by an ``ObservableCounter`` at collection.
 
     For counters bumped on the event loop's hot path: ``add`` is a locked dict update (~1 µs),
@@ -247,8 +260,7 @@ class ObservedCounter:
     """
 
     def __init__(self, meter: Meter, name: str, *, unit: str, description: str) -> None:
-        self._values: dict[AttributeKey, int] = {}
-        self._lock = threading.Lock()
+        super().__init__()
         meter.create_observable_counter(
             name, callbacks=[self._observe], unit=unit, description=description
         )
@@ -258,10 +270,21 @@ class ObservedCounter:
         with self._lock:
             self._values[key] = self._values.get(key, 0) + amount
 
-    def _observe(self, _options: CallbackOptions) -> Iterable[Observation]:
+
+class GaugeTable(_Observed):
+    """Last-value gauges kept in a dict and reported by an ``ObservableGauge`` at collection:
+    set from any thread (the rollout controller runs on the evidence worker)."""
+
+    def __init__(self, meter: Meter, name: str, *, unit: str = "1", description: str) -> None:
+        super().__init__()
+        meter.create_observable_gauge(
+            name, callbacks=[self._observe], unit=unit, description=description
+        )
+
+    def set(self, value: float, attributes: Attributes = None) -> None:
+        key = attribute_key(attributes)
         with self._lock:
-            items = list(self._values.items())
-        return [Observation(value, dict(key)) for key, value in items]
+            self._values[key] = value
 
 
 def shadow_requests(meter: Meter) -> ObservedCounter:
@@ -448,6 +471,44 @@ GenAiMetrics = LegacyGenAi | LatestGenAi
 
 
 @dataclass(frozen=True, slots=True)
+class RolloutInstruments:
+    """``specshadow.rollout.*``: where each rule stands, who answers, the guards, the changes."""
+
+    stage: GaugeTable
+    serve_ratio: GaugeTable
+    served: ObservedCounter
+    guard_value: GaugeTable
+    guard_threshold: GaugeTable
+    guard_breached: GaugeTable
+    rollbacks: ObservedCounter
+    transitions: ObservedCounter
+    failovers: ObservedCounter
+
+    @classmethod
+    def create(cls, meter: Meter) -> RolloutInstruments:
+        return cls(
+            stage=GaugeTable(meter, sc.METRIC_ROLLOUT_STAGE,
+                             description="Rollout stage per rule: 0 shadow, 1 canary, 2 live."),
+            serve_ratio=GaugeTable(meter, sc.METRIC_ROLLOUT_SERVE_RATIO,
+                                   description="Share of the rule's requests the candidate answers."),
+            served=ObservedCounter(meter, sc.METRIC_ROLLOUT_SERVED, unit="{request}",
+                                   description="Answers of rolling-out rules, by backend and who served."),
+            guard_value=GaugeTable(meter, sc.METRIC_ROLLOUT_GUARD_VALUE,
+                                   description="Each rollout guard's current value over its window."),
+            guard_threshold=GaugeTable(meter, sc.METRIC_ROLLOUT_GUARD_THRESHOLD,
+                                       description="Each rollout guard's threshold."),
+            guard_breached=GaugeTable(meter, sc.METRIC_ROLLOUT_GUARD_BREACHED,
+                                      description="1 while a rollout guard's confidence bound is past its threshold."),
+            rollbacks=ObservedCounter(meter, sc.METRIC_ROLLOUT_ROLLBACKS, unit="{rollback}",
+                                      description="Automatic and operator rollbacks, by rule and guard."),
+            transitions=ObservedCounter(meter, sc.METRIC_ROLLOUT_TRANSITIONS, unit="{transition}",
+                                        description="Rollout stage changes, by rule, stages and actor."),
+            failovers=ObservedCounter(meter, sc.METRIC_ROLLOUT_FAILOVERS, unit="{request}",
+                                      description="Candidate answers that failed before their first byte and were served by the primary."),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
 class Instruments:
     """The synchronous instruments of one Telemetry (observable gauges are held by Telemetry).
 
@@ -465,6 +526,7 @@ class Instruments:
     policy_reload: Counter
     telemetry_dropped: Counter
     compare_results: Counter
+    rollout: RolloutInstruments
 
 
 def create_instruments(
@@ -492,4 +554,5 @@ def create_instruments(
         policy_reload=policy_reload(meter),
         telemetry_dropped=telemetry_dropped(meter),
         compare_results=compare_results(meter),
+        rollout=RolloutInstruments.create(meter),
     )

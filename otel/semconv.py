@@ -88,6 +88,13 @@ OUTCOME: Final = "specshadow.outcome"  # shadow.requests / compare.results outco
 REASON: Final = "specshadow.reason"  # why a shadow was dropped / failed
 RESULT: Final = "specshadow.result"  # policy reload: ok | error
 SIGNAL: Final = "specshadow.signal"  # telemetry.dropped: spans | metrics
+RULE: Final = "specshadow.rule"  # rollout metrics: the policy rule
+GUARD: Final = "specshadow.guard"  # rollout metrics and events: e2e_p99_ratio, …
+SERVED_BY: Final = "specshadow.served_by"  # primary | candidate (also a span attribute)
+STAGE_FROM: Final = "specshadow.rollout.from_stage"  # transition event
+STAGE_TO: Final = "specshadow.rollout.to_stage"  # transition event
+ACTOR: Final = "specshadow.rollout.by"  # guard | operator | schedule | policy
+EVENT_ROLLOUT_TRANSITION: Final = "specshadow.rollout.transition"
 OVERHEAD_STAT: Final = "specshadow.overhead.stat"  # p50 | p99 | max (see instruments)
 
 ACCEPTANCE_SOURCE_VLLM: Final = "vllm_request_metrics"  # local value: vLLM per-request metrics
@@ -136,6 +143,15 @@ METRIC_POLICY_LAST_RELOAD_SUCCESS: Final = "specshadow.policy.last_reload_succes
 METRIC_TELEMETRY_DROPPED: Final = "specshadow.telemetry.dropped"  # local
 METRIC_ACCEPTANCE_LENGTH: Final = "specshadow.acceptance.length"  # local
 METRIC_COMPARE_RESULTS: Final = "specshadow.compare.results"  # local
+METRIC_ROLLOUT_STAGE: Final = "specshadow.rollout.stage"  # local: 0 shadow, 1 canary, 2 live
+METRIC_ROLLOUT_SERVE_RATIO: Final = "specshadow.rollout.serve_ratio"  # local
+METRIC_ROLLOUT_SERVED: Final = "specshadow.rollout.served"  # local: answers by backend
+METRIC_ROLLOUT_GUARD_VALUE: Final = "specshadow.rollout.guard.value"  # local
+METRIC_ROLLOUT_GUARD_THRESHOLD: Final = "specshadow.rollout.guard.threshold"  # local
+METRIC_ROLLOUT_GUARD_BREACHED: Final = "specshadow.rollout.guard.breached"  # local: 0/1
+METRIC_ROLLOUT_ROLLBACKS: Final = "specshadow.rollout.rollbacks"  # local
+METRIC_ROLLOUT_TRANSITIONS: Final = "specshadow.rollout.transitions"  # local
+METRIC_ROLLOUT_FAILOVERS: Final = "specshadow.rollout.failovers"  # local
 
 # Outcome values of specshadow.shadow.requests (local)
 SHADOW_OUTCOMES: Final = ("sampled", "sent", "completed", "failed", "dropped")

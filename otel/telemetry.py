@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -37,6 +38,8 @@ from otel import attributes as at, instruments as inst, semconv as sc
 from otel.attributes import Attributes, EvaluationResult
 from otel.prometheus import CONTENT_TYPE, PullMetricReader, render
 from otel.settings import TelemetrySettings
+
+ROLLOUT_STAGES = {"shadow": 0, "canary": 1, "live": 2}
 
 _log = logging.getLogger(__name__)
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -336,6 +339,65 @@ class Telemetry:
     def set_breaker_state(self, backend: str, state: int) -> None:
         """Record a circuit breaker transition: 0 closed, 1 half-open, 2 open."""
         self.instruments.breaker_state.set(state, {sc.BACKEND: backend})
+
+    # -- rollouts ---------------------------------------------------------------------------------
+
+    @safe(nothing)
+    def rollout_stage(self, rule: str, stage: str, serve_ratio: float) -> None:
+        ri = self.instruments.rollout
+        ri.stage.set(ROLLOUT_STAGES.get(stage, 0), {sc.RULE: rule})
+        ri.serve_ratio.set(serve_ratio, {sc.RULE: rule})
+
+    @safe(nothing)
+    def rollout_served(self, rule: str, backend: str, served_by: str) -> None:
+        self.instruments.rollout.served.add(
+            1, {sc.RULE: rule, sc.BACKEND: backend, sc.SERVED_BY: served_by}
+        )
+
+    @safe(nothing)
+    def rollout_failover(self, rule: str, backend: str, reason: str) -> None:
+        self.instruments.rollout.failovers.add(
+            1, {sc.RULE: rule, sc.BACKEND: backend, sc.REASON: reason}
+        )
+
+    @safe(nothing)
+    def rollout_guards(self, rule: str, guards: Iterable[Any]) -> None:
+        """Each guard's value, threshold and breach flag (objects with ``name``, ``value``,
+        ``threshold`` and ``status``: :class:`gateway.guards.GuardState`)."""
+        ri = self.instruments.rollout
+        for g in guards:
+            attributes = {sc.RULE: rule, sc.GUARD: g.name}
+            if g.value is not None and math.isfinite(g.value):
+                ri.guard_value.set(g.value, attributes)
+            ri.guard_threshold.set(g.threshold, attributes)
+            ri.guard_breached.set(1 if g.status == "breach" else 0, attributes)
+
+    @safe(nothing)
+    def rollout_transition(self, t: Any, traceparent: str | None) -> None:
+        """One stage change (a :class:`gateway.rollout.Transition`): counted, and an event on a
+        span in the trace of the exchange that caused it (a root span when none did)."""
+        ri = self.instruments.rollout
+        counted = {
+            sc.RULE: t.rule,
+            sc.STAGE_FROM: t.from_stage,
+            sc.STAGE_TO: t.to_stage,
+            sc.ACTOR: t.by,
+        }
+        ri.transitions.add(1, counted)
+        if t.to_stage == "shadow" and t.from_stage != "shadow":
+            ri.rollbacks.add(1, {sc.RULE: t.rule, sc.GUARD: t.guard or t.by})
+        context = None
+        if traceparent is not None:
+            context = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+        span = self.tracer.start_span(
+            sc.EVENT_ROLLOUT_TRANSITION, context=context, kind=SpanKind.INTERNAL
+        )
+        attributes = {**counted, "specshadow.rollout.reason": t.reason,
+                      "specshadow.rollout.serve_ratio": t.serve_ratio}  # fmt: skip
+        if t.guard is not None:
+            attributes[sc.GUARD] = t.guard
+        span.add_event(sc.EVENT_ROLLOUT_TRANSITION, attributes)
+        span.end()
 
     @safe(nothing)
     def count_comparison(self, outcome: str, *, role: str, category: str | None) -> None:

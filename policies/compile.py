@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from urllib.parse import urlsplit
 
+from core import jsonx
 from core.exchange import CaptureSpec, SpeculativeSpec
 from policies.compiled import (
     BackendSpec,
@@ -25,11 +26,13 @@ from policies.compiled import (
     Budgets,
     CompiledPolicy,
     Decision,
+    GuardSpec,
     Ladder,
     LegPlan,
     Matcher,
     MirrorSpec,
     Patterns,
+    RolloutSpec,
     RuleSpec,
     Shaping,
     SkipReason,
@@ -44,6 +47,7 @@ from policies.model import (
     Leg,
     Match,
     PolicyModel,
+    Rollout,
     Sweep,
     _check_base_url,
 )
@@ -153,7 +157,7 @@ def compile_policy(
     rules = tuple(
         _rule(
             r.name, r.match, r.ratio, r.legs, r.capture, backends, capture,
-            primary=primary, sweep=r.sweep,
+            primary=primary, sweep=r.sweep, rollout=r.rollout,
         )
         for r in model.rules
     )  # fmt: skip
@@ -162,7 +166,7 @@ def compile_policy(
         d = model.default
         default = _rule(
             DEFAULT_RULE_NAME, Match(), d.ratio, d.legs, d.capture, backends, capture,
-            primary=primary, sweep=d.sweep,
+            primary=primary, sweep=d.sweep, rollout=d.rollout,
         )  # fmt: skip
     key = model.sampling.key
     budgets = model.budgets
@@ -273,6 +277,7 @@ def _rule(
     *,
     primary: BackendSpec | None,
     sweep: Sweep | None = None,
+    rollout: Rollout | None = None,
 ) -> RuleSpec:
     load_matched = ratio == LOAD_MATCHED
     primary_replicas = primary.replicas if primary is not None else 1
@@ -306,6 +311,39 @@ def _rule(
         skipped=MappingProxyType(skipped),
         load_matched=load_matched,
         sweep=spec,
+        rollout=_rollout(rollout, plans),
+    )
+
+
+def _rollout(rollout: Rollout | None, plans: Sequence[LegPlan]) -> RolloutSpec | None:
+    """The compiled rollout; its candidate is the named leg, else the only candidate leg
+    (validated before compiling)."""
+    if rollout is None:
+        return None
+    candidates = [p for p in plans if p.role == "candidate"]
+    serving = next((p for p in candidates if p.backend.name == rollout.candidate), candidates[0])
+    g = rollout.guards
+    block = jsonx.dumps(rollout.model_dump(mode="json"), sort_keys=True)
+    return RolloutSpec(
+        stage=rollout.stage,
+        serve_ratio=rollout.serve_ratio,
+        steps=tuple(rollout.steps) if rollout.steps else None,
+        hold_requests=rollout.hold.min_requests,
+        hold_s=rollout.hold.min_s,
+        reference_ratio=rollout.reference_ratio,
+        candidate=serving,
+        guards=GuardSpec(
+            g.min_samples,
+            g.window,
+            g.confidence,
+            g.e2e_p99_ratio_max,
+            g.tpot_p99_ratio_max,
+            g.error_rate_delta_max,
+            g.divergence_rate_max,
+            g.tokens_per_event_min,
+            g.kv_usage_max,
+        ),
+        fingerprint=hashlib.sha256(block).hexdigest()[:16],
     )
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Literal
 
-from core.exchange import CaptureSpec, Route, ShadowRole, SpeculativeSpec
+from core.exchange import CaptureSpec, Role, Route, SpeculativeSpec
 from policies.sample import sample_unit
 
 BackendKind = Literal["vllm", "sglang", "openai", "sim"]
@@ -58,7 +58,7 @@ class LegPlan:
     """One shadow leg to send: role, backend, the model name to send (None: unchanged), and the
     share of the rule's requests it receives (at the current sweep step)."""
 
-    role: ShadowRole
+    role: Role  # ``primary`` only for the primary mirrored behind a candidate that serves
     backend: BackendSpec
     model: str | None
     share: float = 1.0
@@ -172,6 +172,47 @@ class SweepSpec:
 Ladder = tuple[tuple[float, "Decision"], ...]
 
 
+Stage = Literal["shadow", "canary", "live"]
+STAGES: tuple[Stage, ...] = ("shadow", "canary", "live")
+
+
+@dataclass(frozen=True, slots=True)
+class GuardSpec:
+    """The rollout guards of one rule (``None``: that guard is off); see ``policies.model.Guards``."""
+
+    min_samples: int = 20
+    window: int = 200
+    confidence: float = 0.99
+    e2e_p99_ratio_max: float | None = 1.5
+    tpot_p99_ratio_max: float | None = 1.5
+    error_rate_delta_max: float | None = 0.02
+    divergence_rate_max: float | None = 0.05
+    tokens_per_event_min: float | None = 1.2
+    kv_usage_max: float | None = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutSpec:
+    """A rule's rollout as the policy states it. ``fingerprint`` identifies the block: a rollback
+    stays until an operator promotes or a policy arrives whose block for the rule differs."""
+
+    stage: Stage
+    serve_ratio: float
+    steps: tuple[float, ...] | None
+    hold_requests: int
+    hold_s: float
+    reference_ratio: float
+    candidate: LegPlan  # the leg that serves
+    guards: GuardSpec
+    fingerprint: str
+
+    def ratio_at(self, step: int | None) -> float:
+        """The canary serve ratio at promotion step ``step`` (None: ``serve_ratio``)."""
+        if step is None or not self.steps:
+            return self.serve_ratio
+        return self.steps[min(step, len(self.steps) - 1)]
+
+
 @dataclass(frozen=True, slots=True)
 class RuleSpec:
     """A compiled rule with its prebuilt decisions: one ladder per sweep step, and the skips."""
@@ -184,6 +225,7 @@ class RuleSpec:
     skipped: Mapping[SkipReason, Decision]
     load_matched: bool = False
     sweep: SweepSpec | None = None
+    rollout: RolloutSpec | None = None
     # Requests this rule has decided (for sweeps held per request count); shared, never compared.
     decided: Iterator[int] = field(default_factory=count, compare=False, repr=False)
 
@@ -268,6 +310,18 @@ class CompiledPolicy:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_no_rule", Decision(None, False, (), "no_rule", self.capture))
+
+    @property
+    def all_rules(self) -> tuple[RuleSpec, ...]:
+        return (*self.rules, *((self.default_rule,) if self.default_rule is not None else ()))
+
+    @property
+    def uses_categories(self) -> bool:
+        """Some rule matches on categories: the request path must classify requests."""
+        return any(r.matcher.categories is not None for r in self.rules)
+
+    def rule(self, name: str | None) -> RuleSpec | None:
+        return next((r for r in self.all_rules if r.name == name), None)
 
     def decide(self, facts: RequestFacts) -> Decision:
         """First matching rule (else ``default``) → sampling → kill switch, retry, body size."""

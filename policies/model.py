@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from itertools import pairwise
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -313,6 +314,85 @@ class Sweep(_Strict):
         return self
 
 
+Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
+class Guards(_Strict):
+    """What rolls a canary back, evaluated live in the gateway over a rolling window of the rule's
+    exchanges that have a candidate leg (served or shadow). A guard may fire only once it has
+    ``min_samples`` observations on each side it compares; each uses a one-sided bound at
+    ``confidence`` (docs/rollout.md says which and why). ``null`` turns a guard off."""
+
+    min_samples: int = Field(default=20, ge=5, le=100_000)
+    """Observations a guard needs before it may fire (per side it compares)."""
+    window: int = Field(default=200, ge=10, le=100_000)
+    """Rolling window: the last N exchanges of the rule with a candidate leg."""
+    confidence: float = Field(default=0.99, ge=0.8, le=0.9999)
+    """Confidence of each guard's one-sided bound. Guards are re-evaluated after every exchange,
+    so a high value keeps false alarms rare."""
+    e2e_p99_ratio_max: Annotated[float, Field(gt=1)] | None = 1.5
+    """Fires when the candidate's p99 e2e — its lower confidence bound, an order statistic —
+    exceeds this multiple of the primary's p99 e2e in the same window."""
+    tpot_p99_ratio_max: Annotated[float, Field(gt=1)] | None = 1.5
+    """The same for p99 time per output token."""
+    error_rate_delta_max: Fraction | None = 0.02
+    """Fires when the candidate's error rate (Wilson lower bound) exceeds the primary's by more
+    than this. A failover to the primary counts as a candidate error."""
+    divergence_rate_max: Fraction | None = 0.05
+    """Fires when the candidate's greedy divergence from the primary (Wilson lower bound)
+    exceeds the noise floor — the baseline leg's divergence in the window, 0 without one — by
+    more than this."""
+    tokens_per_event_min: Annotated[float, Field(ge=1)] | None = 1.2
+    """Fires when the candidate's mean tokens per event (upper confidence bound) falls below
+    this: acceptance collapsed, speculation is no longer buying anything."""
+    kv_usage_max: Annotated[float, Field(gt=0, le=1)] | None = 0.95
+    """Fires when the candidate's scraped KV-cache usage stays at or above this for its last
+    three scrapes (needs a metrics URL)."""
+
+
+class Hold(_Strict):
+    """How long a promotion step must hold, all guards green, before the next."""
+
+    min_requests: int = Field(default=100, ge=1, le=10_000_000)
+    """Requests answered by the candidate at this step."""
+    min_s: PositiveSeconds = 60.0
+    """Seconds at this step."""
+
+
+class Rollout(_Strict):
+    """Progressive delivery of the rule's candidate: ``shadow`` (the primary answers; the
+    candidate is mirrored at ``ratio``), ``canary`` (a sticky share ``serve_ratio`` of the rule's
+    requests is answered by the candidate, with the primary as their shadow at ``ratio``) or
+    ``live`` (the candidate answers all of them; the primary is mirrored at ``reference_ratio``
+    as the guards' reference). A guard breach rolls the rule back to ``shadow`` at once; the
+    rollback persists (``specshadow serve --state``) until an operator promotes again or the
+    policy's ``rollout`` block for this rule changes."""
+
+    stage: Literal["shadow", "canary", "live"] = "shadow"
+    """Where the rollout starts (or stands, without ``steps``)."""
+    serve_ratio: Fraction = 0.05
+    """Canary: the share of the rule's requests answered by the candidate, sticky by the
+    sampling key (``sampling.key``: the same user keeps the same backend)."""
+    steps: Annotated[list[Annotated[float, Field(gt=0, le=1)]], Field(min_length=1)] | None = None
+    """Automatic promotion: canary serve ratios in order, e.g. ``[0.05, 0.25, 1.0]``; each is
+    held (``hold``) with every guard green, then the next; after the last, ``live``."""
+    hold: Hold = Hold()
+    """How long each step holds."""
+    reference_ratio: Annotated[float, Field(gt=0, le=1)] = 0.05
+    """Live: the share of requests also sent to the primary, as the guards' reference."""
+    candidate: Name | None = None
+    """The backend that serves: one of the rule's candidate legs. Default: its only one."""
+    guards: Guards = Guards()
+    """What rolls it back (see ``Guards``)."""
+
+    @model_validator(mode="after")
+    def _increasing(self) -> Rollout:
+        steps = self.steps or []
+        if any(b <= a for a, b in pairwise(steps)):
+            raise ValueError(f"steps must increase, got {steps}")
+        return self
+
+
 def _sweep_shorthand(value: object) -> object:
     """``sweep: [0.25, 0.5, 1]`` is ``sweep: {multiples: [0.25, 0.5, 1]}``."""
     return {"multiples": value} if isinstance(value, list) else value
@@ -372,6 +452,8 @@ class Rule(_Strict):
     (and are not passed on to later rules)."""
     capture: Capture | None = None
     """Overrides the top-level ``capture`` for requests this rule decides."""
+    rollout: Rollout | None = None
+    """Serve the candidate progressively: canary, live, with guards (see ``Rollout``)."""
 
 
 class DefaultRule(_Strict):
@@ -386,6 +468,8 @@ class DefaultRule(_Strict):
     """Shadow legs for sampled requests (see ``Rule.legs``)."""
     capture: Capture | None = None
     """Overrides the top-level ``capture`` for requests this rule decides."""
+    rollout: Rollout | None = None
+    """Serve the candidate progressively (see ``Rollout``)."""
 
 
 class Sampling(_Strict):

@@ -24,7 +24,7 @@ from pydantic_core import ErrorDetails
 
 from policies.errors import PolicyError
 from policies.headers import is_credential, is_gateway_owned
-from policies.model import Leg, PolicyModel
+from policies.model import Leg, PolicyModel, Rollout
 
 MAX_REPORTED_PROBLEMS = 20
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -79,8 +79,12 @@ def reference_problems(model: PolicyModel) -> list[str]:
         else:
             first_index[rule.name] = i
         problems.extend(_leg_problems(f"rules[{i}]", rule.legs, model))
+        problems.extend(_rollout_problems(f"rules[{i}]", rule.rollout, rule.legs, model))
     if model.default is not None:
         problems.extend(_leg_problems("default", model.default.legs, model))
+        problems.extend(
+            _rollout_problems("default", model.default.rollout, model.default.legs, model)
+        )
     for j, name in enumerate(model.headers.allow):
         if is_gateway_owned(name):
             problems.append(
@@ -92,6 +96,31 @@ def reference_problems(model: PolicyModel) -> list[str]:
                 f"headers.allow[{j}]: {name!r} may carry client credentials; set "
                 "headers.allow_credentials_to_shadows: true to forward it to shadows"
             )
+    return problems
+
+
+def _rollout_problems(
+    where: str, rollout: Rollout | None, legs: Sequence[Leg], model: PolicyModel
+) -> list[str]:
+    """A rollout needs a primary to fall back to and exactly one candidate leg to serve."""
+    if rollout is None:
+        return []
+    path = f"{where}.rollout"
+    problems = []
+    if model.primary is None:
+        problems.append(f"{path}: a rollout needs 'primary:' (the backend it falls back to)")
+    candidates = [leg.backend for leg in legs if leg.role == "candidate"]
+    if rollout.candidate is not None:
+        if rollout.candidate not in candidates:
+            problems.append(
+                f"{path}.candidate: {rollout.candidate!r} is not a candidate leg of this rule "
+                f"(candidate legs: {', '.join(candidates) or 'none'})"
+            )
+    elif len(candidates) != 1:
+        problems.append(
+            f"{path}: the rule has {len(candidates)} candidate legs; name the one that serves "
+            f"with rollout.candidate ({', '.join(candidates) or 'add a candidate leg'})"
+        )
     return problems
 
 

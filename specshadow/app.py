@@ -4,7 +4,7 @@
 tests' gateway fixture): :func:`gateway.app.create_app` with one
 :class:`~evidence.worker.EvidenceWorker` as its sink, whose consumers are the telemetry (metrics,
 comparison counts, ``compare`` spans, records as OTLP logs when configured) and — with
-``--store`` — the embedded record store. The backends' ``/metrics`` are scraped whenever the
+``--store`` — the embedded record store — and the rollout controller's guards. The backends' ``/metrics`` are scraped whenever the
 policy names a metrics URL, with or without a store, and every vLLM, SGLang or simulator backend
 is asked what speculative decoding it runs (:mod:`evidence.serverinfo`). Both pollers follow
 the policy the gateway started with; a reload that adds backends needs a restart for them.
@@ -23,6 +23,7 @@ from evidence.serverinfo import INFO_PATHS, InfoTarget, ServerInfoProbe
 from evidence.store import RecordWriter
 from evidence.worker import EvidenceWorker
 from gateway.app import create_app, open_policy
+from gateway.rollout import RolloutController
 from gateway.settings import Settings
 from otel.settings import TelemetrySettings
 from otel.setup import build_telemetry
@@ -83,5 +84,12 @@ def build_app(
     """
     store = policy if policy is not None else open_policy(settings)
     tel = telemetry if telemetry is not None else build_telemetry(TelemetrySettings.from_env({}))
-    worker = evidence_worker(settings, store, tel, consumers=consumers)
-    return create_app(settings, sinks=[worker, *sinks], policy=store, telemetry=tel)
+    # The rollout guards are an evidence consumer like any other: they see every exchange with
+    # its comparisons, off the event loop, with or without a record store.
+    rollout = RolloutController(settings.state_path, telemetry=tel)
+    worker = evidence_worker(settings, store, tel, consumers=[rollout, *consumers])
+    if worker.scraper is not None:
+        rollout.kv_recent = worker.scraper.recent_kv
+    return create_app(
+        settings, sinks=[worker, *sinks], policy=store, telemetry=tel, rollout=rollout
+    )

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from core.extras import MissingExtra
 from evidence import cli as records_cli
+from gateway import cli as rollout_cli
 from loadgen import cli as loadgen_cli
 from loadgen.report import cli as report_cli
 from loadgen.vllm import cli as vllm_cli
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     records_cli.register(sub)
     loadgen_cli.register(sub)
     report_cli.register(sub)
+    rollout_cli.register(sub)
     return parser
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.serve import serve_app
-from gateway.settings import Settings, SettingsError
+from gateway.settings import Settings, SettingsError, default_state_path
 from otel.settings import TelemetrySettings
 from otel.setup import build_telemetry
 from policies.errors import PolicyError
@@ -58,6 +58,13 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--scrape-interval", type=float, default=None, help="seconds between vLLM /metrics scrapes"
     )
+    p.add_argument(
+        "--state",
+        default=None,
+        metavar="PATH",
+        help="rollout state (stages, sticky rollbacks); default "
+        "$XDG_STATE_HOME/specshadow/rollout.json",
+    )
     p.add_argument("--max-body-bytes", type=int, default=None, help="larger bodies get 413")
     p.add_argument("--connect-timeout", type=float, default=None, help="seconds (default 10)")
     p.add_argument(
@@ -77,6 +84,7 @@ FLAGS: dict[str, str] = {
     "baseline_url": "--baseline",
     "shadow_ratio": "--shadow-ratio",
     "store_path": "--store",
+    "state_path": "--state",
     "scrape_interval_s": "--scrape-interval",
     "max_body_bytes": "--max-body-bytes",
     "upstream_connect_timeout_s": "--connect-timeout",
@@ -100,6 +108,9 @@ def settings_from_args(
         baseline_url=args.baseline,
         shadow_ratio=args.shadow_ratio,
         store_path=args.store,
+        state_path=args.state
+        or environ.get("SPECSHADOW_STATE_PATH")
+        or default_state_path(environ),
         scrape_interval_s=args.scrape_interval,
         max_body_bytes=args.max_body_bytes,
         upstream_connect_timeout_s=args.connect_timeout,

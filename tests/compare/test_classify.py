@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from evidence.classify import RAG_MIN_CHARS, categorize, classify_request, request_traits
+from core.classify import RAG_MIN_CHARS, categorize, classify_request, request_traits
 
 
 def chat(*contents: object, **extra: object) -> dict[str, Any]:

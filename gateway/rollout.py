@@ -1,0 +1,552 @@
+"""Progressive rollout: which backend answers a request, and when a rule rolls back on its own.
+
+The policy states each rule's rollout (``policies.compiled.RolloutSpec``); the
+:class:`RolloutController` holds where each rule *is* — stage, promotion step, whether a guard
+rolled it back — persisted in a JSON state file so a restart or a reload never re-promotes.
+
+- **Serving** (:meth:`RolloutController.plan`, on the event loop, cheap): ``shadow`` → the
+  primary answers as always. ``canary`` → requests whose sticky unit
+  ``sample_unit(rule + "/serve", sampling key)`` is below the serve ratio are answered by the
+  candidate, with the primary mirrored behind it when the rule samples them (its ``ratio``), so
+  pairs keep coming; the rest are served by the primary and mirrored to the candidate as in
+  shadow. ``live`` → the candidate answers every request; the primary is mirrored at
+  ``reference_ratio``. The kill switch sends everything back to the primary.
+- **Guards** (:meth:`RolloutController.handle`, an evidence consumer on the worker thread):
+  every finished exchange of a rolling-out rule becomes one :class:`~gateway.guards.Observation`
+  in the rule's rolling window; :func:`gateway.guards.evaluate` judges it. In ``canary`` or
+  ``live`` a breach rolls the rule back to ``shadow`` at once, sticky.
+- **Promotion**: with ``steps``, a canary step that held ``hold.min_requests`` candidate answers
+  and ``hold.min_s`` seconds with every guard ``ok`` (``unavailable`` ones do not block) moves to
+  the next; after the last comes ``live``. Operators promote and roll back through
+  ``/admin/rollout`` (:meth:`promote`, :meth:`rollback`).
+- **Reloads** (:meth:`reconcile`): a rule whose rollout block is unchanged keeps its state — a
+  rolled-back rule stays rolled back; a changed block (its fingerprint) starts from what the new
+  policy says.
+
+Every transition is logged, counted (``specshadow.rollout.*``) and recorded as an OTel event in
+the trace of the exchange that caused it. State changes take a lock; the request path reads an
+immutable snapshot and never waits for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from core import jsonx
+from core.evidence import Evidence
+from core.exchange import Exchange, LegResult
+from gateway.guards import GuardState, Observation, evaluate
+from policies.compiled import (
+    STAGES,
+    CompiledPolicy,
+    Decision,
+    LegPlan,
+    RequestFacts,
+    RuleSpec,
+    Stage,
+)
+from policies.sample import sample_unit
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+Actor = Literal["guard", "operator", "schedule", "policy"]
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    rule: str
+    from_stage: Stage
+    to_stage: Stage
+    serve_ratio: float
+    at_unix: float
+    by: Actor
+    reason: str
+    guard: str | None = None
+    exchange_id: str | None = None  # the exchange whose evidence caused it (guards, schedule)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleState:
+    """Where one rule's rollout stands (persisted)."""
+
+    stage: Stage
+    fingerprint: str  # of the policy block this state follows
+    step: int | None = None  # promotion step index (canary with steps)
+    rolled_back: bool = False
+    since_unix: float = 0.0  # when this stage or step began
+    served_at_step: int = 0  # candidate answers since then
+    last: Transition | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["last"] = self.last.to_json() if self.last is not None else None
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RuleState:
+        last = data.get("last")
+        return cls(
+            stage=data["stage"] if data.get("stage") in STAGES else "shadow",
+            fingerprint=str(data.get("fingerprint", "")),
+            step=data.get("step") if isinstance(data.get("step"), int) else None,
+            rolled_back=bool(data.get("rolled_back", False)),
+            since_unix=float(data.get("since_unix", 0.0)),
+            served_at_step=int(data.get("served_at_step", 0)),
+            last=Transition(**last) if isinstance(last, Mapping) else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ServePlan:
+    """The candidate answers this request; ``shadows`` are mirrored behind it."""
+
+    rule: str
+    stage: Stage
+    candidate: LegPlan
+    shadows: tuple[LegPlan, ...]
+
+
+@dataclass(slots=True)
+class _Live:
+    """In-memory per rule: the guard window and the latest guard states."""
+
+    window: deque[Observation]
+    guards: list[GuardState] = field(default_factory=list)
+
+
+def serve_ratio(spec_ratio: Callable[[int | None], float], state: RuleState) -> float:
+    if state.stage == "live":
+        return 1.0
+    if state.stage == "canary":
+        return spec_ratio(state.step)
+    return 0.0
+
+
+class RolloutController:
+    """See the module doc. ``telemetry`` gets the metrics and events (any object with the
+    ``rollout_*`` methods of :class:`otel.telemetry.Telemetry`); ``kv_recent(backend)`` gives the
+    candidate's latest scraped KV-cache usages, newest last."""
+
+    def __init__(
+        self,
+        state_path: str | os.PathLike[str] | None,
+        *,
+        telemetry: Any = None,
+        kv_recent: Callable[[str], Sequence[float]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.state_path = Path(state_path) if state_path is not None else None
+        self.telemetry = telemetry
+        self.kv_recent = kv_recent
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._states: dict[str, RuleState] = self._load()
+        self._live: dict[str, _Live] = {}
+        self._specs: dict[str, RuleSpec] = {}
+        self._policy: CompiledPolicy | None = None
+        self._generation = -1
+        self.failovers = 0
+        self.transitions: list[Transition] = []  # this process's, newest last (bounded)
+
+    # -- state file ----------------------------------------------------------------------------
+
+    def _load(self) -> dict[str, RuleState]:
+        if self.state_path is None or not self.state_path.exists():
+            return {}
+        try:
+            data = jsonx.loads(self.state_path.read_bytes())
+            rules = data.get("rules", {}) if isinstance(data, dict) else {}
+            return {name: RuleState.from_json(s) for name, s in rules.items()}
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            # A damaged state file must not keep the gateway from starting — but it must not
+            # silently re-promote either: every rule starts from shadow until reconciled.
+            log.error(
+                "rollout state %s unreadable (%s): every rollout starts in shadow",
+                self.state_path,
+                exc,
+            )
+            return {}
+
+    def _save(self) -> None:
+        if self.state_path is None:
+            return
+        body = {
+            "version": STATE_VERSION,
+            "rules": {n: s.to_json() for n, s in self._states.items()},
+        }
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.state_path.parent, prefix=".rollout-", suffix=".json")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(jsonx.dumps(body, indent=True))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.state_path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    # -- the policy ----------------------------------------------------------------------------
+
+    def reconcile(self, policy: CompiledPolicy) -> None:
+        """Follow a (new) policy: keep the state of unchanged rollout blocks, start changed ones
+        from the policy's stage, forget rules that no longer roll out."""
+        with self._lock:
+            if policy.generation == self._generation:
+                return
+            specs = {r.name: r for r in policy.all_rules if r.rollout is not None}
+            now = self.clock()
+            changed = False
+            for name, rule in specs.items():
+                spec = rule.rollout
+                assert spec is not None
+                old = self._states.get(name)
+                if old is not None and old.fingerprint == spec.fingerprint:
+                    continue
+                step = 0 if spec.steps and spec.stage == "canary" else None
+                new = RuleState(spec.stage, spec.fingerprint, step, False, now)
+                if old is not None or spec.stage != "shadow":
+                    reason = "policy rollout block changed" if old is not None else "policy"
+                    new = replace(new, last=Transition(
+                        name, old.stage if old else "shadow", spec.stage,
+                        serve_ratio(spec.ratio_at, new), now, "policy", reason,
+                    ))  # fmt: skip
+                self._states[name] = new
+                self._live.pop(name, None)  # a new episode: old observations do not carry over
+                changed = True
+                self._announce(new.last, None)
+            for name in list(self._states):
+                if name not in specs:
+                    del self._states[name]
+                    changed = True
+            self._specs = specs
+            self._policy = policy
+            self._generation = policy.generation
+            if changed:
+                self._save()
+            self._publish()
+
+    # -- the request path ----------------------------------------------------------------------
+
+    def plan(
+        self, policy: CompiledPolicy, decision: Decision, facts: RequestFacts
+    ) -> ServePlan | None:
+        """Whether the candidate answers this request (see the module doc). Never raises."""
+        if policy.generation != self._generation:
+            self.reconcile(policy)
+        if decision.rule is None or policy.kill_switch or policy.primary is None:
+            return None
+        rule = self._specs.get(decision.rule)
+        state = self._states.get(decision.rule)
+        if rule is None or state is None or state.stage == "shadow":
+            return None
+        spec = rule.rollout
+        assert spec is not None
+        key = facts.request_id
+        if policy.sampling_header is not None:
+            key = facts.headers.get(policy.sampling_header) or key
+        if state.stage == "canary" and sample_unit(f"{rule.name}/serve", key) >= spec.ratio_at(
+            state.step
+        ):
+            return None
+        primary = LegPlan("primary", policy.primary, None, spec.reference_ratio)
+        if state.stage == "canary":
+            behind = bool(decision.legs)  # the rule sampled it: the primary is its shadow
+        else:
+            behind = sample_unit(f"{rule.name}/reference", facts.request_id) < spec.reference_ratio
+        others = tuple(
+            leg for leg in decision.legs if leg.backend.name != spec.candidate.backend.name
+        )
+        return ServePlan(
+            rule.name, state.stage, spec.candidate, ((primary,) if behind else ()) + others
+        )
+
+    def stage_of(self, rule: str | None) -> Stage | None:
+        state = self._states.get(rule) if rule is not None else None
+        return state.stage if state is not None else None
+
+    # -- guards (the evidence worker's thread) -----------------------------------------------
+
+    def handle(self, evidence: Evidence) -> None:
+        exchange = evidence.exchange
+        rule = self._specs.get(exchange.policy_rule or "")
+        if rule is None or rule.rollout is None:
+            return
+        spec = rule.rollout
+        observation = observe(evidence, spec.candidate.backend.name)
+        if observation is None:
+            return
+        with self._lock:
+            live = self._live.get(rule.name)
+            if live is None or live.window.maxlen != spec.guards.window:
+                live = self._live[rule.name] = _Live(deque(maxlen=spec.guards.window))
+            live.window.append(observation)
+            kv = self.kv_recent(spec.candidate.backend.name) if self.kv_recent is not None else ()
+            live.guards = evaluate(spec.guards, live.window, kv)
+            state = self._states.get(rule.name)
+            if state is None:
+                return
+            if exchange.served_by == "candidate":
+                state = self._states[rule.name] = replace(
+                    state, served_at_step=state.served_at_step + 1
+                )
+            breach = next((g for g in live.guards if g.status == "breach"), None)
+            if breach is not None and state.stage != "shadow":
+                self._roll_back(
+                    rule.name, state, "guard", _breach_text(breach), breach.name, exchange
+                )
+            elif (
+                state.stage == "canary"
+                and spec.steps
+                and self._held(state, spec.hold_requests, spec.hold_s, live.guards)
+            ):
+                self._step_up(rule, state, exchange)
+            self._publish_guards(rule.name, live.guards)
+
+    def _held(
+        self, state: RuleState, requests: int, seconds: float, guards: Sequence[GuardState]
+    ) -> bool:
+        return (
+            state.served_at_step >= requests
+            and self.clock() - state.since_unix >= seconds
+            and all(g.status in ("ok", "unavailable") for g in guards)
+            and any(g.status == "ok" for g in guards)
+        )
+
+    def _step_up(self, rule: RuleSpec, state: RuleState, exchange: Exchange | None) -> None:
+        spec = rule.rollout
+        assert spec is not None
+        assert spec.steps
+        step = (state.step or 0) + 1
+        now = self.clock()
+        if step < len(spec.steps):
+            new = replace(state, step=step, since_unix=now, served_at_step=0)
+            reason = f"step {step + 1}/{len(spec.steps)}: held {state.served_at_step} answers, guards green"
+        else:
+            new = replace(state, stage="live", step=None, since_unix=now, served_at_step=0)
+            reason = "the last step held with guards green"
+        self._transition(rule.name, state, new, "schedule", reason, None, exchange)
+
+    def _roll_back(
+        self,
+        name: str,
+        state: RuleState,
+        by: Actor,
+        reason: str,
+        guard: str | None,
+        exchange: Exchange | None,
+    ) -> None:
+        new = replace(
+            state,
+            stage="shadow",
+            step=None,
+            rolled_back=True,
+            since_unix=self.clock(),
+            served_at_step=0,
+        )
+        self._transition(name, state, new, by, reason, guard, exchange)
+
+    def _transition(self, name: str, old: RuleState, new: RuleState, by: Actor, reason: str,
+                    guard: str | None, exchange: Exchange | None) -> None:  # fmt: skip
+        """Record, persist and announce a stage change (the caller holds the lock)."""
+        rule = self._specs.get(name)
+        ratio = (
+            serve_ratio(rule.rollout.ratio_at, new) if rule is not None and rule.rollout else 0.0
+        )
+        t = Transition(
+            name, old.stage, new.stage, ratio, self.clock(), by, reason, guard,
+            exchange.exchange_id if exchange is not None else None,
+        )  # fmt: skip
+        self._states[name] = replace(new, last=t)
+        try:
+            self._save()
+        except OSError:
+            log.exception("rollout state not persisted to %s", self.state_path)
+        self._announce(t, exchange)
+        self._publish()
+
+    def _announce(self, t: Transition | None, exchange: Exchange | None) -> None:
+        if t is None:
+            return
+        self.transitions = [*self.transitions[-99:], t]
+        log.warning(
+            "rollout %s: %s → %s (serve ratio %.2f) by %s: %s",
+            t.rule, t.from_stage, t.to_stage, t.serve_ratio, t.by, t.reason,
+        )  # fmt: skip
+        if self.telemetry is not None:
+            self.telemetry.rollout_transition(
+                t, exchange.traceparent if exchange is not None else None
+            )
+
+    def _publish(self) -> None:
+        if self.telemetry is None:
+            return
+        for name, state in self._states.items():
+            rule = self._specs.get(name)
+            ratio = (
+                serve_ratio(rule.rollout.ratio_at, state)
+                if rule is not None and rule.rollout
+                else 0.0
+            )
+            self.telemetry.rollout_stage(name, state.stage, ratio)
+
+    def _publish_guards(self, name: str, guards: Sequence[GuardState]) -> None:
+        if self.telemetry is not None:
+            self.telemetry.rollout_guards(name, guards)
+
+    # -- the operator --------------------------------------------------------------------------
+
+    def promote(
+        self, name: str, *, stage: Stage | None = None, ratio: float | None = None
+    ) -> Transition:
+        """One step up (shadow → canary at the first step or ``serve_ratio``; canary → the next
+        step, or live), or to ``stage``; clears a rollback. KeyError for an unknown rule."""
+        with self._lock:
+            rule = self._specs[name]
+            spec = rule.rollout
+            assert spec is not None
+            state = self._states[name]
+            now = self.clock()
+            if stage is None:
+                if state.stage == "shadow":
+                    stage = "canary"
+                elif (
+                    state.stage == "canary"
+                    and spec.steps
+                    and (state.step or 0) + 1 < len(spec.steps)
+                    and ratio is None
+                ):
+                    new = replace(
+                        state,
+                        step=(state.step or 0) + 1,
+                        rolled_back=False,
+                        since_unix=now,
+                        served_at_step=0,
+                    )
+                    self._transition(name, state, new, "operator", "promoted one step", None, None)
+                    return self._states[name].last  # type: ignore[return-value]
+                else:
+                    stage = "live"
+            step = 0 if stage == "canary" and spec.steps and ratio is None else None
+            new = replace(
+                state, stage=stage, step=step, rolled_back=False, since_unix=now, served_at_step=0
+            )
+            if ratio is not None:
+                new = replace(new, step=None)
+                rule = replace(rule, rollout=replace(spec, serve_ratio=ratio, steps=None))
+                self._specs[name] = rule
+            self._live.pop(name, None)
+            self._transition(name, state, new, "operator", f"promoted to {stage}", None, None)
+            return self._states[name].last  # type: ignore[return-value]
+
+    def rollback(self, name: str, reason: str = "operator rollback") -> Transition:
+        with self._lock:
+            state = self._states[name]
+            self._roll_back(name, state, "operator", reason, None, None)
+            return self._states[name].last  # type: ignore[return-value]
+
+    def status(self) -> dict[str, Any]:
+        """``GET /admin/rollout``: per rule its stage, serve ratio, guards and last transition."""
+        with self._lock:
+            rules = {}
+            for name, state in self._states.items():
+                rule = self._specs.get(name)
+                spec = rule.rollout if rule is not None else None
+                live = self._live.get(name)
+                rules[name] = {
+                    "stage": state.stage,
+                    "serve_ratio": serve_ratio(spec.ratio_at, state) if spec is not None else 0.0,
+                    "candidate": spec.candidate.backend.name if spec is not None else None,
+                    "step": state.step,
+                    "steps": list(spec.steps) if spec is not None and spec.steps else None,
+                    "rolled_back": state.rolled_back,
+                    "served_at_step": state.served_at_step,
+                    "since_unix": state.since_unix,
+                    "window": len(live.window) if live is not None else 0,
+                    "guards": [g.to_json() for g in live.guards] if live is not None else [],
+                    "last_transition": state.last.to_json() if state.last is not None else None,
+                }
+            return {
+                "state_path": str(self.state_path) if self.state_path is not None else None,
+                "failovers": self.failovers,
+                "rules": rules,
+            }
+
+
+def _breach_text(g: GuardState) -> str:
+    value = f"{g.value:.3g}" if g.value is not None else "?"
+    bound = f"{g.bound:.3g}" if g.bound is not None else "?"
+    return f"guard {g.name}: {value} (bound {bound}) against {g.threshold:g}, n={g.samples}"
+
+
+def _leg(exchange: Exchange, role: str, backend: str | None = None) -> LegResult | None:
+    for leg in exchange.legs:
+        if leg.role == role and (backend is None or leg.backend == backend):
+            return leg
+    return None
+
+
+def _ok(leg: LegResult) -> bool:
+    return (
+        leg.outcome == "completed"
+        and (leg.status is None or leg.status < 400)
+        and leg.error_type is None
+    )
+
+
+def observe(evidence: Evidence, candidate_backend: str) -> Observation | None:
+    """The guards' view of one exchange; None when it had no candidate leg at all."""
+    exchange = evidence.exchange
+    cand = _leg(exchange, "candidate", candidate_backend)
+    if cand is None:
+        return None
+    prim = _leg(exchange, "primary")
+    cand_rec = cand.recording if _ok(cand) else None
+    prim_rec = prim.recording if prim is not None and _ok(prim) else None
+    tpe = None
+    if (
+        cand_rec is not None
+        and cand_rec.streaming
+        and cand_rec.tokens_source in ("usage", "continuous_usage", "logprobs")
+    ):
+        tpe = cand_rec.timings.tokens_per_event
+    diverged = baseline = None
+    for c in evidence.comparisons:
+        if not c.comparable or not c.greedy or c.exact_match is None:
+            continue
+        pair = {c.a, c.b}
+        if pair == {"primary", "candidate"} and candidate_backend in (c.a_backend, c.b_backend):
+            diverged = not c.exact_match
+        elif pair == {"primary", "baseline"}:
+            baseline = not c.exact_match
+    return Observation(
+        served_by=exchange.served_by,
+        candidate_ok=_ok(cand)
+        if cand.outcome not in ("cancelled", "deadline", "client_disconnected")
+        else None,
+        primary_ok=_ok(prim)
+        if prim is not None and prim.outcome not in ("cancelled", "deadline", "client_disconnected")
+        else None,
+        candidate_e2e=cand_rec.timings.e2e_s if cand_rec is not None else None,
+        candidate_tpot=cand_rec.timings.tpot_s if cand_rec is not None else None,
+        primary_e2e=prim_rec.timings.e2e_s if prim_rec is not None else None,
+        primary_tpot=prim_rec.timings.tpot_s if prim_rec is not None else None,
+        candidate_tokens_per_event=tpe,
+        diverged=diverged,
+        baseline_diverged=baseline,
+    )
