@@ -283,7 +283,12 @@ class Telemetry:
         for c in comparisons:
             if c.exact_match is not None:
                 outcome = "match" if c.exact_match else "diverge"
-                self.count_comparison(outcome, role=c.b, category=evidence.category)
+                # Labelled by the side that is not the primary, whichever leg served: during a
+                # canary the primary may be the shadow of an answering candidate.
+                role, backend = (c.a, c.a_backend) if c.b == "primary" else (c.b, c.b_backend)
+                self.count_comparison(
+                    outcome, role=role, category=evidence.category, backend=backend
+                )
         traceparent = evidence.exchange.traceparent
         if not comparisons or traceparent is None:
             return
@@ -400,11 +405,15 @@ class Telemetry:
         span.end()
 
     @safe(nothing)
-    def count_comparison(self, outcome: str, *, role: str, category: str | None) -> None:
-        """Count one shadow-vs-primary comparison outcome (match | diverge | …)."""
-        self.instruments.compare_results.add(
-            1, {sc.OUTCOME: outcome, sc.LEG_ROLE: role, sc.CATEGORY: category or "none"}
-        )
+    def count_comparison(
+        self, outcome: str, *, role: str, category: str | None, backend: str | None = None
+    ) -> None:
+        """Count one shadow-vs-primary comparison outcome (match | diverge | …) by the non-primary
+        side's role and backend."""
+        attributes = {sc.OUTCOME: outcome, sc.LEG_ROLE: role, sc.CATEGORY: category or "none"}
+        if backend is not None:
+            attributes[sc.BACKEND] = backend
+        self.instruments.compare_results.add(1, attributes)
 
     @safe(nothing)
     def count_policy_reload(self, result: Literal["ok", "error"]) -> None:

@@ -330,10 +330,10 @@ class Guards(_Strict):
     confidence: float = Field(default=0.99, ge=0.8, le=0.9999)
     """Confidence of each guard's one-sided bound. Guards are re-evaluated after every exchange,
     so a high value keeps false alarms rare."""
-    e2e_p99_ratio_max: Annotated[float, Field(gt=1)] | None = 1.5
+    e2e_p99_ratio_max: Annotated[float, Field(ge=1)] | None = 1.5
     """Fires when the candidate's p99 e2e — its lower confidence bound, an order statistic —
     exceeds this multiple of the primary's p99 e2e in the same window."""
-    tpot_p99_ratio_max: Annotated[float, Field(gt=1)] | None = 1.5
+    tpot_p99_ratio_max: Annotated[float, Field(ge=1)] | None = 1.5
     """The same for p99 time per output token."""
     error_rate_delta_max: Fraction | None = 0.02
     """Fires when the candidate's error rate (Wilson lower bound) exceeds the primary's by more

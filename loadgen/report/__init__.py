@@ -16,7 +16,7 @@ registering the ``report`` command costs every other command nothing.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ class ReportPaths:
     markdown: Path
     json: Path
     analysis: Analysis
+    rollout: dict[str, Path] = field(default_factory=dict)  # rollout.yaml, Argo, Flagger
 
 
 def build_report(
@@ -45,13 +46,19 @@ def build_report(
     sources: Sequence[str] = (),
 ) -> ReportPaths:
     """Write ``report.html``, ``report.md`` and ``report.json`` into ``out_dir`` (created if
-    missing)."""
+    missing) — and, when a configuration is recommended, ``rollout.yaml``, an Argo Rollouts
+    ``AnalysisTemplate`` and Flagger metric templates with the guards (:mod:`.rollout`)."""
     from core import jsonx
     from loadgen.report.analysis import analyze
     from loadgen.report.export import report_json
     from loadgen.report.markdown import render_markdown
     from loadgen.report.plots import figures
     from loadgen.report.render import render_html
+    from loadgen.report.rollout import (
+        argo_analysis_template,
+        flagger_metric_templates,
+        rollout_yaml,
+    )
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -60,4 +67,18 @@ def build_report(
     html_path.write_text(render_html(a, figures(a), title=title, sources=sources), "utf-8")
     md_path.write_text(render_markdown(a, title=title, html_name=html_path.name), "utf-8")
     json_path.write_bytes(jsonx.dumps(report_json(a), indent=True) + b"\n")
-    return ReportPaths(html=html_path, markdown=md_path, json=json_path, analysis=a)
+    rollout: dict[str, Path] = {}
+    for name, text in (
+        ("rollout.yaml", rollout_yaml(a)),
+        ("argo-analysis-template.yaml", argo_analysis_template(a)),
+        ("flagger-metric-templates.yaml", flagger_metric_templates(a)),
+    ):
+        path = out / name
+        if text is None:  # nothing recommended: no stale guards left from an earlier run
+            path.unlink(missing_ok=True)
+            continue
+        path.write_text(text, "utf-8")
+        rollout[name] = path
+    return ReportPaths(
+        html=html_path, markdown=md_path, json=json_path, analysis=a, rollout=rollout
+    )

@@ -40,6 +40,8 @@ def _run(args: argparse.Namespace) -> int:
         pick = a.candidates[r.backend].label if r.backend is not None else "none"
         print(f"recommended for {cat}: {pick}")
     print(f"report: {paths.html}\nsummary: {paths.markdown}")
+    for name, path in paths.rollout.items():
+        print(f"{name}: {path}")
     return 0
 
 

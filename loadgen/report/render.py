@@ -550,7 +550,10 @@ def _tail(a: Analysis, figs: Mapping[str, str | None]) -> list[str]:
         parts += [
             "<h2>Release checklist and rollback triggers</h2>",
             f'<ol class="check">{items}</ol>',
-        ]
+            '<p class="muted">The same triggers as code, next to this report when a configuration is recommended: '
+            "<code>rollout.yaml</code> (policy rules with a canary and these guards), "
+            "<code>argo-analysis-template.yaml</code> and <code>flagger-metric-templates.yaml</code> (the guards as PromQL).</p>",
+        ]  # fmt: skip
     parts.append(
         '<h2>Definitions</h2><p class="muted">ttft: request sent → first output-bearing event. '
         "tpot: (e2e − ttft)/(output tokens − 1) = vLLM TPOT = AIPerf/GuideLLM ITL. chunk gap: gaps between output-bearing events = vLLM ITL = AIPerf ICL. "

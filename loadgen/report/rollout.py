@@ -1,0 +1,305 @@
+"""The checklist made executable: rollout guards with the report's thresholds (pure).
+
+- :func:`rollout_yaml` — ``rollout.yaml``: policy rules that route each recommended category to
+  its candidate with a ``rollout`` block (canary at 5 %, automatic steps, the guards below),
+  ready to paste into a policy's ``rules``; validated against the policy schema by the tests.
+- :func:`argo_analysis_template` — an Argo Rollouts ``AnalysisTemplate`` and
+  :func:`flagger_metric_templates` — Flagger ``MetricTemplate``\\s with a ``Canary`` analysis
+  fragment: the same guards as PromQL over specshadow's own metrics (the gateway's ``/metrics``),
+  for clusters whose canary traffic is moved by those tools rather than by the gateway.
+
+Thresholds come from what was measured for the recommended candidate, per category:
+
+- ``e2e_p99_ratio_max`` / ``tpot_p99_ratio_max``: 1.25 × the measured p99 ratio candidate ÷
+  primary, between 1.0 (never slower than today's primary) and 1.5;
+- ``error_rate_delta_max``: the measured difference plus 1 point (at least 1 point);
+- ``divergence_rate_max``: the measured divergence above the noise floor plus the report's
+  tolerance (two standard errors and 2 points);
+- ``tokens_per_event_min``: half the measured speculative gain, ``1 + (tpe − 1) / 2``;
+- ``kv_usage_max``: 0.95.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from core.stats import mean
+from loadgen.report.analysis import ALL, Analysis, CandidateAnalysis
+from loadgen.report.checklist import leg_key
+
+WINDOW = "5m"  # PromQL rate window of the Argo template (Flagger uses its metric interval)
+CANARY_STEPS = (0.05, 0.25, 0.5, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Guards:
+    e2e_p99_ratio_max: float
+    tpot_p99_ratio_max: float
+    error_rate_delta_max: float
+    divergence_rate_max: float
+    tokens_per_event_min: float | None
+    kv_usage_max: float = 0.95
+
+    def as_yaml(self, indent: str) -> list[str]:
+        out = [
+            f"{indent}min_samples: 20",
+            f"{indent}e2e_p99_ratio_max: {self.e2e_p99_ratio_max:g}",
+            f"{indent}tpot_p99_ratio_max: {self.tpot_p99_ratio_max:g}",
+            f"{indent}error_rate_delta_max: {self.error_rate_delta_max:g}",
+            f"{indent}divergence_rate_max: {self.divergence_rate_max:g}",
+        ]
+        tpe = "null" if self.tokens_per_event_min is None else f"{self.tokens_per_event_min:g}"
+        out += [
+            f"{indent}tokens_per_event_min: {tpe}",
+            f"{indent}kv_usage_max: {self.kv_usage_max:g}",
+        ]
+        return out
+
+
+def _p99(a: Analysis, leg: str, cat: str, metric: str) -> float | None:
+    return a.latency.get((leg, cat), {}).get(metric, (None, None, None))[2]
+
+
+def _ratio_max(a: Analysis, c: CandidateAnalysis, cat: str, metric: str) -> float:
+    cand, prim = _p99(a, leg_key(a, c), cat, metric), _p99(a, "primary", cat, metric)
+    if cand is None or prim is None or prim <= 0:
+        return 1.5
+    return round(min(1.5, max(1.0, 1.25 * cand / prim)), 2)
+
+
+def guards_for(a: Analysis, c: CandidateAnalysis, cat: str) -> Guards:
+    """The guards for ``c`` serving ``cat``, from its measured numbers (see the module doc)."""
+    cerr, perr = a.errors.get((leg_key(a, c), cat)), a.errors.get(("primary", cat))
+    error = 0.02
+    if cerr is not None and perr is not None and cerr.value is not None and perr.value is not None:
+        error = round(max(0.01, cerr.value - perr.value + 0.01), 3)
+    divergence = 0.05
+    q = c.quality.get(cat)
+    if q is not None and q.candidate_divergence.value is not None:
+        above = q.candidate_divergence.value - (q.baseline_divergence.value or 0.0)
+        divergence = round(min(1.0, max(0.01, above + q.tolerance)), 3)
+    tpe = mean(c.acceptance["category"].get(cat, {}).get("tokens_per_event", []))
+    if cat == ALL:
+        pooled = [
+            v
+            for vals in c.acceptance["category"].values()
+            for v in vals.get("tokens_per_event", [])
+        ]
+        tpe = mean(pooled)
+    floor = round(1 + (tpe - 1) / 2, 2) if tpe is not None and tpe > 1.05 else None
+    return Guards(
+        _ratio_max(a, c, cat, "e2e_s"), _ratio_max(a, c, cat, "tpot_s"), error, divergence, floor
+    )
+
+
+def _picks(a: Analysis) -> Mapping[str, str]:
+    """Category → recommended backend; all traffic only when no category has a pick."""
+    per = {cat: r.backend for cat, r in a.recommendations.items() if r.backend and cat != ALL}
+    if per:
+        return per
+    overall = a.recommendations.get(ALL)
+    return {ALL: overall.backend} if overall is not None and overall.backend else {}
+
+
+def rollout_yaml(a: Analysis) -> str | None:
+    """``rollout.yaml``: one rule per recommended category (see the module doc); None without a
+    recommendation."""
+    picks = _picks(a)
+    if not picks:
+        return None
+    lines = [
+        "# Generated by `specshadow report`: paste these rules into the policy's `rules:` (before",
+        "# any broader rule). Each starts a canary at 5 % of its category, steps up on its own while",
+        "# every guard holds, and rolls back to shadow the moment one breaks (docs/rollout.md).",
+        "# The guard thresholds are the report's measurements with the margins stated there.",
+        "rules:",
+    ]
+    for cat, backend in picks.items():
+        c = a.candidates[backend]
+        g = guards_for(a, c, cat)
+        match = "{}" if cat == ALL else f"{{categories: [{cat}]}}"
+        lines += [
+            f"  - name: rollout-{cat}-{backend}",
+            f"    match: {match}",
+            "    ratio: 1.0",
+            f"    legs: [{{backend: {backend}, role: candidate}}]",
+            "    rollout:",
+            "      stage: canary",
+            f"      serve_ratio: {CANARY_STEPS[0]:g}",
+            f"      steps: [{', '.join(f'{s:g}' for s in CANARY_STEPS)}]",
+            "      hold: {min_requests: 200, min_s: 600}",
+            "      guards:",
+            *g.as_yaml("        "),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+# -- PromQL over the gateway's metrics -----------------------------------------------------------
+
+
+def _sel(role: str, backend: str | None = None, extra: str = "") -> str:
+    parts = [f'specshadow_leg_role="{role}"']
+    if backend is not None:
+        parts.append(f'specshadow_backend="{backend}"')
+    if extra:
+        parts.append(extra)
+    return "{" + ",".join(parts) + "}"
+
+
+def guard_queries(backend: str, window: str) -> dict[str, str]:
+    """Guard name → PromQL giving one number, over specshadow's own metrics (``window``: the
+    rate window). Absent error or divergence series count as 0 (``or vector(0)``)."""
+    dur = "gen_ai_client_operation_duration_seconds"
+    tpot = "specshadow_time_per_output_token_seconds"
+    cmp_ = "specshadow_compare_results_total"
+    tpe = "specshadow_tokens_per_event"
+
+    def p99_ratio(metric: str) -> str:
+        return (
+            f"histogram_quantile(0.99, sum by (le) (rate({metric}_bucket{_sel('candidate', backend)}[{window}])))\n"
+            f"/ histogram_quantile(0.99, sum by (le) (rate({metric}_bucket{_sel('primary')}[{window}])))"
+        )
+
+    failed = 'error_type!=""'
+    diverged = 'specshadow_outcome="diverge"'
+
+    def error_rate(role: str, b: str | None) -> str:
+        return (
+            f"((sum(rate({dur}_count{_sel(role, b, failed)}[{window}])) or vector(0))\n"
+            f" / sum(rate({dur}_count{_sel(role, b)}[{window}])))"
+        )
+
+    def divergence(role: str, b: str | None) -> str:
+        return (
+            f"((sum(rate({cmp_}{_sel(role, b, diverged)}[{window}])) or vector(0))\n"
+            f" / sum(rate({cmp_}{_sel(role, b)}[{window}])))"
+        )
+
+    return {
+        "e2e_p99_ratio": p99_ratio(dur),
+        "tpot_p99_ratio": p99_ratio(tpot),
+        "error_rate_delta": f"{error_rate('candidate', backend)}\n- {error_rate('primary', None)}",
+        "divergence_rate": f"{divergence('candidate', backend)}\n- ({divergence('baseline', None)} or vector(0))",
+        "tokens_per_event": (
+            f"sum(rate({tpe}_sum{_sel('candidate', backend)}[{window}]))\n"
+            f"/ sum(rate({tpe}_count{_sel('candidate', backend)}[{window}]))"
+        ),
+    }
+
+
+_MAX = {"e2e_p99_ratio", "tpot_p99_ratio", "error_rate_delta", "divergence_rate"}
+
+
+def _thresholds(g: Guards) -> dict[str, float]:
+    out = {
+        "e2e_p99_ratio": g.e2e_p99_ratio_max,
+        "tpot_p99_ratio": g.tpot_p99_ratio_max,
+        "error_rate_delta": g.error_rate_delta_max,
+        "divergence_rate": g.divergence_rate_max,
+    }
+    if g.tokens_per_event_min is not None:
+        out["tokens_per_event"] = g.tokens_per_event_min
+    return out
+
+
+def _main_pick(a: Analysis) -> tuple[str, str] | None:
+    picks = _picks(a)
+    if ALL in picks:
+        return ALL, picks[ALL]
+    return next(iter(picks.items()), None)
+
+
+def _indent(text: str, by: str) -> str:
+    return "\n".join(by + line for line in text.splitlines())
+
+
+def argo_analysis_template(
+    a: Analysis, prometheus: str = "http://prometheus.monitoring.svc:9090"
+) -> str | None:
+    """An Argo Rollouts ``AnalysisTemplate`` with every guard (the overall pick's thresholds)."""
+    main = _main_pick(a)
+    if main is None:
+        return None
+    cat, backend = main
+    g = guards_for(a, a.candidates[backend], cat)
+    queries = guard_queries(backend, WINDOW)
+    lines = [
+        "# Generated by `specshadow report`: specshadow's rollout guards for Argo Rollouts, as PromQL",
+        "# over the gateway's /metrics. No data counts as a failure (len(result) > 0).",
+        "apiVersion: argoproj.io/v1alpha1",
+        "kind: AnalysisTemplate",
+        "metadata:",
+        f"  name: specshadow-guards-{backend}",
+        "spec:",
+        "  args:",
+        "    - name: prometheus-address",
+        f"      value: {prometheus}",
+        "  metrics:",
+    ]
+    for name, limit in _thresholds(g).items():
+        op, bad = ("<=", ">") if name in _MAX else (">=", "<")
+        lines += [
+            f"    - name: {name.replace('_', '-')}",
+            "      interval: 1m",
+            "      count: 10",
+            "      failureLimit: 1",
+            f"      successCondition: len(result) > 0 && !isNaN(result[0]) && result[0] {op} {limit:g}",
+            f"      failureCondition: len(result) > 0 && result[0] {bad} {limit:g}",
+            "      provider:",
+            "        prometheus:",
+            '          address: "{{args.prometheus-address}}"',
+            "          query: |",
+            _indent(queries[name], "            "),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def flagger_metric_templates(
+    a: Analysis, prometheus: str = "http://prometheus.monitoring:9090"
+) -> str | None:
+    """Flagger ``MetricTemplate``\\s for every guard, then the ``Canary`` ``analysis.metrics``
+    entries that reference them with the thresholds (merge into your Canary)."""
+    main = _main_pick(a)
+    if main is None:
+        return None
+    cat, backend = main
+    g = guards_for(a, a.candidates[backend], cat)
+    queries = guard_queries(backend, "{{ interval }}")
+    docs = [
+        "\n".join([
+            "apiVersion: flagger.app/v1beta1",
+            "kind: MetricTemplate",
+            "metadata:",
+            f"  name: specshadow-{name.replace('_', '-')}",
+            "spec:",
+            "  provider:",
+            "    type: prometheus",
+            f"    address: {prometheus}",
+            "  query: |",
+            _indent(queries[name], "    "),
+        ])
+        for name in _thresholds(g)
+    ]  # fmt: skip
+    canary = [
+        "# Merge into your Canary's spec.analysis: each metric checks one guard every interval.",
+        "apiVersion: flagger.app/v1beta1",
+        "kind: Canary",
+        "metadata:",
+        "  name: REPLACE-ME",
+        "spec:",
+        "  analysis:",
+        "    interval: 1m",
+        "    threshold: 2",
+        "    metrics:",
+    ]
+    for name, limit in _thresholds(g).items():
+        bound = "max" if name in _MAX else "min"
+        canary += [
+            f"      - name: {name.replace('_', '-')}",
+            f"        templateRef: {{name: specshadow-{name.replace('_', '-')}}}",
+            f"        thresholdRange: {{{bound}: {limit:g}}}",
+            "        interval: 5m",
+        ]
+    header = "# Generated by `specshadow report`: specshadow's rollout guards for Flagger.\n"
+    return header + "\n---\n".join([*docs, "\n".join(canary)]) + "\n"

@@ -1,0 +1,170 @@
+"""The report's executable checklist: rollout.yaml is a valid policy fragment whose guards carry
+the measured thresholds, and the Argo / Flagger templates' PromQL parses (promtool) and answers
+over a real Prometheus scraping a real gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from loadgen.report import build_report
+from loadgen.report.rollout import guard_queries
+from policies.compile import parse_policy
+from policies.parse import read_yaml
+from tests.gateway.test_shadow import CHAT, raw_stream
+from tests.receivers.prometheus import PROMTOOL, requires_prometheus, requires_promtool
+from tests.report.synthetic import several
+
+POLICY_HEAD = (
+    "version: 1\nbackends:\n  prod: {url: 'http://127.0.0.1:1', kind: vllm}\n"
+    "  ngram: {url: 'http://127.0.0.1:2', kind: vllm}\n"
+    "  eagle: {url: 'http://127.0.0.1:3', kind: vllm}\nprimary: prod\n"
+)
+
+
+def records() -> list[dict[str, Any]]:
+    return several({"ngram": {"speedups": {"chat": 1.1, "code": 1.8}, "method": "ngram"},
+                    "eagle": {"speedups": {"chat": 1.5, "code": 1.2}, "method": "eagle3"}})  # fmt: skip
+
+
+def test_rollout_yaml_is_a_policy_fragment_with_the_measured_thresholds(tmp_path: Path) -> None:
+    recs = records()
+    paths = build_report(recs, None, tmp_path)
+    text = paths.rollout["rollout.yaml"].read_text()
+    policy = parse_policy(read_yaml((POLICY_HEAD + text).encode(), source="r"), source="r")
+    by_name = {r.name: r for r in policy.rules}
+    assert set(by_name) == {"rollout-chat-eagle", "rollout-code-ngram"}
+    code = by_name["rollout-code-ngram"]
+    assert code.rollout is not None and code.rollout.stage == "canary"
+    assert code.rollout.candidate.backend.name == "ngram" and code.rollout.steps == (
+        0.05,
+        0.25,
+        0.5,
+        1.0,
+    )
+    # Independently: half the measured speculative gain of ngram's code legs.
+    tpe = [leg["tokens_per_event"] for r in recs if r["category"] == "code"
+           for leg in r["legs"] if leg.get("backend") == "ngram"]  # fmt: skip
+    assert code.rollout.guards.tokens_per_event_min == round(1 + (statistics.fmean(tpe) - 1) / 2, 2)
+    # The p99 ratio guard: 1.25 × measured, never above 1.5, never below 1.0.
+    a = paths.analysis
+    cand = a.latency[("candidate ngram", "code")]["e2e_s"][2]
+    prim = a.latency[("primary", "code")]["e2e_s"][2]
+    assert cand is not None and prim is not None
+    assert code.rollout.guards.e2e_p99_ratio_max == round(min(1.5, max(1.0, 1.25 * cand / prim)), 2)
+    # No recommendation, no files (and no stale ones).
+    slow = several({"slow": {"speedups": {"chat": 0.8, "code": 0.8}}})
+    again = build_report(slow, None, tmp_path)
+    assert again.rollout == {} and not (tmp_path / "rollout.yaml").exists()
+
+
+def test_argo_and_flagger_templates_have_their_shape(tmp_path: Path) -> None:
+    paths = build_report(records(), None, tmp_path)
+    argo = yaml.safe_load(paths.rollout["argo-analysis-template.yaml"].read_text())
+    assert argo["kind"] == "AnalysisTemplate" and argo["apiVersion"] == "argoproj.io/v1alpha1"
+    metrics = {m["name"]: m for m in argo["spec"]["metrics"]}
+    assert set(metrics) >= {
+        "e2e-p99-ratio",
+        "tpot-p99-ratio",
+        "error-rate-delta",
+        "divergence-rate",
+        "tokens-per-event",
+    }
+    assert "result[0] <= " in metrics["e2e-p99-ratio"]["successCondition"]
+    assert "result[0] >= " in metrics["tokens-per-event"]["successCondition"]
+    flagger = list(yaml.safe_load_all(paths.rollout["flagger-metric-templates.yaml"].read_text()))
+    templates = [d for d in flagger if d["kind"] == "MetricTemplate"]
+    (canary,) = [d for d in flagger if d["kind"] == "Canary"]
+    refs = {m["templateRef"]["name"] for m in canary["spec"]["analysis"]["metrics"]}
+    assert refs == {t["metadata"]["name"] for t in templates}
+
+
+def _as_rules(queries: dict[str, str]) -> str:
+    rules = "\n".join(
+        f"  - record: specshadow:{name}\n    expr: |\n"
+        + "\n".join(f"      {line}" for line in q.splitlines())
+        for name, q in queries.items()
+    )
+    return f"groups:\n- name: specshadow-guards\n  rules:\n{rules}\n"
+
+
+@pytest.mark.prometheus
+@requires_promtool
+def test_every_guard_query_parses_in_promtool(tmp_path: Path) -> None:
+    paths = build_report(records(), None, tmp_path)
+    argo = yaml.safe_load(paths.rollout["argo-analysis-template.yaml"].read_text())
+    argo_queries = {
+        m["name"].replace("-", "_"): m["provider"]["prometheus"]["query"]
+        for m in argo["spec"]["metrics"]
+    }
+    flagger = [
+        d
+        for d in yaml.safe_load_all(paths.rollout["flagger-metric-templates.yaml"].read_text())
+        if d["kind"] == "MetricTemplate"
+    ]
+    flagger_queries = {
+        d["metadata"]["name"].replace("-", "_"): d["spec"]["query"].replace("{{ interval }}", "5m")
+        for d in flagger
+    }
+    for label, queries in (("argo", argo_queries), ("flagger", flagger_queries)):
+        rules = tmp_path / f"{label}.rules.yml"
+        rules.write_text(_as_rules(queries))
+        assert PROMTOOL is not None
+        proc = subprocess.run(
+            [PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True, check=False
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"SUCCESS: {len(queries)} rules found" in proc.stdout
+
+
+@pytest.mark.prometheus
+@requires_prometheus
+async def test_the_guard_queries_answer_over_a_real_prometheus_scraping_the_gateway(
+    sims, gateway, write_policy, prometheus_server
+):
+    primary = await sims(step_s=0.002)
+    candidate = await sims(mode="speculative", acceptance=0.8, step_s=0.002)
+    baseline = await sims(step_s=0.002)
+    policy = (
+        "version: 1\n"
+        f"backends:\n  prim: {{url: '{primary.base_url}', kind: sim}}\n"
+        f"  cand: {{url: '{candidate.base_url}', kind: sim}}\n"
+        f"  base: {{url: '{baseline.base_url}', kind: sim}}\n"
+        "primary: prim\n"
+        "default: {ratio: 1.0, legs: [{backend: cand, role: candidate}, {backend: base, role: baseline}]}\n"
+    )
+    gw = await gateway(None, policy_path=write_policy(policy))
+    server = prometheus_server([gw.url.removeprefix("http://")], interval_s=0.5)
+    await server.wait_ready()
+    queries = guard_queries("cand", "1m")
+    answers: dict[str, float] = {}
+    for i in range(300):
+        body = {**CHAT, "messages": [{"role": "user", "content": f"guard {i}"}], "stream": True}
+        status, _ = await raw_stream(gw.url, body)
+        assert status == 200
+        if i % 20 == 19:
+            for name, q in queries.items():
+                result = await server.query(q)
+                if result:
+                    answers[name] = float(result[0]["value"][1])
+            if len(answers) == len(queries) and all(v == v for v in answers.values()):
+                break
+        await asyncio.sleep(0.01)
+    assert set(answers) == set(queries), answers
+    tpe = [leg.recording.timings.tokens_per_event for e in gw.sink.exchanges
+           for leg in e.shadows if leg.role == "candidate" and leg.recording is not None]  # fmt: skip
+    assert answers["tokens_per_event"] == pytest.approx(
+        statistics.fmean(t for t in tpe if t), rel=0.15
+    )
+    assert answers["error_rate_delta"] == 0.0  # no leg failed
+    assert answers["divergence_rate"] == 0.0  # lossless, greedy: nothing diverges
+    assert 0 < answers["e2e_p99_ratio"] < 1.0  # the speculative candidate is faster
+    async with aiohttp.ClientSession() as s, s.get(f"{gw.url}/metrics") as r:
+        assert r.status == 200
