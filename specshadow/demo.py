@@ -1,13 +1,17 @@
 """``specshadow demo``: the whole story on one machine, with embedded defaults and no configuration.
 
-1. Start three backends — a plain primary, a speculative candidate and a plain baseline (simulated
-   with known ground truth; ``--vllm`` uses real vLLM CPU servers instead: plain, n-gram, plain,
-   started with :mod:`loadgen.vllm` or reused with ``--vllm-urls``).
-2. Start the gateway in front of the primary with a policy that mirrors a share of traffic to the
+Simulated (the default): :mod:`specshadow.story` — two candidates shadowed side by side, the
+report's pick per category, a canary of each pick, a bad deploy rolled back by the guards on
+their own, and the final report.
+
+``--vllm`` (real vLLM CPU servers: plain, n-gram, plain, started with :mod:`loadgen.vllm` or
+reused with ``--vllm-urls``): the shadow part of the story —
+
+1. Start the gateway in front of the primary with a policy that mirrors a share of traffic to the
    candidate and the baseline, writing comparison records to an embedded store.
-3. Replay the bundled trace of real prompts through the gateway with the load generator (the
+2. Replay the bundled trace of real prompts through the gateway with the load generator (the
    official ``openai`` request shapes, streamed, category header set).
-4. Print what the gateway measured per request and per role, build the adoption report, print
+3. Print what the gateway measured per request and per role, build the adoption report, print
    where it is, and stop everything.
 """
 
@@ -17,7 +21,7 @@ import argparse
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,15 +37,9 @@ from gateway.settings import Settings
 from policies.compile import parse_policy
 from policies.compiled import BackendKind
 from policies.store import PolicyStore
-from simulator.app import run_simulator
-from simulator.config import SimConfig
 from specshadow.app import build_app
 
 MODEL = "sim-model"
-# The simulated candidate: per-category acceptance (conditional, per draft position) and proposer
-# coverage. multi_turn drafts rarely (an n-gram proposer finds few matches), so it loses.
-CANDIDATE_ACCEPTANCE = {"chat": 0.75, "multi_turn": 0.6, "structured_output": 0.9}
-CANDIDATE_COVERAGE = {"multi_turn": 0.1}
 # --vllm: fewer, shorter requests (the tiny CPU model serves ~200 tokens/s per server on 2 cores),
 # and prompts that fit its 1024-token context with room for the output.
 VLLM_REQUESTS = 30
@@ -67,12 +65,21 @@ def register(sub: Any) -> None:
         "demo", help="run the whole shadow-testing story on simulated backends"
     )
     p.add_argument(
-        "--requests", type=int, default=None, help="trace rows to replay (default 120; --vllm 30)"
+        "--requests",
+        type=int,
+        default=None,
+        help="requests in the shadow act (default 240: the bundled trace twice; --vllm 30)",
     )
     p.add_argument(
         "--concurrency", type=int, default=None, help="requests in flight (default 8; --vllm 4)"
     )
-    p.add_argument("--ratio", type=float, default=0.8, help="share of requests mirrored")
+    p.add_argument(
+        "--ratio",
+        type=float,
+        default=None,
+        help="--vllm: share of requests mirrored (default 0.8); the simulated story mirrors at "
+        "load parity",
+    )
     p.add_argument("--trace", default=None, help="JSONL trace (default: the bundled one)")
     p.add_argument("--out", default="specshadow-out/demo", help="records, results and report")
     p.add_argument("--quiet", action="store_true", help="no per-request lines")
@@ -120,22 +127,6 @@ def demo_policy(
     return PolicyStore(parse_policy(raw, source="demo (embedded)"))
 
 
-def simulated_backends() -> tuple[SimConfig, SimConfig]:
-    plain = SimConfig(model=MODEL, prefill_base_s=0.03, step_s=0.008)
-    speculative = SimConfig(
-        model=MODEL,
-        mode="speculative",
-        num_speculative_tokens=4,
-        acceptance=0.7,
-        category_acceptance=CANDIDATE_ACCEPTANCE,
-        category_coverage=CANDIDATE_COVERAGE,
-        prefill_base_s=0.03,
-        step_s=0.008,
-        spec_step_overhead_s=0.002,
-    )
-    return plain, speculative
-
-
 def run_demo(args: argparse.Namespace) -> int:
     require("report", command="demo")
     from loadgen.report import build_report
@@ -148,18 +139,21 @@ def run_demo(args: argparse.Namespace) -> int:
     rows = read_trace(args.trace) if args.trace else bundled_trace()
     if vllm:
         rows = [r for r in rows if _prompt_chars(r.body) <= VLLM_MAX_PROMPT_CHARS]
-    rows = rows[: args.requests]
+    rows = (rows * (1 + args.requests // max(1, len(rows))))[: args.requests]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     store_path = out / "records.sqlite"
-    for stale in out.glob("records.sqlite*"):
-        stale.unlink()
+    for stale in [*out.glob("records.sqlite*"), out / "rollout-state.json"]:
+        stale.unlink(missing_ok=True)
+    if not vllm:
+        from specshadow.story import run_story
+
+        return asyncio.run(run_story(args, rows, out))
     exchanges, results = asyncio.run(replay_through_gateway(args, rows, store_path))
     if not args.quiet:
         print_table(exchanges)
     print_summary(exchanges)
-    if vllm:
-        print_vllm_evidence(exchanges)
+    print_vllm_evidence(exchanges)
     write_results(out / "loadgen.jsonl", results)
     summary = summarize(results)
     print(
@@ -168,9 +162,8 @@ def run_demo(args: argparse.Namespace) -> int:
     )
     records = list(query_records(store_path))
     result_rows = [r.to_json() for r in results]
-    if vllm:
-        print_equivalence(records)
-    source = "demo (vLLM CPU: plain, n-gram, plain)" if vllm else "demo (simulated)"
+    print_equivalence(records)
+    source = "demo (vLLM CPU: plain, n-gram, plain)"
     paths = build_report(records, result_rows, out / "report", sources=[source])
     print(f"\nrecords  {store_path}  ({len(records)} comparison records)")
     print(f"results  {out / 'loadgen.jsonl'}")
@@ -183,7 +176,9 @@ def run_demo(args: argparse.Namespace) -> int:
 def _resolve_defaults(args: argparse.Namespace, vllm: bool) -> None:
     """Fill the defaults that differ between simulated and real backends."""
     if args.requests is None:
-        args.requests = VLLM_REQUESTS if vllm else 120
+        args.requests = VLLM_REQUESTS if vllm else 240
+    if args.ratio is None:
+        args.ratio = 0.8
     if args.concurrency is None:
         args.concurrency = VLLM_CONCURRENCY if vllm else 8
     if getattr(args, "max_tokens", None) is None:
@@ -195,18 +190,6 @@ def _prompt_chars(body: Mapping[str, Any]) -> int:
     if not isinstance(messages, list):
         return len(str(body.get("prompt", "")))
     return sum(len(m.get("content") or "") for m in messages if isinstance(m, Mapping))
-
-
-@asynccontextmanager
-async def simulated_demo_backends() -> AsyncIterator[DemoBackends]:
-    plain, speculative = simulated_backends()
-    async with AsyncExitStack() as stack:
-        primary = await stack.enter_async_context(run_simulator(plain))
-        candidate = await stack.enter_async_context(run_simulator(speculative))
-        baseline = await stack.enter_async_context(run_simulator(plain))
-        yield DemoBackends(
-            primary.base_url, candidate.base_url, baseline.base_url, "sim", MODEL, "simulated"
-        )
 
 
 def parse_vllm_urls(text: str) -> tuple[str, str, str]:
@@ -250,11 +233,7 @@ async def replay_through_gateway(
     """Backends and gateway up, the trace replayed through it, everything down again."""
     from loadgen.runner import run_loadgen
 
-    backends = (
-        vllm_demo_backends(getattr(args, "vllm_urls", None))
-        if getattr(args, "vllm", False)
-        else simulated_demo_backends()
-    )
+    backends = vllm_demo_backends(getattr(args, "vllm_urls", None))
     sink = MemorySink()
     async with backends as b:
         store = demo_policy(b.primary, b.candidate, b.baseline, args.ratio, kind=b.kind)

@@ -67,6 +67,7 @@ from loadgen.report.sections import (
     resources,
     wilson,
 )
+from loadgen.report.timeline import Segment, timeline
 from loadgen.speedup import Speedup
 
 __all__ = [
@@ -152,6 +153,7 @@ class Analysis:
     head_to_head: list[HeadToHead] = field(default_factory=list)
     recommendations: dict[str, Recommendation] = field(default_factory=dict)  # category → pick
     policy_fragment: str | None = None  # rules routing each category to its pick
+    rollout: list[Segment] = field(default_factory=list)  # stages the records went through
 
     @property
     def gate_overall(self) -> float | None:
@@ -470,8 +472,8 @@ def analyze_candidate(
     )
 
 
-def _notes(records: Sequence[Record]) -> list[str]:
-    """Which numbers could not be made load-true, and why."""
+def _notes(records: Sequence[Record], served_by_candidate: int = 0) -> list[str]:
+    """Which numbers could not be made load-true, and why; what was left out."""
     scraped: dict[str, bool] = {}
     for r in records:
         for leg in legs(r):
@@ -489,6 +491,11 @@ def _notes(records: Sequence[Record]) -> list[str]:
         )
     if records and not any(lt.leg_load(leg) for r in records for leg in legs(r)):
         out.append("These records carry no load at dispatch: no speed-up can be placed at a load.")
+    if served_by_candidate:
+        out.append(
+            f"{served_by_candidate} exchanges answered by a candidate during a canary are left out "
+            "of the verdicts: they are not shadow pairs (see the rollout timeline)."
+        )
     return out
 
 
@@ -500,7 +507,11 @@ def analyze(
     from loadgen.matrix import stable_regions
     from loadgen.report.checklist import checklist
 
-    recs = list(records)
+    everything = list(records)
+    # Verdicts come from shadow pairs: the primary answered, the candidate was mirrored. During a
+    # canary the candidate answers some requests (the primary is then its shadow); those
+    # exchanges tell the rollout's story (the timeline), not the adoption decision.
+    recs = [r for r in everything if r.get("served_by", "primary") == "primary"]
     rows = [dict(r) for r in results or ()]
     matrix = [r for r in rows if str(r.get("schema", "")).startswith("specshadow.matrix/")]
     loadgen = [r for r in rows if r not in matrix and "e2e_s" in r and not r.get("warmup")]
@@ -509,7 +520,7 @@ def analyze(
     table, n, errors = latency(recs, several_candidates=len(backends) > 1)
     a = Analysis(
         categories=cats,
-        records=len(recs),
+        records=len(everything),
         latency=table,
         latency_n=n,
         errors=errors,
@@ -517,7 +528,7 @@ def analyze(
         resources=resources(recs, matrix),
         candidates={b: analyze_candidate(recs, b, cats) for b in backends},
         checklist=[],
-        notes=_notes(recs) if recs else [],
+        notes=_notes(recs, len(everything) - len(recs)) if everything else [],
         matrix=matrix,
         stable_regions=stable_regions(matrix),
         loadgen=loadgen,
@@ -529,5 +540,6 @@ def analyze(
         if verdicts:
             a.recommendations[cat] = recommend(cat, verdicts, specs, a.head_to_head)
     a.policy_fragment = policy_fragment(list(a.recommendations.values()))
+    a.rollout = timeline(everything)
     a.checklist = checklist(a) if recs else []
     return a

@@ -85,6 +85,7 @@ def report_json(a: Analysis) -> dict[str, Any]:
         "recommendation_reasons": {cat: r.to_json() for cat, r in a.recommendations.items()},
         "recommendation_rule": RULE,
         "recommendation_policy": a.policy_fragment,
+        "rollout_timeline": [s.to_json() for s in a.rollout],
         "head_to_head": [
             {"category": h.category, **h.to_json()} for h in a.head_to_head if h.mirrored
         ],

@@ -17,6 +17,7 @@ from loadgen.report.render import (
     head_to_head_rows,
     quality_rows,
     recommendation_rows,
+    rollout_rows,
     sp,
     verdict_matrix,
 )
@@ -99,6 +100,12 @@ def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
             lines += _table(
                 ["category", "candidate diverges", "baseline diverges", "verdict"], rows
             )
+    if a.rollout:
+        lines += ["## Rollout", ""]
+        lines += _table(
+            ["rule", "stage", "from", "to", "exchanges", "answered by the candidate", "failovers"],
+            rollout_rows(a),
+        )
     if a.matrix:
         lines += ["## Stable operating region", ""]
         lines += [f"- {line}" for line in a.stable_regions] or ["- none found"]

@@ -41,7 +41,7 @@ figure img{max-width:100%;height:auto}figcaption{color:var(--muted);font-size:13
 div.scroll{overflow-x:auto;margin:8px 0;background:#fff;border:1px solid var(--line);border-radius:8px}
 table{border-collapse:collapse;width:100%;font-size:12.5px;font-variant-numeric:tabular-nums}
 th,td{padding:4px 7px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap}tr:last-child td{border-bottom:0}
-th:first-child,td:first-child,th.l,td.l{text-align:left}th{background:#eef1f5;font-weight:600;white-space:normal;vertical-align:bottom;line-height:1.25}
+th:first-child,td:first-child,th.l,td.l,td.wrap{text-align:left}td.wrap{white-space:normal;min-width:14em}th{background:#eef1f5;font-weight:600;white-space:normal;vertical-align:bottom;line-height:1.25}
 ol.check li{margin:4px 0}.muted{color:var(--muted)}code{background:#eef1f5;padding:0 4px;border-radius:3px}
 pre{white-space:pre-wrap;background:#fff;border:1px solid var(--line);padding:8px;border-radius:6px;font-size:12px;max-height:160px;overflow:auto}
 """
@@ -79,9 +79,20 @@ def _figure(uri: str | None, caption: str, empty: str) -> str:
     return f'<figure><img src="{uri}" alt="{escape(caption)}"><figcaption>{escape(caption)}</figcaption></figure>'
 
 
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def _table(
+    head: Sequence[str], rows: Sequence[Sequence[str]], *, wrap: Sequence[int] = ()
+) -> str:
+    """A table in a scrolling card; columns in ``wrap`` (indices) hold prose and wrap."""
     th = "".join(f"<th>{escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="wrap">{escape(c)}</td>' if i in wrap else f"<td>{escape(c)}</td>"
+            for i, c in enumerate(row)
+        )
+        + "</tr>"
+        for row in rows
+    )
     return f'<div class="scroll"><table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
@@ -358,6 +369,17 @@ def verdict_matrix(a: Analysis) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def rollout_rows(a: Analysis) -> list[list[str]]:
+    def at(ns: int) -> str:
+        return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%H:%M:%S")
+
+    return [
+        [s.rule, s.stage, at(s.first_unix_ns), at(s.last_unix_ns), str(s.exchanges),
+         str(s.served_by_candidate), str(s.failovers)]
+        for s in a.rollout
+    ]  # fmt: skip
+
+
 def recommendation_rows(a: Analysis) -> list[list[str]]:
     rows = []
     for cat, r in a.recommendations.items():
@@ -453,7 +475,7 @@ def _bottom_line(a: Analysis) -> list[str]:
     parts += [
         "<h3>Recommendation</h3>",
         f'<p class="muted">{escape(RULE)}</p>',
-        _table(["category", "ship", "why"], recommendation_rows(a)),
+        _table(["category", "ship", "why"], recommendation_rows(a), wrap=(2,)),
     ]
     if a.policy_fragment:
         parts += [
@@ -483,7 +505,7 @@ def render_html(
             '<p class="muted">What each candidate runs, as the policy declares it and as the backend reports it '
             "(vLLM <code>/server_info</code>, SGLang <code>/get_server_info</code>). A candidate is called lossless only when "
             "its verification mode is reported lossless <i>and</i> its outputs sit within the noise floor; a lossy mode is never called lossless.</p>",
-            _table(CAND_HEAD, candidate_rows(a)),
+            _table(CAND_HEAD, candidate_rows(a), wrap=(4, 6, 7)),
         ]  # fmt: skip
     if a.several:
         parts += [
@@ -509,6 +531,15 @@ def render_html(
             _figure(figs.get("latency"), "p50 (bars) and p99 (ticks) per leg", "No latency data."),
             _table(_LAT_HEAD, _latency_rows(a)),
         ]
+    if a.rollout:
+        parts += [
+            "<h2>Rollout</h2>",
+            '<p class="muted">The stages the records went through, per rule, in time order. A canary followed by '
+            "shadow is a rollback (who and why: <code>GET /admin/rollout</code>, the gateway's log, "
+            "<code>specshadow_rollout_transitions_total</code>).</p>",
+            _table(["rule", "stage", "from", "to", "exchanges", "answered by the candidate", "failovers"],
+                   rollout_rows(a)),
+        ]  # fmt: skip
     parts += _tail(a, figs)
     parts.append("</main></body></html>")
     return "\n".join(parts)

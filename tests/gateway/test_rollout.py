@@ -20,9 +20,9 @@ from core.sinks import MemorySink
 from gateway.guards import quantile_lower_rank
 from gateway.settings import Settings
 from simulator.config import Faults
+from simulator.switch import Switch
 from specshadow.app import build_app
 from tests.conftest import FAST_UPSTREAM, start_server
-from tests.fakes.switch import Switch
 
 TOKEN = "rollout-admin-token"
 CHAT = {"model": "sim-model", "max_tokens": 12, "stream": True, "temperature": 0}

@@ -15,7 +15,7 @@ from evidence.store import RecordStore
 from loadgen.matrix import mark_stable
 from loadgen.report import build_report
 from specshadow.main import main
-from tests.report.synthetic import records
+from tests.report.synthetic import records, several
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -45,6 +45,20 @@ def sample_records() -> list[dict]:
         speedups={"chat": 1.5, "structured_output": 1.03, "multi_turn": 0.85},
         n=50, candidate_divergence={"structured_output": 0.3},
     ) + records(speedups={"code": 1.3}, n=6, seed=9)  # fmt: skip
+
+
+def several_with_rollout() -> list[dict]:
+    """Two candidates with a per-category winner, the later records in a canary of one."""
+    out = several(
+        {"ngram-k4": {"speedups": {"chat": 1.1, "code": 1.8}, "method": "ngram"},
+         "eagle3-k3": {"speedups": {"chat": 1.6, "code": 1.2}, "method": "eagle3", "k": 3}},
+        n=40,
+    )  # fmt: skip
+    for i, r in enumerate(out):
+        r["policy"] = {"generation": 2, "rule": "eagle3-k3"}
+        r["rollout"] = {"stage": "canary" if i % 40 < 30 else "shadow", "failover": None}
+        r["served_by"] = "candidate" if i % 3 == 0 and i % 40 < 30 else "primary"
+    return out
 
 
 def test_report_command_reads_the_store_and_results_and_writes_html_and_markdown(tmp_path, capsys):
@@ -201,8 +215,12 @@ window.addEventListener("load", function () {
     reason="Debian's chromium is not installed",
 )
 @pytest.mark.parametrize("width", [1400, 720])
-def test_every_table_fits_its_card_at_1400px_and_scrolls_inside_it_when_narrow(tmp_path, width):
-    paths = build_report(sample_records(), MATRIX_ROWS + LOADGEN_ROWS, tmp_path / "report")
+@pytest.mark.parametrize("candidates", ["one", "two, with a rollout"])
+def test_every_table_fits_its_card_at_1400px_and_scrolls_inside_it_when_narrow(
+    tmp_path, width, candidates
+):
+    records = sample_records() if candidates == "one" else several_with_rollout()
+    paths = build_report(records, MATRIX_ROWS + LOADGEN_ROWS, tmp_path / "report")
     page = tmp_path / "layout.html"
     page.write_text(with_harness(paths.html.read_text(), LAYOUT))
     dom = chromium(

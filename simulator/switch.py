@@ -1,6 +1,7 @@
 """A switchable backend: one address in front of several simulators, forwarding every request to
-the one currently selected — a test double for "the candidate changed mid-run" with known ground
-truth (the selected simulator's own plan). Streams are relayed chunk by chunk, unbuffered."""
+the one selected now — "the candidate changed mid-run" (a regression, a bad deploy) with known
+ground truth: the selected simulator's own plan. The demo injects its regression with it; the
+rollout tests drive every guard with it. Streams are relayed chunk by chunk, unbuffered."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ SESSION = web.AppKey("switch_session", aiohttp.ClientSession)
 
 @dataclass
 class Switch:
-    targets: Mapping[str, str]  # name → simulator base URL
+    """``targets``: name → simulator base URL; ``current``: the one requests go to (assign it to
+    switch); ``served``: POSTs forwarded per target."""
+
+    targets: Mapping[str, str]
     current: str
     served: dict[str, int] = field(default_factory=dict)
 
@@ -32,6 +36,7 @@ class Switch:
         return app
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
+        """Relay ``request`` to the current target, streaming its answer back unchanged."""
         name = self.current
         if request.method == "POST":
             self.served[name] = self.served.get(name, 0) + 1

@@ -1,0 +1,335 @@
+"""The simulated demo's story: shadow two candidates → pick one per category → canary → a bad
+deploy → the guards roll it back on their own.
+
+Backends (simulators with known ground truth, on loopback): a plain **primary**, a plain
+**baseline** (the noise floor), and two speculative candidates that win on different traffic —
+**ngram-k4**, a cheap n-gram proposer that shines when the answer copies structure (structured
+output) and drafts rarely in conversation, and **eagle3-k3**, a draft-model proposer that is
+stronger on free chat. Each candidate is reached through a :class:`~simulator.switch.Switch`, so
+act 3 can swap a deploy under the gateway's feet.
+
+1. **Shadow.** The gateway mirrors every request to both candidates and the baseline at load
+   parity (``ratio: load_matched``, one replica each), writing comparison records.
+2. **Evidence.** The report judges each candidate per category at production's load, compares
+   them head to head on the same requests and names the configuration to ship per category.
+3. **Canary.** The policy file is rewritten — the gateway hot-reloads it — with one rule per
+   pick: a canary answering 30 % of that category from its candidate, guards on. Then eagle3
+   gets a bad deploy (10× slower steps). Its rule's guard fires and rolls it back to shadow on
+   its own; no client sees an error; the other rule stays in canary.
+4. **Report.** The final report over everything, with the rollout timeline.
+
+The guard window and minimum sample are smaller than a production default so the story fits in
+about half a minute; everything else is what ``specshadow serve`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from core import jsonx
+from core.exchange import Exchange
+from core.sinks import MemorySink
+from gateway.rollout import RolloutController
+from gateway.settings import Settings
+from gateway.state import GATEWAY
+from simulator.app import run_simulator
+from simulator.config import SimConfig
+from simulator.switch import Switch
+from specshadow.app import build_app
+
+MODEL = "sim-model"
+CANARY_SHARE = 0.3
+GUARDS = {"window": 60, "min_samples": 20}
+STEP_S, PREFILL_S = 0.008, 0.03
+NGRAM = SimConfig(
+    model=MODEL, prefill_base_s=PREFILL_S, step_s=STEP_S, mode="speculative", proposer="ngram", num_speculative_tokens=4, acceptance=0.5,
+    category_acceptance={"structured_output": 0.92, "chat": 0.45, "multi_turn": 0.55},
+    category_coverage={"multi_turn": 0.3}, spec_step_overhead_s=0.0005,
+)  # fmt: skip
+EAGLE = SimConfig(
+    model=MODEL, prefill_base_s=PREFILL_S, step_s=STEP_S, mode="speculative", proposer="eagle3", num_speculative_tokens=3, acceptance=0.8,
+    category_acceptance={"chat": 0.85, "multi_turn": 0.8, "structured_output": 0.7},
+    spec_step_overhead_s=0.002,
+)  # fmt: skip
+# The bad deploy: the same model and proposer, steps ten times slower.
+EAGLE_SLOW = SimConfig(model=MODEL, prefill_base_s=PREFILL_S, step_s=10 * STEP_S,
+                       mode="speculative", proposer="eagle3", num_speculative_tokens=3,
+                       acceptance=0.8)  # fmt: skip
+PLAIN = SimConfig(model=MODEL, prefill_base_s=PREFILL_S, step_s=STEP_S)
+
+
+@dataclass
+class Stage:
+    """Everything running: the backends, the switches, the gateway."""
+
+    gateway_url: str
+    policy_path: Path
+    sink: MemorySink
+    rollout: RolloutController
+    switches: dict[str, Switch]
+    urls: dict[str, str]  # backend name → URL the gateway uses
+
+
+def shadow_policy(urls: dict[str, str]) -> str:
+    backends = "\n".join(f"  {name}: {{url: '{url}', kind: sim}}" for name, url in urls.items())
+    return (
+        "version: 1\n"
+        f"backends:\n{backends}\n"
+        "primary: primary\n"
+        "default:\n"
+        "  ratio: load_matched\n"
+        "  legs: [{backend: ngram-k4, role: candidate}, {backend: eagle3-k3, role: candidate},\n"
+        "         {backend: baseline, role: baseline}]\n"
+    )
+
+
+def canary_policy(urls: dict[str, str], picks: dict[str, list[str]]) -> str:
+    """The shadow policy plus one canary rule per picked candidate, for its categories."""
+    rules = ["rules:"]
+    for backend, categories in picks.items():
+        rollout = jsonx.dumps(
+            {"stage": "canary", "serve_ratio": CANARY_SHARE, "guards": GUARDS}
+        ).decode()
+        rules += [
+            f"  - name: {backend}",
+            f"    match: {{categories: [{', '.join(categories)}]}}",
+            "    ratio: 1.0",
+            f"    legs: [{{backend: {backend}, role: candidate}}, {{backend: baseline, role: baseline}}]",
+            f"    rollout: {rollout}",
+        ]
+    return shadow_policy(urls) + "\n".join(rules) + "\n"
+
+
+@asynccontextmanager
+async def running(out: Path) -> AsyncIterator[Stage]:
+    async with AsyncExitStack() as stack:
+        sims = {}
+        for name, config in (("primary", PLAIN), ("baseline", PLAIN), ("ngram", NGRAM),
+                             ("eagle", EAGLE), ("eagle-slow", EAGLE_SLOW)):  # fmt: skip
+            sims[name] = await stack.enter_async_context(run_simulator(config))
+        switches = {
+            "ngram-k4": Switch({"good": sims["ngram"].base_url}, "good"),
+            "eagle3-k3": Switch({"good": sims["eagle"].base_url, "slow": sims["eagle-slow"].base_url}, "good"),
+        }  # fmt: skip
+        urls = {"primary": sims["primary"].base_url, "baseline": sims["baseline"].base_url}
+        for name, switch in switches.items():
+            urls[name] = await _serve(stack, switch.app())
+        policy_path = out / "policy.yaml"
+        policy_path.write_text(shadow_policy(urls))
+        sink = MemorySink()
+        settings = Settings(
+            policy_path=str(policy_path),
+            store_path=str(out / "records.sqlite"),
+            state_path=str(out / "rollout-state.json"),
+            policy_poll_s=0.2,
+            scrape_interval_s=0.5,
+            shutdown_timeout_s=5.0,
+        )
+        app = build_app(settings, sinks=[sink])
+        gateway_url = await _serve(stack, app)
+        controller = app[GATEWAY].rollout
+        assert controller is not None
+        yield Stage(gateway_url, policy_path, sink, controller, switches, urls)
+
+
+async def _serve(stack: AsyncExitStack, app: web.Application) -> str:
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+async def _settle(sink: MemorySink, expected: int, timeout_s: float = 30.0) -> None:
+    deadline = time.perf_counter() + timeout_s
+    while len(sink.exchanges) < expected and time.perf_counter() < deadline:  # noqa: ASYNC110 — bounded poll of a plain deque
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)  # the evidence worker (guards, records) wakes every 50 ms
+
+
+def _served(exchanges: Sequence[Exchange]) -> Counter[tuple[str, str]]:
+    """(rule, who answered) over exchanges decided by a rolling-out rule."""
+    return Counter(
+        (e.policy_rule or "-", e.served_by) for e in exchanges if e.rollout_stage is not None
+    )
+
+
+async def run_story(args: argparse.Namespace, rows: Sequence[Any], out: Path) -> int:
+    from loadgen.report import build_report
+    from loadgen.results import write_results
+    from loadgen.runner import run_loadgen
+
+    started = time.perf_counter()
+    results: list[Any] = []
+    async with running(out) as st:
+
+        async def replay(batch: Sequence[Any]) -> None:
+            before = len(st.sink.exchanges)
+            results.extend(await run_loadgen(f"{st.gateway_url}/v1", batch, concurrency=args.concurrency,
+                                             model=MODEL, max_tokens=args.max_tokens))  # fmt: skip
+            await _settle(st.sink, before + len(batch))
+
+        print("act 1 — shadow")
+        for name, url in st.urls.items():
+            print(f"  {name:<10} {url}")
+        print(
+            f"  gateway    {st.gateway_url}  mirroring every request to both candidates and the baseline"
+        )
+        print("             at load parity (ratio: load_matched, one replica each)\n")
+        await replay(rows)
+        print_roles(list(st.sink.exchanges))
+
+        print("\nact 2 — evidence")
+        records = _records(out)
+        paths = build_report(
+            records, [r.to_json() for r in results], out / "shadow-report", sources=["demo: shadow"]
+        )
+        a = paths.analysis
+        print_picks(a)
+        picks: dict[str, list[str]] = {}
+        for cat, r in a.recommendations.items():
+            if r.backend is not None and cat != "all":
+                picks.setdefault(r.backend, []).append(cat)
+        if not picks:
+            print("  nothing to roll out: no candidate passed for any category")
+        else:
+            print(
+                f"\nact 3 — canary: each pick answers {CANARY_SHARE:.0%} of its categories, guards on"
+            )
+            st.policy_path.write_text(canary_policy(st.urls, picks))
+            await _wait_for_rules(st.rollout, set(picks))
+            canary_from = len(st.sink.exchanges)
+            await replay(rows[:120])
+            served = _served(list(st.sink.exchanges)[canary_from:])
+            for rule in picks:
+                print(
+                    f"  {rule:<10} answered {served[(rule, 'candidate')]}, primary {served[(rule, 'primary')]}"
+                )
+            victim = "eagle3-k3" if "eagle3-k3" in picks else next(iter(picks))
+            await _regression(st, victim, rows, replay)
+        for r in results:
+            if r.error is not None:
+                print(f"  client error: {r.error}")
+        print(
+            f"\nclient side (loadgen): {len(results)} requests, errors {sum(1 for r in results if r.error)}"
+        )
+    records = _records(out)
+    write_results(out / "loadgen.jsonl", results)
+    final = build_report(
+        records, [r.to_json() for r in results], out / "report", sources=["demo (simulated)"]
+    )
+    print(
+        "\nact 4 — report (the whole run: shadow, canary, the rollback; act 2's report is in shadow-report/)"
+    )
+    print(f"  {'records':<30} {out / 'records.sqlite'}  ({len(records)} comparison records)")
+    print(f"  {'report':<30} {final.html}")
+    print(f"  {'summary':<30} {final.markdown}")
+    for name, path in final.rollout.items():
+        print(f"  {name:<30} {path}")
+    print(f"\ndemo finished in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+async def _regression(st: Stage, victim: str, rows: Sequence[Any], replay: Any) -> None:
+    if "slow" not in st.switches[victim].targets:
+        return
+    print(f"\n  a bad deploy: {victim} is now 10× slower")
+    st.switches[victim].current = "slow"
+    since = len(st.sink.exchanges)
+    for i in range(0, len(rows), 30):
+        await replay(rows[i : i + 30])
+        if st.rollout.stage_of(victim) == "shadow":
+            break
+    status = st.rollout.status()["rules"].get(victim, {})
+    last = status.get("last_transition") or {}
+    if status.get("stage") != "shadow":
+        print(f"  {victim} still {status.get('stage')}: the guards did not fire")
+        return
+    ids = [e.exchange_id for e in list(st.sink.exchanges)[since:]]
+    n = ids.index(last["exchange_id"]) + 1 if last.get("exchange_id") in ids else len(ids)
+    print(f"  rolled back on its own, {n} exchanges after the deploy: {last.get('reason')}")
+    after = len(st.sink.exchanges)
+    await replay(rows[:60])
+    served = _served(list(st.sink.exchanges)[after:])
+    print(f"  since then: {victim} rule answered by the primary {served[(victim, 'primary')]}, "
+          f"by the candidate {served[(victim, 'candidate')]}")  # fmt: skip
+    for rule, stage in ((r, st.rollout.stage_of(r)) for r in st.rollout.status()["rules"]):
+        if rule != victim:
+            print(f"  {rule} is still in {stage}")
+
+
+async def _wait_for_rules(
+    controller: RolloutController, rules: set[str], timeout_s: float = 10.0
+) -> None:
+    deadline = time.perf_counter() + timeout_s
+    while set(controller.status()["rules"]) < rules:
+        if time.perf_counter() > deadline:
+            raise RuntimeError("the gateway did not pick up the canary policy")
+        await asyncio.sleep(0.1)
+
+
+def _records(out: Path) -> list[dict[str, Any]]:
+    from evidence.store import query_records
+
+    return list(query_records(out / "records.sqlite"))
+
+
+def print_roles(exchanges: Sequence[Exchange]) -> None:
+    from core.stats import percentile
+
+    by: dict[str, list[Any]] = {}
+    for e in exchanges:
+        for leg in e.legs:
+            if leg.recording is not None:
+                label = leg.role if leg.role != "candidate" else leg.backend
+                by.setdefault(label, []).append(leg.recording)
+    print(f"  {'leg':<10} {'n':>4} {'ttft ms':>8} {'tpot ms':>8} {'e2e ms':>8} {'tok/ev':>7}")
+    for label, recs in by.items():
+
+        def med(values: list[float | None]) -> str:
+            p = percentile([v for v in values if v is not None], 50)
+            return "–" if p is None else f"{p * 1000:.1f}"
+
+        tpe = percentile(
+            [r.timings.tokens_per_event for r in recs if r.timings.tokens_per_event], 50
+        )
+        print(f"  {label:<10} {len(recs):>4} {med([r.timings.ttft_s for r in recs]):>8} "
+              f"{med([r.timings.tpot_s for r in recs]):>8} {med([r.timings.e2e_s for r in recs]):>8} "
+              f"{(tpe or float('nan')):>7.2f}")  # fmt: skip
+
+
+def print_picks(a: Any) -> None:
+    labels = {b: c.label for b, c in a.candidates.items()}
+    cats = [*a.categories, "all"]
+    head = f"  {'category':<18}" + "".join(f"{labels[b]:<26}" for b in labels) + "ship"
+    print(head)
+    for cat in cats:
+        cells = []
+        for c in a.candidates.values():
+            v = next((v for v in c.verdicts if v.category == cat), None)
+            at = v.at_load.e2e if v is not None and v.at_load is not None else None
+            text = (
+                "—" if v is None else v.label + (f" {at.estimate:.2f}×" if at is not None else "")
+            )
+            cells.append(f"{text:<26}")
+        pick = a.recommendations.get(cat)
+        ship = labels.get(pick.backend, "none") if pick is not None and pick.backend else "none"
+        print(f"  {cat:<18}" + "".join(cells) + ship)
+    main = a.main
+    if main is not None:
+        at = main.load.get("all")
+        if at is not None and at.parity_p50 is not None:
+            print(
+                f"  load parity p50 {at.parity_p50:.2f}: the candidates ran at production's per-replica rate"
+            )
