@@ -22,6 +22,8 @@ looks at overlapping data, so the default confidence is 0.99, not 0.95.
 - ``kv_usage``: the candidate's scraped KV-cache usage, fires when its last three scrapes are all
   at or above ``max`` (sustained, not a spike).
 
+:func:`observe` turns one finished exchange into the guards' :class:`Observation`.
+
 A guard is ``waiting`` until it has ``min_samples`` observations on each side it compares,
 ``unavailable`` when a full window brought none at all (e.g. no streamed candidate leg, or no
 metrics URL), ``ok`` or ``breach``.
@@ -36,7 +38,8 @@ from functools import lru_cache
 from statistics import NormalDist, fmean, stdev
 from typing import Literal
 
-from core.exchange import Role
+from core.evidence import Evidence
+from core.exchange import Exchange, LegResult, Role
 from policies.compiled import GuardSpec
 
 GuardName = Literal[
@@ -260,3 +263,61 @@ def evaluate(
                 f"lowest of the last {KV_SUSTAINED} scrapes of the candidate's KV-cache usage",
             ))  # fmt: skip
     return out
+
+
+def _leg(exchange: Exchange, role: str, backend: str | None = None) -> LegResult | None:
+    for leg in exchange.legs:
+        if leg.role == role and (backend is None or leg.backend == backend):
+            return leg
+    return None
+
+
+def _ok(leg: LegResult) -> bool:
+    return (
+        leg.outcome == "completed"
+        and (leg.status is None or leg.status < 400)
+        and leg.error_type is None
+    )
+
+
+def observe(evidence: Evidence, candidate_backend: str) -> Observation | None:
+    """The guards' view of one exchange; None when it had no candidate leg at all."""
+    exchange = evidence.exchange
+    cand = _leg(exchange, "candidate", candidate_backend)
+    if cand is None:
+        return None
+    prim = _leg(exchange, "primary")
+    cand_rec = cand.recording if _ok(cand) else None
+    prim_rec = prim.recording if prim is not None and _ok(prim) else None
+    tpe = None
+    if (
+        cand_rec is not None
+        and cand_rec.streaming
+        and cand_rec.tokens_source in ("usage", "continuous_usage", "logprobs")
+    ):
+        tpe = cand_rec.timings.tokens_per_event
+    diverged = baseline = None
+    for c in evidence.comparisons:
+        if not c.comparable or not c.greedy or c.exact_match is None:
+            continue
+        pair = {c.a, c.b}
+        if pair == {"primary", "candidate"} and candidate_backend in (c.a_backend, c.b_backend):
+            diverged = not c.exact_match
+        elif pair == {"primary", "baseline"}:
+            baseline = not c.exact_match
+    return Observation(
+        served_by=exchange.served_by,
+        candidate_ok=_ok(cand)
+        if cand.outcome not in ("cancelled", "deadline", "client_disconnected")
+        else None,
+        primary_ok=_ok(prim)
+        if prim is not None and prim.outcome not in ("cancelled", "deadline", "client_disconnected")
+        else None,
+        candidate_e2e=cand_rec.timings.e2e_s if cand_rec is not None else None,
+        candidate_tpot=cand_rec.timings.tpot_s if cand_rec is not None else None,
+        primary_e2e=prim_rec.timings.e2e_s if prim_rec is not None else None,
+        primary_tpot=prim_rec.timings.tpot_s if prim_rec is not None else None,
+        candidate_tokens_per_event=tpe,
+        diverged=diverged,
+        baseline_diverged=baseline,
+    )

@@ -30,24 +30,21 @@ immutable snapshot and never waits for it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from core import jsonx
 from core.evidence import Evidence
-from core.exchange import Exchange, LegResult
-from gateway.guards import GuardState, Observation, evaluate
+from core.exchange import Exchange
+from gateway.guards import GuardState, Observation, evaluate, observe
+from gateway.rollout_state import Actor, RuleState, Transition, load_state, save_state
 from policies.compiled import (
-    STAGES,
     CompiledPolicy,
     Decision,
     LegPlan,
@@ -58,56 +55,6 @@ from policies.compiled import (
 from policies.sample import sample_unit
 
 log = logging.getLogger(__name__)
-
-STATE_VERSION = 1
-Actor = Literal["guard", "operator", "schedule", "policy"]
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    rule: str
-    from_stage: Stage
-    to_stage: Stage
-    serve_ratio: float
-    at_unix: float
-    by: Actor
-    reason: str
-    guard: str | None = None
-    exchange_id: str | None = None  # the exchange whose evidence caused it (guards, schedule)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class RuleState:
-    """Where one rule's rollout stands (persisted)."""
-
-    stage: Stage
-    fingerprint: str  # of the policy block this state follows
-    step: int | None = None  # promotion step index (canary with steps)
-    rolled_back: bool = False
-    since_unix: float = 0.0  # when this stage or step began
-    served_at_step: int = 0  # candidate answers since then
-    last: Transition | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["last"] = self.last.to_json() if self.last is not None else None
-        return out
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> RuleState:
-        last = data.get("last")
-        return cls(
-            stage=data["stage"] if data.get("stage") in STAGES else "shadow",
-            fingerprint=str(data.get("fingerprint", "")),
-            step=data.get("step") if isinstance(data.get("step"), int) else None,
-            rolled_back=bool(data.get("rolled_back", False)),
-            since_unix=float(data.get("since_unix", 0.0)),
-            served_at_step=int(data.get("served_at_step", 0)),
-            last=Transition(**last) if isinstance(last, Mapping) else None,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,52 +101,13 @@ class RolloutController:
         self.kv_recent = kv_recent
         self.clock = clock
         self._lock = threading.Lock()
-        self._states: dict[str, RuleState] = self._load()
+        self._states: dict[str, RuleState] = load_state(self.state_path)
         self._live: dict[str, _Live] = {}
         self._specs: dict[str, RuleSpec] = {}
         self._policy: CompiledPolicy | None = None
         self._generation = -1
         self.failovers = 0
         self.transitions: list[Transition] = []  # this process's, newest last (bounded)
-
-    # -- state file ----------------------------------------------------------------------------
-
-    def _load(self) -> dict[str, RuleState]:
-        if self.state_path is None or not self.state_path.exists():
-            return {}
-        try:
-            data = jsonx.loads(self.state_path.read_bytes())
-            rules = data.get("rules", {}) if isinstance(data, dict) else {}
-            return {name: RuleState.from_json(s) for name, s in rules.items()}
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            # A damaged state file must not keep the gateway from starting — but it must not
-            # silently re-promote either: every rule starts from shadow until reconciled.
-            log.error(
-                "rollout state %s unreadable (%s): every rollout starts in shadow",
-                self.state_path,
-                exc,
-            )
-            return {}
-
-    def _save(self) -> None:
-        if self.state_path is None:
-            return
-        body = {
-            "version": STATE_VERSION,
-            "rules": {n: s.to_json() for n, s in self._states.items()},
-        }
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.state_path.parent, prefix=".rollout-", suffix=".json")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(jsonx.dumps(body, indent=True))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.state_path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
 
     # -- the policy ----------------------------------------------------------------------------
 
@@ -238,7 +146,7 @@ class RolloutController:
             self._policy = policy
             self._generation = policy.generation
             if changed:
-                self._save()
+                save_state(self.state_path, self._states)
             self._publish()
 
     # -- the request path ----------------------------------------------------------------------
@@ -374,7 +282,7 @@ class RolloutController:
         )  # fmt: skip
         self._states[name] = replace(new, last=t)
         try:
-            self._save()
+            save_state(self.state_path, self._states)
         except OSError:
             log.exception("rollout state not persisted to %s", self.state_path)
         self._announce(t, exchange)
@@ -492,61 +400,3 @@ def _breach_text(g: GuardState) -> str:
     value = f"{g.value:.3g}" if g.value is not None else "?"
     bound = f"{g.bound:.3g}" if g.bound is not None else "?"
     return f"guard {g.name}: {value} (bound {bound}) against {g.threshold:g}, n={g.samples}"
-
-
-def _leg(exchange: Exchange, role: str, backend: str | None = None) -> LegResult | None:
-    for leg in exchange.legs:
-        if leg.role == role and (backend is None or leg.backend == backend):
-            return leg
-    return None
-
-
-def _ok(leg: LegResult) -> bool:
-    return (
-        leg.outcome == "completed"
-        and (leg.status is None or leg.status < 400)
-        and leg.error_type is None
-    )
-
-
-def observe(evidence: Evidence, candidate_backend: str) -> Observation | None:
-    """The guards' view of one exchange; None when it had no candidate leg at all."""
-    exchange = evidence.exchange
-    cand = _leg(exchange, "candidate", candidate_backend)
-    if cand is None:
-        return None
-    prim = _leg(exchange, "primary")
-    cand_rec = cand.recording if _ok(cand) else None
-    prim_rec = prim.recording if prim is not None and _ok(prim) else None
-    tpe = None
-    if (
-        cand_rec is not None
-        and cand_rec.streaming
-        and cand_rec.tokens_source in ("usage", "continuous_usage", "logprobs")
-    ):
-        tpe = cand_rec.timings.tokens_per_event
-    diverged = baseline = None
-    for c in evidence.comparisons:
-        if not c.comparable or not c.greedy or c.exact_match is None:
-            continue
-        pair = {c.a, c.b}
-        if pair == {"primary", "candidate"} and candidate_backend in (c.a_backend, c.b_backend):
-            diverged = not c.exact_match
-        elif pair == {"primary", "baseline"}:
-            baseline = not c.exact_match
-    return Observation(
-        served_by=exchange.served_by,
-        candidate_ok=_ok(cand)
-        if cand.outcome not in ("cancelled", "deadline", "client_disconnected")
-        else None,
-        primary_ok=_ok(prim)
-        if prim is not None and prim.outcome not in ("cancelled", "deadline", "client_disconnected")
-        else None,
-        candidate_e2e=cand_rec.timings.e2e_s if cand_rec is not None else None,
-        candidate_tpot=cand_rec.timings.tpot_s if cand_rec is not None else None,
-        primary_e2e=prim_rec.timings.e2e_s if prim_rec is not None else None,
-        primary_tpot=prim_rec.timings.tpot_s if prim_rec is not None else None,
-        candidate_tokens_per_event=tpe,
-        diverged=diverged,
-        baseline_diverged=baseline,
-    )

@@ -100,6 +100,9 @@ def run_check(args: argparse.Namespace) -> int:
         return 1
     rules = len(policy.rules) + (policy.default_rule is not None)
     flags = " KILL SWITCH ON" if policy.kill_switch else ""
+    rollouts = [f"{r.name}: {r.rollout.stage}" for r in policy.all_rules if r.rollout is not None]
+    if rollouts:  # the stage the file asks for; a gateway's state may say rolled back
+        flags += f", rollout {', '.join(rollouts)}"
     print(
         f"{path}: ok — {rules} rule{'s' if rules != 1 else ''}"
         f"{' (with default)' if policy.default_rule else ''}, "
