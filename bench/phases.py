@@ -17,6 +17,9 @@ Arms (each a real process on the gateway's core, except ``direct``):
 - ``probe``: ``bench.stamp_probe`` — the gateway with an in-memory sink that exposes the
   recorder's per-event receive stamps (timestamp accuracy);
 - ``litellm``: LiteLLM's proxy, one worker, in its own venv (``bench.litellm_arm``).
+
+Size: one function per benchmark phase (each a complete measurement with its own table); they share
+the harness and are read one at a time.
 """
 
 from __future__ import annotations

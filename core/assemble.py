@@ -22,6 +22,9 @@ Shapes understood:
 
 Per-request speculative-decoding statistics are kept verbatim wherever an engine puts them
 (:attr:`Assembler.engine_stats`); :mod:`evidence.acceptance` reads them.
+
+Size: one assembler for three API shapes (chat, completions, the Responses API) — they share the
+per-choice accumulators and the output-bearing-event rule that defines TTFT.
 """
 
 from __future__ import annotations

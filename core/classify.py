@@ -73,22 +73,12 @@ class RequestTraits:
     prompt_chars: int
 
 
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(
-            str(p.get("text", "")) for p in content if isinstance(p, Mapping) and "text" in p
-        )
-    return ""
-
-
 def prompt_text(payload: Mapping[str, Any]) -> str:
     """The prompt's text: the messages' contents joined by newlines (chat, or the Responses API's
     instructions and input), or the completion prompt."""
     messages = request_body.messages(payload)
     if messages is not None:
-        return "\n".join(_content_text(m.get("content")) for m in messages)
+        return "\n".join(request_body.content_text(m.get("content")) for m in messages)
     prompt = payload.get("prompt")
     if isinstance(prompt, str):
         return prompt

@@ -3,6 +3,9 @@
 Pure and incremental (no I/O): the gateway feeds it every chunk it relayed, the load generator
 every chunk it read, each with the ``perf_counter_ns`` receive time — so both measure with one
 definition of each timing (see :mod:`core.timings`).
+
+Size: the recorder and the one computation of every timing; the assembly of what the bytes say is
+in :mod:`core.assemble`.
 """
 
 from __future__ import annotations

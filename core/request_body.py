@@ -37,6 +37,18 @@ def messages(payload: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
     return out
 
 
+def content_text(content: Any) -> str:
+    """A message's text: the string, or the ``text`` of each part of a content list (parts
+    without text — images, audio — contribute nothing), joined by spaces."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            str(p.get("text", "")) for p in content if isinstance(p, Mapping) and "text" in p
+        )
+    return ""
+
+
 def json_mode(payload: Mapping[str, Any]) -> bool:
     """The request asks for JSON output (``response_format`` or the Responses ``text.format``)."""
     rf = payload.get("response_format")

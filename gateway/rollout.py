@@ -26,6 +26,10 @@ rolled it back — persisted in a JSON state file so a restart or a reload never
 Every transition is logged, counted (``specshadow.rollout.*``) and recorded as an OTel event in
 the trace of the exchange that caused it. State changes take a lock; the request path reads an
 immutable snapshot and never waits for it.
+
+Size: the controller's state machine — reconcile, plan, guard handling, promotion and operator
+actions share one lock and one state; its pure parts are in :mod:`gateway.guards` and
+:mod:`gateway.rollout_state`.
 """
 
 from __future__ import annotations

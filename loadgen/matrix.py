@@ -30,6 +30,9 @@ Example::
         command: "specshadow simulate --port {port} --mode speculative --k 4"
         ready_url: "http://127.0.0.1:{port}/health"
         base_url: "http://127.0.0.1:{port}/v1"
+
+Size: the matrix runner is one pipeline (spec → cells → processes → results → stable regions); its
+parts are small and only meaningful together.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ speculative stream actually shows. Counters and gauges come from the
 :class:`HistogramSource` — the ``Telemetry``'s :class:`otel.histograms.HistogramTable` (same data
 points, a tenth of the SDK's per-value cost), or the meter itself. Nothing here reads a global
 provider.
+
+Size: one factory per instrument, each documenting what it measures from and to, plus the two lock-
+guarded tables the hot path uses instead of the SDK's synchronous instruments.
 """
 
 from __future__ import annotations

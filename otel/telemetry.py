@@ -11,6 +11,10 @@ Every method follows the OTel ``_safe_finalize`` rule: it never raises into the 
 debug and returns a harmless value), builds attributes only when ``span.is_recording()``, and is
 cheap enough for the event loop: span operations and metric records are in memory, exports happen
 on SDK threads. Built by :func:`otel.setup.build_telemetry`.
+
+Size: this is the one telemetry API — every span, metric, event and log the product emits goes
+through a method here, so callers never touch the SDK; what has logic of its own lives beside it
+(``attributes``, ``instruments``, ``histograms``, ``export``, ``prometheus``, ``setup``).
 """
 
 from __future__ import annotations

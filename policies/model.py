@@ -13,6 +13,10 @@ Conventions, for every model here:
   reload the previous policy keeps serving (see :mod:`policies.watch`);
 - cross-field rules (backend references, unique rule names, credential headers) are checked in
   :mod:`policies.parse` after this schema, with the same ``path: message`` errors.
+
+Size: one pydantic model per policy key, each field with its user-facing documentation as an
+attribute docstring — the same text becomes ``policies/schema.json`` and the editor hints.
+Splitting the file would split the schema a reader reads top to bottom.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ apply faults → queue for an engine slot → sleep the prefill, emit the first 
 ``asyncio.sleep(step)`` per engine step, emitting that step's tokens as one chunk. Streaming
 headers go out before the queue and the prefill, as uvicorn/starlette do for vLLM. Every SSE event
 is preceded by a ``: sent_ns=<perf_counter_ns>`` comment stamped immediately before the write.
+
+Size: the simulator's HTTP shell — one handler per route and the engine runner that paces a plan;
+everything pure is elsewhere (``request``, ``plan``, ``render``, ``responses``, ``engine``,
+``metrics``).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from core import jsonx
+from core.request_body import content_text
 from simulator.config import SimConfig
 from simulator.textgen import count_prompt_tokens
 
@@ -59,14 +60,6 @@ class SimRequest:
     canonical: bytes  # what the output is a function of (model, max_tokens, stream excluded)
     prompt_tokens: int
     user_messages: int
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
-    return ""
 
 
 def _int_field(body: Mapping[str, Any], key: str, *, minimum: int) -> int | None:
@@ -211,7 +204,7 @@ def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
             raise SimRequestError(400, "every message needs a role", param="messages")
         tool = _pick_tool(body)
         prompt_tokens = 3 + sum(
-            4 + count_prompt_tokens(_text_of(m.get("content"))) for m in messages
+            4 + count_prompt_tokens(content_text(m.get("content"))) for m in messages
         )
         if body.get("tools"):
             prompt_tokens += count_prompt_tokens(jsonx.dumps(body["tools"]).decode())

@@ -18,6 +18,9 @@ what the verdict uses. The verdict per category, in order:
 5. the speed-up at production load: CI above 1 → ``adopt``; below 1 → ``do_not_adopt``; within
    ±:data:`NO_GAIN` → ``do_not_adopt`` (no material gain); otherwise ``not_enough_data`` with
    the pairs needed for the CI to exclude 1 at the measured effect.
+
+Size: the verdict logic for one candidate and the assembly of all of them; the statistics it calls
+live in ``load``, ``sections`` and ``candidates``.
 """
 
 from __future__ import annotations

@@ -31,6 +31,10 @@ turns that into the numbers a verdict may use:
 The model assumed is **open loop**: the mirror reproduces production's arrival process, so the
 honest comparison is an A/B at the same arrival rate per replica. Closed-loop users would slow
 their own arrivals on a slower backend, which no mirror reproduces (said in the report).
+
+Size: the load-true statistics as one unit — stratification, re-weighting, the stratified
+bootstrap, the curve against load, the crossover, the schedule and capacity share their data types
+and are tested together against ground truth.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ HTML page (inline CSS, images as data URIs, no scripts, no network) (pure). The 
 One candidate: verdict cards, then its sections. Several: a category × candidate verdict table
 with the pick, the candidates' identities, their head-to-head on the same requests, then each
 candidate's own sections — never one pooled "candidate".
+
+Size: the sections of one HTML page, each a small pure builder; the shared table builders are
+reused by the Markdown summary.
 """
 
 from __future__ import annotations
@@ -79,9 +82,7 @@ def _figure(uri: str | None, caption: str, empty: str) -> str:
     return f'<figure><img src="{uri}" alt="{escape(caption)}"><figcaption>{escape(caption)}</figcaption></figure>'
 
 
-def _table(
-    head: Sequence[str], rows: Sequence[Sequence[str]], *, wrap: Sequence[int] = ()
-) -> str:
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]], *, wrap: Sequence[int] = ()) -> str:
     """A table in a scrolling card; columns in ``wrap`` (indices) hold prose and wrap."""
     th = "".join(f"<th>{escape(h)}</th>" for h in head)
     body = "".join(

@@ -4,7 +4,7 @@ with how many answers came from the candidate and how many failed over to the pr
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from loadgen.report.records import Record
 
@@ -22,15 +22,7 @@ class Segment:
     failovers: int
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "rule": self.rule,
-            "stage": self.stage,
-            "first_unix_ns": self.first_unix_ns,
-            "last_unix_ns": self.last_unix_ns,
-            "exchanges": self.exchanges,
-            "served_by_candidate": self.served_by_candidate,
-            "failovers": self.failovers,
-        }
+        return asdict(self)
 
 
 def timeline(records: Sequence[Record]) -> list[Segment]:
