@@ -8,8 +8,11 @@ output) and drafts rarely in conversation, and **eagle3-k3**, a draft-model prop
 stronger on free chat. Each candidate is reached through a :class:`~simulator.switch.Switch`, so
 act 3 can swap a deploy under the gateway's feet.
 
-1. **Shadow.** The gateway mirrors every request to both candidates and the baseline at load
-   parity (``ratio: load_matched``, one replica each), writing comparison records.
+1. **Shadow.** First a 10 % mirror: the candidates see a tenth of production's per-replica
+   arrival rate, and the report refuses to conclude (``not_load_matched``, with the fix). Then the
+   policy is rewritten to ``ratio: load_matched`` (one replica each: every request) and the
+   gateway mirrors every request to both candidates and the baseline at load parity, writing
+   comparison records.
 2. **Evidence.** The report judges each candidate per category at production's load, compares
    them head to head on the same requests and names the configuration to ship per category.
 3. **Canary.** The policy file is rewritten — the gateway hot-reloads it — with one rule per
@@ -42,6 +45,7 @@ from core.sinks import MemorySink
 from gateway.rollout import RolloutController
 from gateway.settings import Settings
 from gateway.state import GATEWAY
+from policies.store import PolicyStore
 from simulator.app import run_simulator
 from simulator.config import SimConfig
 from simulator.switch import Switch
@@ -49,6 +53,8 @@ from specshadow.app import build_app
 
 MODEL = "sim-model"
 CANARY_SHARE = 0.3
+MISMATCHED = "0.1"  # act 1's first policy: a 10 % mirror
+LOAD_WINDOW_S = 5.0  # the gateway's dispatch-rate window (long enough at the demo's ~15 req/s)
 GUARDS = {"window": 60, "min_samples": 20}
 STEP_S, PREFILL_S = 0.008, 0.03
 NGRAM = SimConfig(
@@ -78,16 +84,27 @@ class Stage:
     rollout: RolloutController
     switches: dict[str, Switch]
     urls: dict[str, str]  # backend name → URL the gateway uses
+    policy: PolicyStore
+
+    async def apply(self, text: str, timeout_s: float = 10.0) -> None:
+        """Rewrite the policy file and wait until the gateway's hot reload took it."""
+        generation = self.policy.generation
+        self.policy_path.write_text(text)
+        deadline = time.perf_counter() + timeout_s
+        while self.policy.generation == generation:
+            if time.perf_counter() > deadline:
+                raise RuntimeError("the gateway did not reload the policy")
+            await asyncio.sleep(0.05)
 
 
-def shadow_policy(urls: dict[str, str]) -> str:
+def shadow_policy(urls: dict[str, str], ratio: str = "load_matched") -> str:
     backends = "\n".join(f"  {name}: {{url: '{url}', kind: sim}}" for name, url in urls.items())
     return (
         "version: 1\n"
         f"backends:\n{backends}\n"
         "primary: primary\n"
         "default:\n"
-        "  ratio: load_matched\n"
+        f"  ratio: {ratio}\n"
         "  legs: [{backend: ngram-k4, role: candidate}, {backend: eagle3-k3, role: candidate},\n"
         "         {backend: baseline, role: baseline}]\n"
     )
@@ -125,7 +142,7 @@ async def running(out: Path) -> AsyncIterator[Stage]:
         for name, switch in switches.items():
             urls[name] = await _serve(stack, switch.app())
         policy_path = out / "policy.yaml"
-        policy_path.write_text(shadow_policy(urls))
+        policy_path.write_text(shadow_policy(urls, ratio=MISMATCHED))
         sink = MemorySink()
         settings = Settings(
             policy_path=str(policy_path),
@@ -134,12 +151,13 @@ async def running(out: Path) -> AsyncIterator[Stage]:
             policy_poll_s=0.2,
             scrape_interval_s=0.5,
             shutdown_timeout_s=5.0,
+            load_window_s=LOAD_WINDOW_S,
         )
         app = build_app(settings, sinks=[sink])
         gateway_url = await _serve(stack, app)
         controller = app[GATEWAY].rollout
         assert controller is not None
-        yield Stage(gateway_url, policy_path, sink, controller, switches, urls)
+        yield Stage(gateway_url, policy_path, sink, controller, switches, urls, app[GATEWAY].policy)
 
 
 async def _serve(stack: AsyncExitStack, app: web.Application) -> str:
@@ -184,14 +202,31 @@ async def run_story(args: argparse.Namespace, rows: Sequence[Any], out: Path) ->
         for name, url in st.urls.items():
             print(f"  {name:<10} {url}")
         print(
-            f"  gateway    {st.gateway_url}  mirroring every request to both candidates and the baseline"
+            f"  gateway    {st.gateway_url}  mirroring 10 % to both candidates and the baseline\n"
         )
-        print("             at load parity (ratio: load_matched, one replica each)\n")
         await replay(rows)
-        print_roles(list(st.sink.exchanges))
+        mismatched_done = time.perf_counter()
+        mismatched = build_report(
+            _records(out), None, out / "mismatched-report", sources=["demo: 10 % mirror"]
+        )
+        print_mismatch(mismatched.analysis)
+        await st.apply(shadow_policy(st.urls))
+        matched_from = st.policy.generation
+        # Dispatch rates are counted over the gateway's load window: until the 10 % phase has
+        # left it, the candidates' rates still read low and those pairs fall outside the parity
+        # band. An SRE changing the share waits the same window out.
+        await asyncio.sleep(max(0.0, LOAD_WINDOW_S - (time.perf_counter() - mismatched_done)))
+        print(
+            "\n  the policy now says ratio: load_matched (one replica each: every request is mirrored)\n"
+        )
+        before = len(st.sink.exchanges)
+        await replay(rows)
+        print_roles(list(st.sink.exchanges)[before:])
 
         print("\nact 2 — evidence")
-        records = _records(out)
+        records = [
+            r for r in _records(out) if (r.get("policy") or {}).get("generation", 0) >= matched_from
+        ]
         paths = build_report(
             records, [r.to_json() for r in results], out / "shadow-report", sources=["demo: shadow"]
         )
@@ -207,7 +242,7 @@ async def run_story(args: argparse.Namespace, rows: Sequence[Any], out: Path) ->
             print(
                 f"\nact 3 — canary: each pick answers {CANARY_SHARE:.0%} of its categories, guards on"
             )
-            st.policy_path.write_text(canary_policy(st.urls, picks))
+            await st.apply(canary_policy(st.urls, picks))
             await _wait_for_rules(st.rollout, set(picks))
             canary_from = len(st.sink.exchanges)
             await replay(rows[:120])
@@ -307,6 +342,26 @@ def print_roles(exchanges: Sequence[Exchange]) -> None:
         print(f"  {label:<10} {len(recs):>4} {med([r.timings.ttft_s for r in recs]):>8} "
               f"{med([r.timings.tpot_s for r in recs]):>8} {med([r.timings.e2e_s for r in recs]):>8} "
               f"{(tpe or float('nan')):>7.2f}")  # fmt: skip
+
+
+def print_mismatch(a: Any) -> None:
+    """What the report said about the 10 % mirror: not load-matched, and how to fix it."""
+    for c in a.candidates.values():
+        overall = next((v for v in c.verdicts if v.category == "all"), None)
+        at = overall.at_load if overall is not None else None
+        if overall is None:
+            continue
+        parity = f"{at.parity_p50:.2f}" if at is not None and at.parity_p50 is not None else "?"
+        raw = (
+            f", raw speed-up {overall.e2e.point:.2f}× at that load"
+            if overall.e2e is not None
+            else ""
+        )
+        print(f"  {c.label:<11} {overall.label}: load parity {parity}{raw}")
+    fix = next((r for c in a.candidates.values() for v in c.verdicts for r in v.reasons
+                if r.startswith("to measure it at production's load")), None)  # fmt: skip
+    if fix:
+        print(f"  {fix}")
 
 
 def print_picks(a: Any) -> None:

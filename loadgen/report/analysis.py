@@ -291,10 +291,11 @@ def _fix(at: lt.LoadTrue, share: float | None, replicas: int | None) -> str:
     parts = ["ratio: load_matched (share = candidate replicas / primary replicas)"]
     if share is not None and share / parity <= 1.0:
         parts.append(f"a share of {share / parity:.2g} instead of {share:.2g}")
-    if replicas is not None:
-        parts.append(
-            f"{replicas * parity:.2g} candidate replicas instead of {replicas} at this share"
-        )
+    # Fewer candidate replicas can only fix a low parity down to one replica; below that the
+    # share is the only lever, and advice of "0.07 replicas" would be noise.
+    needed = round(replicas * parity) if replicas is not None else None
+    if replicas is not None and needed is not None and needed >= 1 and needed != replicas:
+        parts.append(f"{needed} candidate replicas instead of {replicas} at this share")
     return ", or ".join(parts)
 
 

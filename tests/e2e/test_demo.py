@@ -1,5 +1,6 @@
-"""The README's first command: the demo tells the whole story — shadow, evidence, canary, a bad
-deploy rolled back by the guards on their own — and leaves its evidence."""
+"""The README's first command: the demo tells the whole story — a load-mismatched mirror caught,
+a matched shadow, evidence, canary, a bad deploy rolled back by the guards on their own — and
+leaves its evidence."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ def test_the_demo_shadows_picks_canaries_and_rolls_back_on_its_own(tmp_path):
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     for act in ("act 1 — shadow", "act 2 — evidence", "act 3 — canary", "act 4 — report"):
         assert act in stdout
+    # Act 1: a 10 % mirror is caught — the candidates saw a tenth of production's per-replica
+    # rate, so the report refuses to conclude and says how to fix it.
+    assert re.search(r"^  ngram k=4 +not load-matched: load parity 0\.\d+", stdout, re.M), stdout
+    assert re.search(r"^  eagle3 k=3 +not load-matched: load parity 0\.\d+", stdout, re.M)
+    assert "to measure it at production's load: ratio: load_matched" in stdout
     # Act 2: each candidate judged per category, one shipped per category; the simulators are
     # built so that the n-gram proposer wins structured output and the draft model the rest.
     assert re.search(r"^  chat .* eagle3 k=3$", stdout, re.M)
