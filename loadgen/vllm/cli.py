@@ -22,6 +22,7 @@ from loadgen.vllm.server import (
     SpecConfig,
     VllmServer,
     VllmServerSpec,
+    spread_cores,
     start_servers,
     stop_servers,
 )
@@ -51,6 +52,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> argparse._SubParser
 
     p_up = sub.add_parser("up", help="run plain, ngram and draft servers on consecutive ports")
     p_up.add_argument("--base-port", type=int, default=8101)
+    p_up.add_argument(
+        "--pin",
+        action="store_true",
+        help="give each server its own core, round robin (vLLM's default binds all to core 0)",
+    )
     add_common(p_up)
     p_up.set_defaults(func=_cmd_up)
 
@@ -83,6 +89,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_up(args: argparse.Namespace) -> int:
     configs: tuple[SpecConfig, ...] = ("plain", "ngram", "draft")
+    cores = spread_cores(len(configs)) if args.pin else [None] * len(configs)
     specs = [
         VllmServerSpec(
             name=config,
@@ -90,6 +97,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
             port=args.base_port + i,
             num_speculative_tokens=args.num_speculative_tokens,
             enforce_eager=not args.compile,
+            cores=cores[i],
         )
         for i, config in enumerate(configs)
     ]

@@ -78,6 +78,10 @@ class VllmServerSpec:
     num_speculative_tokens: int = 4
     extra_args: tuple[str, ...] = ()
     enforce_eager: bool = True
+    # vLLM's VLLM_CPU_OMP_THREADS_BIND ("0", "1-3"); None keeps vLLM's "auto", which puts the
+    # worker of *every* server on a machine on the same first core — two servers side by side
+    # then take turns on one core, and a mirror's two legs slow each other down.
+    cores: str | None = None
 
 
 def speculative_config(spec: VllmServerSpec, draft_dir: Path) -> dict[str, object] | None:
@@ -119,8 +123,11 @@ def server_command(spec: VllmServerSpec, env: VllmEnv, port: int) -> list[str]:
     return cmd
 
 
-def server_environment(base: Mapping[str, str], env: VllmEnv, work_dir: Path) -> dict[str, str]:
-    """``base`` plus vLLM's CPU settings, with every file vLLM writes kept inside ``work_dir``."""
+def server_environment(
+    base: Mapping[str, str], env: VllmEnv, work_dir: Path, cores: str | None = None
+) -> dict[str, str]:
+    """``base`` plus vLLM's CPU settings, with every file vLLM writes kept inside ``work_dir``;
+    ``cores`` binds the worker's OpenMP threads (``VLLM_CPU_OMP_THREADS_BIND``)."""
     out = {k: v for k, v in base.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
     out.update(
         VLLM_TARGET_DEVICE="cpu",
@@ -141,7 +148,18 @@ def server_environment(base: Mapping[str, str], env: VllmEnv, work_dir: Path) ->
         # test servers; a production vLLM would rather declare it in the policy (docs/vllm.md).
         VLLM_SERVER_DEV_MODE="1",
     )
+    if cores is not None:
+        out["VLLM_CPU_OMP_THREADS_BIND"] = cores
     return out
+
+
+def spread_cores(count: int) -> list[str | None]:
+    """One core per server, round robin over the cores this process may use (``None`` each on a
+    one-core machine, where there is nothing to spread)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return [None] * count
+    return [str(cores[i % len(cores)]) for i in range(count)]
 
 
 class VllmServerError(ProcessError):
@@ -213,7 +231,7 @@ class VllmServer:
             cmd,
             name=f"vLLM {self.spec.name}",
             log_path=self.log_path,
-            env=server_environment(os.environ, self.env, self._work_dir),
+            env=server_environment(os.environ, self.env, self._work_dir, self.spec.cores),
             cwd=self._work_dir,
             pdeathsig="TERM",
             error=VllmServerError,

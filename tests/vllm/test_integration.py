@@ -340,7 +340,10 @@ def test_stream_shape_estimate_agrees_with_vllms_per_request_counts(shadow_run: 
         assert extra <= cut, item  # merging only removes events; nothing adds one
         exact += extra >= 0
         tokens, events, passes = tokens + out, events + n_events, passes + n_passes
-        if acc["mean_acceptance_length"] > 1 and acc["tokens_per_pass"] > 1:
+        if extra >= 0 and acc["mean_acceptance_length"] > 1 and acc["tokens_per_pass"] > 1:
+            # Unmerged: out/events <= out/passes = 1 + accepted/passes <= 1 + accepted/drafts.
+            # A CPU-starved API server that merged two passes into one event breaks the first
+            # step, so merged legs are held only to the bound above and the pooled check below.
             assert acc["tokens_per_pass"] <= acc["mean_acceptance_length"] + 1e-9
             assert 0 < acc["coverage"] <= 1
     assert exact >= EXACT_LEGS_MIN_SHARE * len(legs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -19,6 +20,7 @@ from loadgen.vllm.server import (
     VllmServerSpec,
     server_command,
     server_environment,
+    spread_cores,
 )
 from loadgen.vllm.setup import VllmEnv
 from tests.vllm.conftest import trace_requests
@@ -117,6 +119,19 @@ def test_server_environment_keeps_vllm_files_inside_the_work_dir(tmp_path: Path)
     assert env["PATH"].startswith(str(tmp_path / "venv/bin"))
     assert "VIRTUAL_ENV" not in env
     assert env["HOME"] == "/root"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env  # vLLM's own "auto"
+    pinned = server_environment(base, fake_env(tmp_path), tmp_path / "work", cores="1")
+    assert pinned["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+
+
+def test_spread_cores_gives_each_server_its_own_core_round_robin() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    spread = spread_cores(len(cores) + 1)
+    if len(cores) < 2:
+        assert spread == [None] * (len(cores) + 1)
+    else:
+        assert spread[: len(cores)] == [str(c) for c in cores]
+        assert spread[-1] == str(cores[0])
 
 
 def test_session_pids_finds_a_child_in_its_own_session_and_nothing_after_it_exits() -> None:
