@@ -14,7 +14,7 @@ operating region, rather than one best number. ``specshadow report --results`` r
 
 Example::
 
-    trace: ../traces/healthbench_chat.jsonl   # relative to this file; default: the bundled trace
+    trace: healthbench_chat.jsonl   # relative to this file; default: the bundled trace
     requests: 40                 # measured requests per cell
     warmup: 2
     model: tiny-llama            # optional model override
