@@ -7,7 +7,7 @@ blocking waits run in a worker thread). :func:`start_servers` launches several a
 for all of them — on a 2-core machine three start in about the time of one and a half.
 
 The command line and environment are built by pure functions (:func:`server_command`,
-:func:`server_environment`), following ``shared/VLLM_CPU.md``: fp32, 1 GiB KV cache, per-request
+:func:`server_environment`), following docs/vllm.md ("Servers"): fp32, 1 GiB KV cache, per-request
 metrics with the speculative-decoding summary, the hermes tool parser, and ``--enforce-eager`` by
 default (25–33 s startup instead of 40–50 s).
 """

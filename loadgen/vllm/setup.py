@@ -1,7 +1,7 @@
 """Create vLLM's own environment and the tiny models, cached outside the repo (``specshadow vllm setup``).
 
 Owns the on-disk layout of the cache and the steps that fill it; nothing here imports vLLM or
-torch — they live in a separate virtual environment (see ``shared/VLLM_CPU.md`` for why)::
+torch — they live in a separate virtual environment (vLLM pins its own torch and transformers; docs/vllm.md)::
 
     $SPECSHADOW_CACHE (default ~/.cache/specshadow)/
       vllm-0.32.0-py311/          one per (vLLM version, Python minor)
