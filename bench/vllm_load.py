@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
-import statistics
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +32,7 @@ from bench.tables import render_table, write_json
 from evidence.store import query_records
 from loadgen.report.analysis import ALL, analyze
 from loadgen.runner import run_loadgen
+from loadgen.speedup import paired_speedup
 from loadgen.trace import TraceRecord, bundled_trace
 from loadgen.vllm.server import SERVED_MODEL_NAME
 from policies.compile import parse_policy
@@ -63,11 +62,13 @@ async def open_loop(url: str, rate: float, duration_s: float, seed: int) -> list
 
 
 def paired(plain: Sequence[Any], spec: Sequence[Any], skip: float = 0.2) -> float | None:
-    by_index = {r.index: r for r in spec if r.error is None and r.e2e_s}
-    logs = [math.log(p.e2e_s / by_index[p.index].e2e_s) for p in plain
-            if p.error is None and p.e2e_s and p.index in by_index]  # fmt: skip
-    logs = logs[int(len(logs) * skip) :]
-    return math.exp(statistics.fmean(logs)) if logs else None
+    """Geometric mean of plain ÷ n-gram e2e over the same requests, the first ``skip`` of them
+    (JIT and cache warm-up) left out — the report's own paired estimator."""
+    by_index = {r.index: r for r in spec if r.error is None}
+    pairs = [(p.e2e_s, by_index[p.index].e2e_s) for p in plain
+             if p.error is None and p.index in by_index]  # fmt: skip
+    s = paired_speedup(pairs[int(len(pairs) * skip) :])
+    return s.point if s is not None else None
 
 
 def policy(plain: str, ngram: str, ratio: str) -> PolicyStore:

@@ -358,10 +358,9 @@ def print_mismatch(a: Any) -> None:
             else ""
         )
         print(f"  {c.label:<11} {overall.label}: load parity {parity}{raw}")
-    fix = next((r for c in a.candidates.values() for v in c.verdicts for r in v.reasons
-                if r.startswith("to measure it at production's load")), None)  # fmt: skip
+    fix = next((v.fix for c in a.candidates.values() for v in c.verdicts if v.fix), None)
     if fix:
-        print(f"  {fix}")
+        print(f"  to measure it at production's load: {fix}")
 
 
 def print_picks(a: Any) -> None:

@@ -107,6 +107,7 @@ class Verdict:
     e2e: Speedup | None  # raw paired speed-up (at whatever load the candidate ran)
     tpot: Speedup | None
     at_load: lt.LoadTrue | None = None  # the speed-ups at production's load
+    fix: str | None = None  # not_load_matched: the share or replicas that would give parity
 
     @property
     def label(self) -> str:
@@ -313,8 +314,8 @@ def _verdict(
     pairs = at.matched_pairs if at is not None else 0
     reasons: list[str] = []
 
-    def make(decision: Decision, needed: int | None = None) -> Verdict:
-        return Verdict(cat, decision, tuple(reasons), pairs, needed, e2e_raw, tpot_raw, at)
+    def make(decision: Decision, needed: int | None = None, fix: str | None = None) -> Verdict:
+        return Verdict(cat, decision, tuple(reasons), pairs, needed, e2e_raw, tpot_raw, at, fix)
 
     if capacity:
         reasons.extend(f"cannot sustain production's rate: {c}" for c in capacity)
@@ -348,8 +349,9 @@ def _verdict(
             reasons.append(
                 f"its raw speed-up {e2e_raw.point:.2f}× holds at that load, not at production's"
             )
-        reasons.append(f"to measure it at production's load: {_fix(at, share, replicas)}")
-        return make("not_load_matched")
+        fix = _fix(at, share, replicas)
+        reasons.append(f"to measure it at production's load: {fix}")
+        return make("not_load_matched", fix=fix)
     e2e = at.e2e
     gain = (
         f"e2e speed-up at production load {e2e.estimate:.2f}× (95 % CI {e2e.low:.2f}–"
