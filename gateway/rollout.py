@@ -53,6 +53,7 @@ from policies.compiled import (
     Decision,
     LegPlan,
     RequestFacts,
+    RolloutSpec,
     RuleSpec,
     Stage,
 )
@@ -79,11 +80,11 @@ class _Live:
     guards: list[GuardState] = field(default_factory=list)
 
 
-def serve_ratio(spec_ratio: Callable[[int | None], float], state: RuleState) -> float:
+def serve_ratio(spec: RolloutSpec, state: RuleState) -> float:
     if state.stage == "live":
         return 1.0
     if state.stage == "canary":
-        return spec_ratio(state.step)
+        return state.ratio if state.ratio is not None else spec.ratio_at(state.step)
     return 0.0
 
 
@@ -136,7 +137,7 @@ class RolloutController:
                     reason = "policy rollout block changed" if old is not None else "policy"
                     new = replace(new, last=Transition(
                         name, old.stage if old else "shadow", spec.stage,
-                        serve_ratio(spec.ratio_at, new), now, "policy", reason,
+                        serve_ratio(spec, new), now, "policy", reason,
                     ))  # fmt: skip
                 self._states[name] = new
                 self._live.pop(name, None)  # a new episode: old observations do not carry over
@@ -172,8 +173,8 @@ class RolloutController:
         key = facts.request_id
         if policy.sampling_header is not None:
             key = facts.headers.get(policy.sampling_header) or key
-        if state.stage == "canary" and sample_unit(f"{rule.name}/serve", key) >= spec.ratio_at(
-            state.step
+        if state.stage == "canary" and sample_unit(f"{rule.name}/serve", key) >= serve_ratio(
+            spec, state
         ):
             return None
         primary = LegPlan("primary", policy.primary, None, spec.reference_ratio)
@@ -225,6 +226,7 @@ class RolloutController:
             elif (
                 state.stage == "canary"
                 and spec.steps
+                and state.ratio is None
                 and self._held(state, spec.hold_requests, spec.hold_s, live.guards)
             ):
                 self._step_up(rule, state, exchange)
@@ -277,9 +279,7 @@ class RolloutController:
                     guard: str | None, exchange: Exchange | None) -> None:  # fmt: skip
         """Record, persist and announce a stage change (the caller holds the lock)."""
         rule = self._specs.get(name)
-        ratio = (
-            serve_ratio(rule.rollout.ratio_at, new) if rule is not None and rule.rollout else 0.0
-        )
+        ratio = serve_ratio(rule.rollout, new) if rule is not None and rule.rollout else 0.0
         t = Transition(
             name, old.stage, new.stage, ratio, self.clock(), by, reason, guard,
             exchange.exchange_id if exchange is not None else None,
@@ -310,11 +310,7 @@ class RolloutController:
             return
         for name, state in self._states.items():
             rule = self._specs.get(name)
-            ratio = (
-                serve_ratio(rule.rollout.ratio_at, state)
-                if rule is not None and rule.rollout
-                else 0.0
-            )
+            ratio = serve_ratio(rule.rollout, state) if rule is not None and rule.rollout else 0.0
             self.telemetry.rollout_stage(name, state.stage, ratio)
 
     def _publish_guards(self, name: str, guards: Sequence[GuardState]) -> None:
@@ -340,6 +336,7 @@ class RolloutController:
                 elif (
                     state.stage == "canary"
                     and spec.steps
+                    and state.ratio is None
                     and (state.step or 0) + 1 < len(spec.steps)
                     and ratio is None
                 ):
@@ -356,12 +353,14 @@ class RolloutController:
                     stage = "live"
             step = 0 if stage == "canary" and spec.steps and ratio is None else None
             new = replace(
-                state, stage=stage, step=step, rolled_back=False, since_unix=now, served_at_step=0
+                state,
+                stage=stage,
+                step=step,
+                rolled_back=False,
+                since_unix=now,
+                served_at_step=0,
+                ratio=ratio if stage == "canary" else None,
             )
-            if ratio is not None:
-                new = replace(new, step=None)
-                rule = replace(rule, rollout=replace(spec, serve_ratio=ratio, steps=None))
-                self._specs[name] = rule
             self._live.pop(name, None)
             self._transition(name, state, new, "operator", f"promoted to {stage}", None, None)
             return self._states[name].last  # type: ignore[return-value]
@@ -382,7 +381,7 @@ class RolloutController:
                 live = self._live.get(name)
                 rules[name] = {
                     "stage": state.stage,
-                    "serve_ratio": serve_ratio(spec.ratio_at, state) if spec is not None else 0.0,
+                    "serve_ratio": serve_ratio(spec, state) if spec is not None else 0.0,
                     "candidate": spec.candidate.backend.name if spec is not None else None,
                     "step": state.step,
                     "steps": list(spec.steps) if spec is not None and spec.steps else None,

@@ -53,6 +53,10 @@ class RuleState:
     since_unix: float = 0.0  # when this stage or step began
     served_at_step: int = 0  # candidate answers since then
     last: Transition | None = None
+    # An operator's serve ratio (``promote --ratio``): replaces the policy's ratio or steps for
+    # this episode, and automatic stepping stops; persisted like the rest, so a restart or a
+    # reload of the same policy keeps it.
+    ratio: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -70,6 +74,7 @@ class RuleState:
             since_unix=float(data.get("since_unix", 0.0)),
             served_at_step=int(data.get("served_at_step", 0)),
             last=Transition(**last) if isinstance(last, Mapping) else None,
+            ratio=jsonx.as_number(data.get("ratio")),
         )
 
 

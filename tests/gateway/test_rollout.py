@@ -328,6 +328,24 @@ async def test_a_rollback_survives_restart_and_reload_and_only_the_token_promote
     assert '"stage": "canary"' in state
 
 
+async def test_an_operators_serve_ratio_survives_reload_and_restart_and_stops_the_steps(rig):
+    text = policy_for(
+        rig, steps=[0.2, 0.5, 1.0], hold={"min_requests": 1, "min_s": 0.01},
+        guards={"window": 40, "min_samples": 10, "kv_usage_max": None},
+    )  # fmt: skip
+    await rig.start(text)
+    status, body = await rig.change("promote", stage="canary", serve_ratio=0.4)
+    assert status == 200 and body["serve_ratio"] == 0.4
+    rig.write_policy(text + "# reloaded: same rollout block\n")
+    await asyncio.sleep(0.3)
+    await rig.stop()
+    await rig.start(text)  # a restart reads the state file
+    await rig.send(40)
+    await rig.settle(rig.sent)  # the steps would have moved on by now: they held long enough
+    rule = (await rig.status())["rules"]["default"]
+    assert (rule["stage"], rule["serve_ratio"]) == ("canary", 0.4)
+
+
 async def test_a_healthy_candidate_under_steps_reaches_live_on_its_own(rig):
     await rig.start(policy_for(
         rig, steps=[0.2, 0.5, 1.0], hold={"min_requests": 8, "min_s": 0.2},
