@@ -38,7 +38,7 @@ from gateway.forward import relay
 from gateway.headers import candidate_request_headers, upstream_request_headers
 from gateway.legs import LegRun
 from gateway.rollout import ServePlan
-from gateway.shadow import ShadowBatch, ShadowRequest
+from gateway.shadow import ShadowBatch, ShadowRequest, backend_verdict
 from gateway.state import Gateway
 from policies.compiled import BackendSpec, CompiledPolicy, LegPlan, RequestFacts
 
@@ -243,6 +243,10 @@ async def serve_candidate(call: Call, plan: ServePlan) -> web.StreamResponse:
     draft.served_by, draft.rollout_stage = "candidate", plan.stage
     backend = plan.candidate.backend
     model = plan.candidate.model
+    try:
+        data = call.body if model is None else jsonx.dumps({**call.payload, "model": model})
+    except TypeError:  # nested deeper than orjson re-encodes: the candidate never saw it
+        return await _fail_over(call, plan, None, "unencodable_body")
     leg = call.leg("candidate", backend, model or draft.requested_model)
     breaker = gw.shadows.breaker(backend, policy.budgets.breaker)
     if not breaker.allow():
@@ -253,7 +257,6 @@ async def serve_candidate(call: Call, plan: ServePlan) -> web.StreamResponse:
         request.headers, request_id=call.request_id, auth=backend.auth_header(),
         extra=leg.trace_headers().items(),
     )  # fmt: skip
-    data = call.body if model is None else jsonx.dumps({**call.payload, "model": model})
     load = gw.loads[backend.name]
     leg.dispatch(1, load.dispatch(backend.replicas))
     failure: str | None = None
@@ -279,16 +282,14 @@ async def serve_candidate(call: Call, plan: ServePlan) -> web.StreamResponse:
         outcome = "upstream_timeout" if exc.status == 504 else "upstream_error"
         failure, error_type = outcome, type(exc).__name__
     except asyncio.CancelledError:
+        breaker.observe(None)
         _client_left(call, leg, ())
         raise
     finally:
         load.done()
+    breaker.observe(backend_verdict(outcome, leg.status))
     if failure is not None or downstream is None:
-        breaker.record(False)
         return await _fail_over(call, plan, leg.finish(outcome, error_type), failure or outcome)
-    breaker.record(
-        outcome == "completed" or (outcome == "upstream_status" and (leg.status or 0) < 500)
-    )
     gw.telemetry.rollout_served(plan.rule, backend.name, "candidate")
     if policy.mirror.timing == "after_primary" and outcome == "completed":
         call.mirror(plan.shadows)
@@ -297,8 +298,10 @@ async def serve_candidate(call: Call, plan: ServePlan) -> web.StreamResponse:
 
 
 async def _fail_over(
-    call: Call, plan: ServePlan, failed: LegResult, reason: str
+    call: Call, plan: ServePlan, failed: LegResult | None, reason: str
 ) -> web.StreamResponse:
+    """The primary answers instead; ``failed`` (the candidate's attempt, if it made one) joins
+    the exchange and counts against the guards."""
     draft = call.draft
     draft.served_by, draft.failover = "primary", reason
     rollout = call.gw.rollout
@@ -306,7 +309,8 @@ async def _fail_over(
         rollout.failovers += 1
     call.gw.telemetry.rollout_failover(plan.rule, plan.candidate.backend.name, reason)
     others = tuple(leg for leg in plan.shadows if leg.role != "primary")
-    return await serve_primary(call, others, ((SERVED_BY_HEADER, "primary"),), (failed,))
+    attempts = (failed,) if failed is not None else ()
+    return await serve_primary(call, others, ((SERVED_BY_HEADER, "primary"),), attempts)
 
 
 def _client_left(call: Call, leg: LegRun, failed: tuple[LegResult, ...]) -> None:

@@ -84,6 +84,16 @@ class CircuitBreaker:
             return True
         return False
 
+    def observe(self, ok: bool | None) -> None:
+        """A leg's verdict on its backend (:func:`backend_verdict`); ``None`` (the leg said
+        nothing about the backend: cancelled, deadline, client gone, never sent) only hands back
+        a half-open probe, so that the next leg may probe — a probe that never reports would keep
+        the breaker half-open, and the backend unused, for good."""
+        if ok is None:
+            self._probing = False
+        else:
+            self.record(ok)
+
     def record(self, ok: bool) -> None:
         now = self.clock()
         if ok:
@@ -103,6 +113,15 @@ class CircuitBreaker:
     def _open(self, now: int) -> None:
         self.state, self._opened_ns, self._probing, self._failures = OPEN, now, False, []
         log.warning("shadow breaker opened")
+
+
+def backend_verdict(outcome: str, status: int | None) -> bool | None:
+    """What a leg's outcome says of its backend, for its breaker: answered (completed, or a
+    status below 500 — a 4xx or 429 is the backend working as designed) → True; refused, timed
+    out, 5xx → False; outcomes that are not the backend's doing → None."""
+    if outcome in ("cancelled", "deadline", "client_disconnected"):
+        return None
+    return outcome == "completed" or (outcome == "upstream_status" and (status or 0) < 500)
 
 
 class RateLimiter:
@@ -245,9 +264,11 @@ class ShadowDispatcher:
         budget, the backend's breaker — which may take a half-open probe — then the rate)."""
         if self.in_flight >= budgets.max_in_flight:
             return "budget"
-        if not self.breaker(leg.backend, budgets.breaker).allow():
+        breaker = self.breaker(leg.backend, budgets.breaker)
+        if not breaker.allow():
             return "breaker_open"
         if not self.rate.try_take(budgets.max_rps, budgets.rps_burst):
+            breaker.observe(None)  # a probe it took goes back: this leg never reaches the backend
             return "rate"
         return None
 
@@ -349,9 +370,8 @@ class ShadowDispatcher:
         ok = outcome == "completed"
         # Only what the backend did counts: a client sending JSON that cannot be re-encoded (nested
         # deeper than orjson.dumps allows) must not be able to open the breaker for everyone.
-        if shaped and outcome not in ("cancelled", "deadline"):
-            self.breaker(backend, policy.budgets.breaker).record(
-                ok or (outcome == "upstream_status" and (run.status or 0) < 500)
-            )
+        self.breaker(backend, policy.budgets.breaker).observe(
+            backend_verdict(outcome, run.status) if shaped else None
+        )
         self.count("completed" if ok else "failed", leg.role, backend.name, "" if ok else outcome)
         return run.finish(outcome, error_type)
