@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-__all__ = ["mean", "percentile", "percentile_sorted", "percentiles"]
+__all__ = ["mean", "percentile", "percentile_sorted", "percentiles", "wilson"]
 
 
 def percentile_sorted(sorted_values: Sequence[float], q: float) -> float | None:
@@ -47,3 +47,14 @@ def percentiles(values: Iterable[float], qs: Sequence[float]) -> tuple[float | N
 def mean(values: Sequence[float]) -> float | None:
     """Arithmetic mean; ``None`` when empty."""
     return math.fsum(values) / len(values) if values else None
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
+    """Wilson score interval for ``k`` successes in ``n`` trials; ``None`` when n = 0."""
+    if n == 0:
+        return None
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)

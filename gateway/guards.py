@@ -40,6 +40,7 @@ from typing import Literal
 
 from core.evidence import Evidence
 from core.exchange import Exchange, LegResult, Role
+from core.stats import percentile_sorted, wilson
 from policies.compiled import GuardSpec
 
 GuardName = Literal[
@@ -97,13 +98,9 @@ def z_value(confidence: float) -> float:
 
 
 def wilson_lower(k: int, n: int, z: float) -> float:
-    if n == 0:
-        return 0.0
-    p = k / n
-    denom = 1 + z * z / n
-    centre = p + z * z / (2 * n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, (centre - half) / denom)
+    """The Wilson score interval's lower end (0 when n = 0)."""
+    interval = wilson(k, n, z)
+    return interval[0] if interval is not None else 0.0
 
 
 def _log_binom_pmf(k: int, n: int, p: float) -> float:
@@ -123,14 +120,6 @@ def quantile_lower_rank(n: int, q: float, confidence: float) -> int:
         if tail >= confidence:
             return r
     return 0
-
-
-def _percentile(ordered: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile of an ascending sequence (numpy's default)."""
-    position = (len(ordered) - 1) * q
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def _wilson_needs(n: int, reference: float, threshold: float, z: float) -> int | None:
@@ -166,8 +155,8 @@ def _ratio_guard(
     if early is not None:  # min_samples >= 5: past here both sides have observations
         return GuardState(name, early, None, None, limit, len(candidate), len(primary), None,
                           "p99 candidate ÷ p99 primary")  # fmt: skip
-    reference = _percentile(primary, 0.99)
-    value = _percentile(candidate, 0.99) / reference if reference > 0 else math.inf
+    reference = percentile_sorted(primary, 99.0) or 0.0
+    value = (percentile_sorted(candidate, 99.0) or 0.0) / reference if reference > 0 else math.inf
     r = quantile_lower_rank(len(candidate), 0.99, spec.confidence)
     lower = candidate[r - 1] if r else None
     bound = lower / reference if lower is not None and reference > 0 else None

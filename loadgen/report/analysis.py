@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from core.stats import wilson
 from loadgen.report import load as lt
 from loadgen.report.candidates import (
     HeadToHead,
@@ -68,7 +69,6 @@ from loadgen.report.sections import (
     quality,
     raw_speedups,
     resources,
-    wilson,
 )
 from loadgen.report.timeline import Segment, timeline
 from loadgen.speedup import Speedup

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.stats import mean, percentiles
+from core.stats import mean, percentiles, wilson
 from loadgen.report.records import (
     ALL,
     Record,
@@ -50,17 +50,6 @@ class Rate:
     @property
     def interval(self) -> tuple[float, float] | None:
         return wilson(self.k, self.n)
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
-    """Wilson score interval for a proportion; ``None`` when n = 0."""
-    if n == 0:
-        return None
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass(frozen=True, slots=True)
