@@ -81,10 +81,19 @@ def samples_needed(speedup: Speedup, *, margin: float = 1.2, cap: int = 1_000_00
 
     ``None`` when the measured effect is zero (no finite sample would show it); at most ``cap``.
     """
-    effect = abs(math.log(speedup.point))
-    half_width = (math.log(speedup.ci_high) - math.log(speedup.ci_low)) / 2.0
+    return pairs_needed(
+        speedup.point, speedup.ci_low, speedup.ci_high, speedup.n, margin=margin, cap=cap
+    )
+
+
+def pairs_needed(
+    point: float, low: float, high: float, n: int, *, margin: float = 1.2, cap: int = 1_000_000
+) -> int | None:
+    """:func:`samples_needed` for any ratio estimate with a CI from ``n`` pairs."""
+    effect = abs(math.log(point))
+    half_width = (math.log(high) - math.log(low)) / 2.0
     if effect < 1e-9:
         return None
     if half_width < effect:
-        return speedup.n
-    return min(cap, math.ceil(speedup.n * (half_width / effect) ** 2 * margin))
+        return n
+    return min(cap, math.ceil(n * (half_width / effect) ** 2 * margin))

@@ -71,7 +71,7 @@ from loadgen.report.sections import (
     resources,
 )
 from loadgen.report.timeline import Segment, timeline
-from loadgen.speedup import Speedup
+from loadgen.speedup import Speedup, pairs_needed
 
 __all__ = [
     "ALL",
@@ -378,22 +378,12 @@ def _verdict(
     if e2e.low >= 1 / (1 + NO_GAIN) and e2e.high <= 1 + NO_GAIN:
         reasons.append(f"no material gain: the CI lies within ±{NO_GAIN:.0%}")
         return make("do_not_adopt")
-    resolve = _needed(e2e)
+    resolve = pairs_needed(e2e.estimate, e2e.low, e2e.high, e2e.n)
     reasons.append(
         "the CI includes 1"
         + (f"; about {resolve} pairs would resolve the measured effect" if resolve else "")
     )
     return make("not_enough_data", resolve)
-
-
-def _needed(e: lt.Estimate, margin: float = 1.2, cap: int = 1_000_000) -> int | None:
-    effect = abs(math.log(e.estimate))
-    half_width = (math.log(e.high) - math.log(e.low)) / 2.0
-    if effect < 1e-9:
-        return None
-    if half_width < effect:
-        return e.n
-    return min(cap, math.ceil(e.n * (half_width / effect) ** 2 * margin))
 
 
 def _share_and_replicas(records: Sequence[Record], backend: str) -> tuple[float | None, int | None]:

@@ -16,7 +16,8 @@ def _ms(v: float | None) -> str:
     return "—" if v is None else f"{v * 1e3:.1f} ms"
 
 
-def _p99(a: Analysis, leg: str, cat: str, metric: str) -> float | None:
+def p99(a: Analysis, leg: str, cat: str, metric: str) -> float | None:
+    """``leg``'s p99 of ``metric`` in ``cat`` from the latency table."""
     return a.latency.get((leg, cat), {}).get(metric, (None, None, None))[2]
 
 
@@ -29,7 +30,7 @@ def _category_triggers(a: Analysis, c: CandidateAnalysis, cat: str) -> list[str]
     """Rollback triggers for one category served by ``c``, from ``c``'s measured numbers."""
     items: list[str] = []
     key = leg_key(a, c)
-    c_tpot, p_tpot = _p99(a, key, cat, "tpot_s"), _p99(a, "primary", cat, "tpot_s")
+    c_tpot, p_tpot = p99(a, key, cat, "tpot_s"), p99(a, "primary", cat, "tpot_s")
     if c_tpot is not None:
         # 20 % worse than measured, or no better than today's primary: whichever comes first.
         limit = min(c_tpot * 1.2, p_tpot) if p_tpot is not None else c_tpot * 1.2
@@ -37,7 +38,7 @@ def _category_triggers(a: Analysis, c: CandidateAnalysis, cat: str) -> list[str]
             f"Roll back {cat} if candidate p99 tpot > {_ms(limit)} "
             f"(measured: candidate {_ms(c_tpot)}, primary {_ms(p_tpot)})."
         )
-    c_e2e, p_e2e = _p99(a, key, cat, "e2e_s"), _p99(a, "primary", cat, "e2e_s")
+    c_e2e, p_e2e = p99(a, key, cat, "e2e_s"), p99(a, "primary", cat, "e2e_s")
     if c_e2e is not None and p_e2e is not None:
         items.append(
             f"Roll back {cat} if p99 e2e exceeds today's primary p99 of {_ms(p_e2e)} "

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.stats import percentile
+from loadgen.report.records import num
 
 PARITY_BAND = 1.25  # matched: 1/1.25 <= parity <= 1.25 (±25 %)
 STRATA = 4  # equal-count strata of production's per-replica load
@@ -63,12 +64,6 @@ OPEN_LOOP = (
     "per-replica arrival rate. Closed-loop users would slow their own arrivals on a slower "
     "backend, which no mirror reproduces."
 )
-
-
-def num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def leg_load(leg: Mapping[str, Any] | None) -> Mapping[str, Any]:

@@ -16,6 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from loadgen.report.analysis import ALL, Analysis, CandidateAnalysis, bucket_order
+from loadgen.report.sections import leg_labels
 
 __all__ = ["figures"]
 
@@ -40,10 +41,6 @@ def _style(ax: Any) -> None:
     ax.spines["top"].set_visible(False)
     ax.spines["right"].set_visible(False)
     ax.grid(axis="y", alpha=0.25)
-
-
-def _leg_order(label: str) -> tuple[int, str]:
-    return ({"primary": 0, "baseline": 2}.get(label, 1), label)
 
 
 def _uri(fig: Figure) -> str:
@@ -96,7 +93,7 @@ def _leg_colors(labels: Sequence[str]) -> dict[str, str]:
 def latency_bars(a: Analysis) -> str | None:
     """p50 bars with p99 ticks per category and leg (each candidate its own), e2e and tpot."""
     cats = [c for c in [*a.categories, ALL] if ("primary", c) in a.latency]
-    labels = sorted({label for label, _ in a.latency}, key=_leg_order)
+    labels = leg_labels(a.latency)
     roles = [r for r in labels if any((r, c) in a.latency for c in cats)]
     colors = _leg_colors(roles)
     if not cats or not roles:

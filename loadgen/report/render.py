@@ -20,7 +20,7 @@ from typing import Any
 from loadgen.report.analysis import ALL, GATE_SHARE, Analysis, CandidateAnalysis, Verdict
 from loadgen.report.candidates import RULE
 from loadgen.report.load import MIN_COVERAGE, OPEN_LOOP, PARITY_BAND, Estimate
-from loadgen.report.sections import Rate, bucket_order
+from loadgen.report.sections import Rate, bucket_order, leg_labels
 from loadgen.speedup import Speedup
 
 __all__ = ["render_html"]
@@ -213,14 +213,9 @@ def gate_text(a: Analysis) -> tuple[str, str]:
     )
 
 
-def _leg_order(label: str) -> tuple[int, str]:
-    """primary, the candidates (``candidate`` or ``candidate <backend>``), baseline."""
-    return ({"primary": 0, "baseline": 2}.get(label, 1), label)
-
-
 def _latency_rows(a: Analysis) -> list[list[str]]:
     rows = []
-    labels = sorted({label for label, _ in a.latency}, key=_leg_order)
+    labels = leg_labels(a.latency)
     for cat in [*a.categories, ALL]:
         for role in labels:
             lat = a.latency.get((role, cat))

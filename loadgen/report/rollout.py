@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from core.stats import mean
 from loadgen.report.analysis import ALL, Analysis, CandidateAnalysis
-from loadgen.report.checklist import leg_key
+from loadgen.report.checklist import leg_key, p99
 
 WINDOW = "5m"  # PromQL rate window of the Argo template (Flagger uses its metric interval)
 CANARY_STEPS = (0.05, 0.25, 0.5, 1.0)
@@ -57,12 +57,8 @@ class Guards:
         return out
 
 
-def _p99(a: Analysis, leg: str, cat: str, metric: str) -> float | None:
-    return a.latency.get((leg, cat), {}).get(metric, (None, None, None))[2]
-
-
 def _ratio_max(a: Analysis, c: CandidateAnalysis, cat: str, metric: str) -> float:
-    cand, prim = _p99(a, leg_key(a, c), cat, metric), _p99(a, "primary", cat, metric)
+    cand, prim = p99(a, leg_key(a, c), cat, metric), p99(a, "primary", cat, metric)
     if cand is None or prim is None or prim <= 0:
         return 1.5
     return round(min(1.5, max(1.0, 1.25 * cand / prim)), 2)

@@ -110,6 +110,14 @@ def bucket_order(label: str) -> tuple[float, str]:
     return (value, label)
 
 
+def leg_labels(latency: Mapping[tuple[str, str], Any]) -> list[str]:
+    """The latency table's leg labels in reading order: primary, the candidates, baseline."""
+    return sorted(
+        {label for label, _ in latency},
+        key=lambda label: ({"primary": 0, "baseline": 2}.get(label, 1), label),
+    )
+
+
 def leg_label(leg: Mapping[str, Any], several_candidates: bool) -> str:
     """``primary``, ``baseline``, ``candidate`` — or ``candidate <backend>`` among several."""
     role = str(leg.get("role"))
