@@ -87,25 +87,26 @@ def prompt_text(payload: Mapping[str, Any]) -> str:
     return ""
 
 
-def request_traits(payload: Mapping[str, Any]) -> RequestTraits:
+def request_traits(payload: Mapping[str, Any], text: str | None = None) -> RequestTraits:
+    """``text``: the payload's :func:`prompt_text`, when the caller has it already."""
     messages = request_body.messages(payload)
     users = 1 if messages is None else sum(1 for m in messages if m.get("role") == "user")
     return RequestTraits(
         request_body.json_mode(payload),
         request_body.offers_tools(payload),
         users,
-        len(prompt_text(payload)),
+        len(prompt_text(payload) if text is None else text),
     )
 
 
 def classify_request(payload: Mapping[str, Any]) -> str:
     """The built-in category of a request body (rules in the module docstring)."""
-    traits = request_traits(payload)
+    text = prompt_text(payload)
+    traits = request_traits(payload, text)
     if traits.has_tools:
         return "tool_call"
     if traits.json_mode:
         return "structured_output"
-    text = prompt_text(payload)
     scan = text[-SCAN_CHARS:]
     if (
         traits.prompt_chars > RAG_MIN_CHARS

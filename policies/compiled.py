@@ -307,18 +307,19 @@ class CompiledPolicy:
     _candidates: dict[tuple[str, str | None], tuple[RuleSpec, ...]] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
+    # Some rule matches on categories: the request path must classify requests (read per request,
+    # so computed once here).
+    uses_categories: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_no_rule", Decision(None, False, (), "no_rule", self.capture))
+        object.__setattr__(
+            self, "uses_categories", any(r.matcher.categories is not None for r in self.rules)
+        )
 
     @property
     def all_rules(self) -> tuple[RuleSpec, ...]:
         return (*self.rules, *((self.default_rule,) if self.default_rule is not None else ()))
-
-    @property
-    def uses_categories(self) -> bool:
-        """Some rule matches on categories: the request path must classify requests."""
-        return any(r.matcher.categories is not None for r in self.rules)
 
     def rule(self, name: str | None) -> RuleSpec | None:
         return next((r for r in self.all_rules if r.name == name), None)
