@@ -14,7 +14,7 @@ import ipaddress
 from aiohttp import web
 
 from core import jsonx
-from gateway.errors import GatewayError
+from gateway.errors import ClientRequestError, GatewayError, NotFoundError
 from gateway.rollout import RolloutController
 from gateway.state import GATEWAY
 
@@ -97,15 +97,12 @@ def _controller(request: web.Request) -> RolloutController:
     return controller
 
 
-class RolloutNotFound(GatewayError):
-    status = 404
+class RolloutNotFound(NotFoundError):
     type = "not_found_error"
     code = "rollout_not_found"
 
 
-class RolloutBadRequest(GatewayError):
-    status = 400
-    type = "invalid_request_error"
+class RolloutBadRequest(ClientRequestError):
     code = "invalid_rollout_change"
 
 

@@ -76,14 +76,11 @@ def candidate_request_headers(
     """Headers for a candidate that *answers* the client (canary, live): the client's end-to-end
     headers without its credentials — the candidate gets its own key (``auth``), never the
     client's — plus the request id and ``extra``."""
-    out = _filtered(client_headers, _REQUEST_SKIP)
+    out = upstream_request_headers(client_headers, request_id=request_id, extra=extra)
     for name in [n for n in out if is_credential(n.lower())]:
         del out[name]
     if auth is not None:
         out[auth[0]] = auth[1]
-    out[REQUEST_ID_HEADER] = request_id
-    for name, value in extra:
-        out[name] = value
     return out
 
 
