@@ -170,9 +170,7 @@ class RolloutController:
             return None
         spec = rule.rollout
         assert spec is not None
-        key = facts.request_id
-        if policy.sampling_header is not None:
-            key = facts.headers.get(policy.sampling_header) or key
+        key = policy.sampling_key(facts)
         if state.stage == "canary" and sample_unit(f"{rule.name}/serve", key) >= serve_ratio(
             spec, state
         ):

@@ -324,6 +324,12 @@ class CompiledPolicy:
     def rule(self, name: str | None) -> RuleSpec | None:
         return next((r for r in self.all_rules if r.name == name), None)
 
+    def sampling_key(self, facts: RequestFacts) -> str:
+        """What sampling is sticky by: the ``sampling.key`` header's value, else the request id."""
+        if self.sampling_header is not None:
+            return facts.headers.get(self.sampling_header) or facts.request_id
+        return facts.request_id
+
     def decide(self, facts: RequestFacts) -> Decision:
         """First matching rule (else ``default``) → sampling → kill switch, retry, body size."""
         rule = self._match(facts)
@@ -334,10 +340,7 @@ class CompiledPolicy:
         ladder = rule.ladder(self.loaded_unix_ns)
         decision = ladder[-1][1]  # every leg: shares of 1 need no hash
         if ladder[-1][0] < 1.0:
-            key = facts.request_id
-            if self.sampling_header is not None:
-                key = facts.headers.get(self.sampling_header) or key
-            unit = sample_unit(rule.name, key)
+            unit = sample_unit(rule.name, self.sampling_key(facts))
             if unit >= ladder[0][0]:
                 return rule.skipped["not_sampled"]
             for share, rung in ladder:  # highest share first: the last rung above unit wins
