@@ -72,7 +72,7 @@ class ReportedSpec:
         }
 
 
-def _schedule(raw: object) -> tuple[tuple[int, int, int], ...] | None:
+def parse_schedule(raw: object) -> tuple[tuple[int, int, int], ...] | None:
     """vLLM's ``[[batch from, batch to, k], …]``; None when absent or malformed."""
     if not isinstance(raw, list):
         return None
@@ -109,7 +109,7 @@ def from_vllm(info: Mapping[str, Any]) -> ReportedSpec | None:
     elif isinstance(acceptance, str):
         detail = f"acceptance_method={acceptance}"
         verification = "lossy" if acceptance == "typical_acceptance_sampler" else "lossless"
-    schedule = _schedule(spec.get("num_speculative_tokens_per_batch_size"))
+    schedule = parse_schedule(spec.get("num_speculative_tokens_per_batch_size"))
     return ReportedSpec(
         "vllm_server_info",
         speculative=True,
@@ -169,7 +169,7 @@ def _declared_json(spec: SpeculativeSpec) -> dict[str, Any]:
     }
 
 
-def _method_key(method: str) -> str:
+def method_key(method: str) -> str:
     """``n-gram``, ``NGRAM`` and ``ngram`` are one method."""
     return method.lower().replace("-", "").replace("_", "")
 
@@ -186,7 +186,7 @@ def mismatches(declared: SpeculativeSpec | None, reported: ReportedSpec | None) 
     if (
         declared.method is not None
         and reported.method is not None
-        and _method_key(declared.method) != _method_key(reported.method)
+        and method_key(declared.method) != method_key(reported.method)
     ):
         out.append(f"method: the policy says {declared.method}, the backend {reported.method}")
     k, rk = declared.num_speculative_tokens, reported.num_speculative_tokens

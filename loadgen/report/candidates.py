@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from evidence.serverinfo import method_key, parse_schedule
 from loadgen.report import load as lt
 from loadgen.report.records import ALL, Record, candidate_leg, category, leg_ok, num
 from loadgen.report.sections import Quality
@@ -83,10 +84,8 @@ class _Seen:
 
 
 def _schedule(reported: Any) -> tuple[tuple[int, int, int], ...] | None:
-    raw = reported.get("schedule") if isinstance(reported, dict) else None
-    if not isinstance(raw, list):
-        return None
-    return tuple((int(a), int(b), int(k)) for a, b, k in raw)
+    """The reported schedule; None when absent or malformed (a record is data, never trusted)."""
+    return parse_schedule(reported.get("schedule") if isinstance(reported, dict) else None)
 
 
 def speculation(records: Sequence[Record], backend: str) -> Speculation:
@@ -250,12 +249,12 @@ def head_to_head(
 
 # Proposers that need no model of their own (they draft from the prompt or the output so far).
 MODEL_FREE = frozenset({"ngram", "suffix", "prompt_lookup", "lookahead"})
+_MODEL_FREE_KEYS = frozenset(map(method_key, MODEL_FREE))
 
 
 def cost_key(spec: Speculation) -> tuple[int, int, str]:
     """Cheaper first: no draft model, then a smaller k (an unknown method counts as a model)."""
-    method = (spec.method or "").lower().replace("-", "").replace("_", "")
-    free = method in {m.replace("_", "") for m in MODEL_FREE}
+    free = method_key(spec.method or "") in _MODEL_FREE_KEYS
     return (0 if free else 1, spec.num_speculative_tokens or 0, spec.backend)
 
 

@@ -97,3 +97,23 @@ def test_one_candidate_reads_as_before_plus_the_recommendation():
     assert picks(records) == {"chat": "only", "code": None, ALL: picks(records)[ALL]}
     assert ("candidate", "chat") in a.latency  # one candidate keeps the plain role label
     assert RULE.startswith("Per category")
+
+
+@pytest.mark.parametrize(
+    ("schedule", "expected"),
+    [
+        ([[1, 8, 4], [9, 1024, 0]], ((1, 8, 4), (9, 1024, 0))),
+        ([[1, 8]], None),  # a row short of its k
+        ([["a", 8, 4]], None),
+        ("1-8:4", None),
+    ],
+)
+def test_a_reported_schedule_is_read_or_left_out_never_a_crash(
+    schedule: Any, expected: Any
+) -> None:
+    from loadgen.report.candidates import speculation
+
+    record = {"legs": [{"role": "primary", "backend": "p"},
+                       {"role": "candidate", "backend": "c",
+                        "speculative": {"method": "ngram", "reported": {"schedule": schedule}}}]}  # fmt: skip
+    assert speculation([record], "c").schedule == expected
