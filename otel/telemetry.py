@@ -397,7 +397,7 @@ class Telemetry:
             ri.rollbacks.add(1, {sc.RULE: t.rule, sc.GUARD: t.guard or t.by})
         context = None
         if traceparent is not None:
-            context = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+            context = _PROPAGATOR.extract({"traceparent": traceparent})
         span = self.tracer.start_span(
             sc.EVENT_ROLLOUT_TRANSITION, context=context, kind=SpanKind.INTERNAL
         )

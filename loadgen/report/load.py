@@ -380,7 +380,6 @@ def speculation_schedule(
     the configured depth up to the crossover's batch, 0 (no speculation) above it."""
     depth = k if k is not None and k > 0 else 1
     if cross is None:
-        max((p.concurrency or 1.0 for p in points), default=1.0)
         return [[1, MAX_BATCH, depth]] if points else []
     if cross.concurrency is None:
         return []

@@ -402,12 +402,15 @@ def head_to_head_rows(a: Analysis) -> list[list[str]]:
 
 
 def _speed_rows(a: Analysis, c: CandidateAnalysis) -> list[list[str]]:
-    speeds = c.speedups
-    return [
-        [k, str((speeds.get(k, {}).get("e2e") or Speedup(0, 0, 0, 0, 0)).n), sp(speeds.get(k, {}).get("e2e")),
-         sp(speeds.get(k, {}).get("tpot")), sp(speeds.get(k, {}).get("ttft")), sp(speeds.get(k, {}).get("baseline_e2e"))]
-        for k in [*a.categories, ALL] if k in speeds
-    ]  # fmt: skip
+    rows = []
+    for k in [*a.categories, ALL]:
+        if k not in c.speedups:
+            continue
+        s = c.speedups[k]
+        e2e = s.get("e2e")
+        rows.append([k, str(e2e.n if e2e is not None else 0), sp(e2e), sp(s.get("tpot")),
+                     sp(s.get("ttft")), sp(s.get("baseline_e2e"))])  # fmt: skip
+    return rows
 
 
 def _candidate_sections(
