@@ -1,9 +1,11 @@
 """The release checklist and its rollback triggers, written from the measured numbers (pure).
 
 One line per recommended configuration (:mod:`loadgen.report.candidates`) and the categories it
-serves, then each category's rollback triggers from *that* candidate's numbers. The thresholds
-are the ones the rollout guards can carry (``rollout.guards`` in a policy); a trigger names the
-number it came from, so an SRE can see why a line says what it says.
+serves, then each category's rollback triggers from *that* candidate's numbers, in absolute
+units for a person to read (p99 TPOT and e2e in ms, divergence, tokens per event); a trigger
+names the number it came from, so an SRE can see why a line says what it says. The guards a
+policy carries are written from the same numbers as ratios by :mod:`loadgen.report.rollout`
+(``rollout.yaml``), with their own rule for each threshold — the two are not the same numbers.
 """
 
 from __future__ import annotations
