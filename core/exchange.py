@@ -151,6 +151,8 @@ class Exchange:
     sweep_step: int | None = None  # the deciding rule's sweep step; None: no sweep
     # Shadow legs the policy chose but admission refused: (backend, role, reason) each.
     dropped: tuple[tuple[str, str, str], ...] = ()
+    # The deciding rule's candidate backends, mirrored this time or not.
+    candidates: tuple[str, ...] = ()
     # Rollouts: the role of the leg that answered the client (``primary`` is the leg in
     # ``primary``, which is the *served* leg — a candidate in canary or live); the rule's
     # rollout stage when it was decided; and why a candidate that should have answered did not
@@ -182,6 +184,7 @@ class ExchangeDraft:
     """What is known about an exchange before its legs end; :meth:`build` makes the Exchange."""
 
     __slots__ = (
+        "candidates",
         "capture",
         "category",
         "drop_reason",
@@ -232,6 +235,7 @@ class ExchangeDraft:
         self.sampled = False
         self.drop_reason: str | None = None
         self.dropped: tuple[tuple[str, str, str], ...] = ()
+        self.candidates: tuple[str, ...] = ()
         self.capture: CaptureSpec | None = None
         self.traceparent: str | None = None
         self.sweep_step: int | None = None
@@ -271,10 +275,12 @@ class ExchangeDraft:
         capture: CaptureSpec,
         skip_reason: str | None,
         sweep_step: int | None = None,
+        candidates: tuple[str, ...] = (),
     ) -> None:
         """Note the policy's decision (a sampled request skipped for a reason is a drop)."""
         self.policy_generation = generation
         self.policy_rule = rule
+        self.candidates = candidates
         self.sampled = sampled
         self.capture = capture
         self.sweep_step = sweep_step
@@ -303,6 +309,7 @@ class ExchangeDraft:
             traceparent=self.traceparent,
             sweep_step=self.sweep_step,
             dropped=self.dropped,
+            candidates=self.candidates,
             served_by=self.served_by,
             rollout_stage=self.rollout_stage,
             failover=self.failover,

@@ -283,6 +283,7 @@ def build_record(
                 {"backend": backend, "role": role, "reason": reason}
                 for backend, role, reason in exchange.dropped
             ],
+            "candidates": list(exchange.candidates),
         },
         "capture": capture.text,
         "served_by": exchange.served_by,

@@ -175,6 +175,7 @@ async def serve_completion(gw: Gateway, request: web.Request, route: Route) -> w
         capture=decision.capture,
         skip_reason=decision.skip_reason,
         sweep_step=decision.sweep_step,
+        candidates=decision.candidates,
     )
     call = Call(
         gw, request, route, body, payload, draft, span, request_id, policy,

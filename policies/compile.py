@@ -292,14 +292,17 @@ def _rule(
         for leg in legs
     )
     cap = policy_capture if capture is None else _capture(capture)
+    named = tuple(dict.fromkeys(p.backend.name for p in plans if p.role == "candidate"))
     skipped = {
-        reason: Decision(name, reason not in ("not_sampled", "no_legs"), (), reason, cap)
+        reason: Decision(
+            name, reason not in ("not_sampled", "no_legs"), (), reason, cap, None, named
+        )
         for reason in _SKIP_REASONS
     }
     spec = _sweep(sweep)
     multiples = spec.multiples if spec is not None else (1.0,)
     ladders = tuple(
-        _ladder(name, plans, multiple, cap, step if spec is not None else None)
+        _ladder(name, plans, multiple, cap, step if spec is not None else None, named)
         for step, multiple in enumerate(multiples)
     )
     return RuleSpec(
@@ -360,15 +363,25 @@ def _sweep(sweep: Sweep | None) -> SweepSpec | None:
 
 
 def _ladder(
-    name: str, plans: tuple[LegPlan, ...], multiple: float, cap: CaptureSpec, step: int | None
+    name: str,
+    plans: tuple[LegPlan, ...],
+    multiple: float,
+    cap: CaptureSpec,
+    step: int | None,
+    named: tuple[str, ...],
 ) -> Ladder:
     """The decisions at one sweep step: one rung per distinct share (see ``Ladder``)."""
     scaled = tuple(dataclasses.replace(p, share=min(1.0, p.share * multiple)) for p in plans)
     shares = sorted({p.share for p in scaled if p.share > 0}, reverse=True)
     if not shares:
-        return ((0.0, Decision(name, False, (), "not_sampled", cap, step)),)
+        return ((0.0, Decision(name, False, (), "not_sampled", cap, step, named)),)
     return tuple(
-        (share, Decision(name, True, tuple(p for p in scaled if p.share >= share), None, cap, step))
+        (
+            share,
+            Decision(
+                name, True, tuple(p for p in scaled if p.share >= share), None, cap, step, named
+            ),
+        )
         for share in shares
     )
 

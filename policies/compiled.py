@@ -98,6 +98,9 @@ class Decision:
     skip_reason: SkipReason | None
     capture: CaptureSpec
     sweep_step: int | None = None  # index into the rule's sweep multiples; None: no sweep
+    # The rule's candidate backends, mirrored this time or not: records name them, so the report
+    # knows a candidate that drew no pair ("not enough data", not silence).
+    candidates: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,15 +42,20 @@ def by_role(record: Record) -> dict[str, Mapping[str, Any]]:
 
 
 def candidate_backends(records: Iterable[Record]) -> list[str]:
-    """Every backend that served a candidate leg, in order of first appearance."""
+    """Every backend that served a candidate leg, or that a rule named as a candidate (mirrored or
+    not: a candidate that drew no pair is judged "not enough data", not left out), in order of
+    first appearance."""
     seen: dict[str, None] = {}
     for r in records:
         for leg in legs(r):
             if leg.get("role") == "candidate":
                 seen.setdefault(str(leg.get("backend")), None)
-        for drop in (r.get("sampling") or {}).get("dropped") or ():
+        sampling = r.get("sampling") or {}
+        for drop in sampling.get("dropped") or ():
             if drop.get("role") == "candidate":
                 seen.setdefault(str(drop.get("backend")), None)
+        for name in sampling.get("candidates") or ():
+            seen.setdefault(str(name), None)
     return list(seen)
 
 

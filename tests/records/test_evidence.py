@@ -251,3 +251,35 @@ async def test_records_written_under_concurrent_load_are_all_readable(
     assert all(json.loads(line)["category"] == "code" for line in lines)
     assert cli_main(["records", "--store", str(tmp_path / "records.db"), "--limit", "5"]) == 0
     assert len(capsysbinary.readouterr().out.splitlines()) == 5
+
+
+async def test_a_candidate_that_drew_no_pair_is_judged_not_enough_data_not_left_out(
+    sims: Any,
+    write_policy: Callable[[str], str],
+    recorded_gateway: StartGateway,
+    tmp_path: Path,
+) -> None:
+    """A short window at a small share can mirror nothing; the report must still name the
+    candidate the rule mirrors to, with zero pairs and the pairs it needs — not fall silent."""
+    from loadgen.report import build_report
+    from loadgen.report.analysis import ALL, MIN_PAIRS, analyze
+
+    primary = await sims(**FAST)
+    candidate = await sims(mode="speculative", **FAST)
+    url, sink, memory = await recorded_gateway(
+        write_policy(policy_yaml(primary.base_url, candidate.base_url, ratio=0.0, extra=EXTRA))
+    )
+    await send_all(url, [(chat(i, max_tokens=8), {}) for i in range(6)])
+    await wait_records(sink, memory, 6)
+    records = list(query_records(tmp_path / "records.db"))
+    assert len(records) == 6 and candidate.state.requests == {}  # nothing reached the candidate
+    assert all(r["sampling"]["candidates"] == ["cand"] for r in records)
+    a = analyze(records)
+    assert list(a.candidates) == ["cand"]
+    overall = next(v for v in a.candidates["cand"].verdicts if v.category == ALL)
+    assert overall.decision == "not_enough_data" and overall.pairs_needed == MIN_PAIRS
+    assert a.recommendations[ALL].backend is None
+    report = json.loads((build_report(records, [], tmp_path / "out").json).read_text())
+    overall_json = report["candidates"]["cand"]["overall"]
+    assert overall_json["verdict"] == "not_enough_data" and overall_json["pairs"] == 0
+    assert "not enough data" in (tmp_path / "out" / "report.md").read_text()
