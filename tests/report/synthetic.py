@@ -64,6 +64,22 @@ def comparison(a: str, b: str, exact: bool) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def record(
+    cat: str, i: int, legs: list[dict[str, Any]], comparisons: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The ``i``-th record of category ``cat`` (load-matched: parity 1)."""
+    return {
+        "schema": "specshadow.record/1",
+        "exchange_id": f"{cat}-{i}",
+        "request_id": f"req-{cat}-{i}",
+        "category": cat,
+        "started_unix_ns": 1_700_000_000_000_000_000 + i,
+        "legs": legs,
+        "load_parity": 1.0,
+        "comparisons": comparisons,
+    }
+
+
 def records(
     *,
     speedups: dict[str, float],
@@ -85,23 +101,14 @@ def records(
             cand_e2e = e2e / true_speedup * math.exp(rng.gauss(0, noise))
             base_e2e = e2e * math.exp(rng.gauss(0, noise))
             tpe = 1 + 1.6 * true_speedup / 1.5 if true_speedup > 1 else 1.05
-            out.append({
-                "schema": "specshadow.record/1",
-                "exchange_id": f"{cat}-{i}",
-                "request_id": f"req-{cat}-{i}",
-                "category": cat,
-                "started_unix_ns": 1_700_000_000_000_000_000 + i,
-                "legs": [
-                    leg("primary", ttft=ttft_s, e2e=e2e, tokens=tokens, tpe=1.0, kv=0.3),
-                    leg("candidate", ttft=min(ttft_s, cand_e2e / 2), e2e=cand_e2e, tokens=tokens, tpe=tpe, mal=tpe + 0.8, kv=0.45, parity=1.0),
-                    leg("baseline", ttft=ttft_s, e2e=base_e2e, tokens=tokens, tpe=1.0, parity=1.0),
-                ],
-                "load_parity": 1.0,
-                "comparisons": [
-                    comparison("primary", "candidate", rng.random() >= div),
-                    comparison("primary", "baseline", rng.random() >= baseline_divergence),
-                ],
-            })  # fmt: skip
+            out.append(record(cat, i, [
+                leg("primary", ttft=ttft_s, e2e=e2e, tokens=tokens, tpe=1.0, kv=0.3),
+                leg("candidate", ttft=min(ttft_s, cand_e2e / 2), e2e=cand_e2e, tokens=tokens, tpe=tpe, mal=tpe + 0.8, kv=0.45, parity=1.0),
+                leg("baseline", ttft=ttft_s, e2e=base_e2e, tokens=tokens, tpe=1.0, parity=1.0),
+            ], [
+                comparison("primary", "candidate", rng.random() >= div),
+                comparison("primary", "baseline", rng.random() >= baseline_divergence),
+            ]))  # fmt: skip
     return out
 
 
@@ -156,14 +163,5 @@ def several(
             )
             legs.append(base)
             comparisons.append(comparison("primary", "baseline", True))
-            out.append({
-                "schema": "specshadow.record/1",
-                "exchange_id": f"{cat}-{i}",
-                "request_id": f"req-{cat}-{i}",
-                "category": cat,
-                "started_unix_ns": 1_700_000_000_000_000_000 + i,
-                "legs": legs,
-                "load_parity": 1.0,
-                "comparisons": comparisons,
-            })  # fmt: skip
+            out.append(record(cat, i, legs, comparisons))
     return out
