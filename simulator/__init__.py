@@ -6,8 +6,14 @@ the prompt, paced like an engine (prefill, then one chunk per engine step), in `
 exposes vLLM-shaped per-request metrics and Prometheus ``/metrics``, injects faults on request, and
 remembers what it sent and when (``SimState``, ``GET /sim/requests``).
 
-Layout: pure cores ``config`` (settings, faults), ``textgen`` (tokens, JSON), ``acceptance``
-(step model, expected rates), ``request`` (parsing, validation), ``plan`` (the answer),
+Token ids are vLLM-like: ``POST /tokenize`` answers the ids every request is served with, and
+``drafting="replay"`` drafts with vLLM's own n-gram proposer (or a simulated drafter) over them,
+accepting what equals the output — ground truth for counterfactual replays.
+
+Layout: pure cores ``config`` (settings, faults), ``textgen`` (tokens, JSON), ``tokens`` (ids,
+chat template), ``ngram`` (vLLM's proposer, ported), ``drafter`` (the simulated draft model),
+``acceptance`` (step model drawn or replayed, expected rates), ``request`` (parsing,
+validation), ``plan`` (the answer),
 ``render`` (vLLM-shaped bodies); I/O shell ``app`` (aiohttp, ``run_simulator``) with ``metrics``
 and ``state``; ``cli`` (``specshadow simulate``).
 """

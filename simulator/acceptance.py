@@ -1,6 +1,10 @@
-"""The speculative step model: which steps draft, how many drafts each accepts (pure, seeded).
+"""The speculative step model: which steps draft, how many drafts each accepts (pure).
 
-A request's output of ``n`` tokens is produced by steps: the prefill step emits the first token
+Two ways to decide the steps: drawn from per-position probabilities (:func:`plan_steps`,
+``drafting="probabilistic"``) or replayed from a real proposer over token ids
+(:func:`replay_steps`, ``drafting="replay"``).
+
+**Drawn** (seeded). A request's output of ``n`` tokens is produced by steps: the prefill step emits the first token
 (vLLM drafts nothing before the first token exists), then each decode step either has no draft
 (probability 1 − coverage, or plain mode) and emits 1 token, or drafts ``min(k, remaining − 1)``
 tokens, accepts a prefix of them (position ``i`` accepted with conditional probability ``p[i]``
@@ -8,12 +12,25 @@ given ``i − 1`` was; the chain stops at the first rejection) and emits accepte
 bonus token). Unlike vLLM, which may draft past ``max_tokens`` and discard the surplus, the
 proposer here never drafts past the end, so every step emits exactly accepted + 1 tokens and the
 ground truth adds up with no exceptions.
+
+**Replayed** — the contract a counterfactual replay of the same ids reproduces. ``prompt`` are
+the ids ``POST /tokenize`` returns for the request (the chat template with the generation prompt
+for chat and Responses requests, the text's ids for completions), ``out`` the ``n`` output ids
+(``text_ids(output_text)``). The prefill step emits ``out[0]`` and drafts nothing (``Step(0,
+0)``). Then, while ``j < n`` tokens are emitted, with ``r = n − j`` remaining, one decode step:
+``draft = propose(prompt + out[:j], k)[: r − 1]`` — drafts never reach past the end, as above;
+``accepted`` = the length of the common prefix of ``draft`` and ``out[j:]``; the step emits
+``accepted + 1`` tokens (the accepted drafts and the target's own next token) and is
+``Step(len(draft), accepted)``; an empty draft is a non-drafting step, ``Step(0, 0)``. The
+output is fixed in advance by the prompt (an exact draw from the "target"), so accepting a draft
+token iff it equals the target's token is exactly what lossless rejection sampling does with a
+one-hot (greedy) draft distribution: the text is the same as without speculation.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from simulator.config import SimConfig
@@ -59,6 +76,33 @@ def plan_steps(
     return tuple(steps)
 
 
+Proposer = Callable[[Sequence[int], int], Sequence[int]]  # (context ids, k) -> draft ids
+
+
+def replay_steps(
+    prompt: Sequence[int], out: Sequence[int], *, k: int, propose: Proposer
+) -> tuple[Step, ...]:
+    """The steps ``propose`` would have had over ``prompt`` + ``out`` (see the module doc)."""
+    n = len(out)
+    if n <= 0:
+        return ()
+    steps = [Step(0, 0)]  # prefill
+    context = [*prompt, out[0]]
+    j = 1
+    while j < n:
+        remaining = n - j
+        draft = list(propose(context, k))[: remaining - 1]
+        accepted = 0
+        for want, got in zip(draft, out[j:], strict=False):
+            if want != got:
+                break
+            accepted += 1
+        steps.append(Step(len(draft), accepted))
+        context += out[j : j + accepted + 1]
+        j += accepted + 1
+    return tuple(steps)
+
+
 @dataclass(frozen=True, slots=True)
 class ExpectedRates:
     """Long-output expectations for one config and category (truncation at the end ignored).
@@ -78,7 +122,8 @@ class ExpectedRates:
 
 
 def expected_rates(config: SimConfig, category: str = "chat") -> ExpectedRates:
-    """What :func:`plan_steps` converges to for ``config`` and ``category``."""
+    """What :func:`plan_steps` converges to for ``config`` and ``category`` (drawn drafts only:
+    replayed ones depend on the text)."""
     if not config.speculative:
         return ExpectedRates((), 0.0, 1.0, 1.0, 0.0)
     probs = config.acceptance_for(category)

@@ -1,7 +1,8 @@
 """The simulator's I/O shell: an aiohttp app that paces and writes :class:`~simulator.plan.Plan`\\ s.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming and not),
-``GET /v1/models``, ``GET /health``, ``GET /version``, ``GET /metrics`` (Prometheus text),
+``POST /v1/responses``, ``POST /tokenize`` and ``POST /detokenize`` (vLLM's, over
+:mod:`simulator.tokens`), ``GET /v1/models``, ``GET /server_info``, ``GET /health``, ``GET /version``, ``GET /metrics`` (Prometheus text),
 ``GET /sim/requests[?id=…]`` (ground truth as JSON).
 
 Per request: parse and validate (pure) → plan the answer (pure) → record the plan as ground truth →
@@ -49,9 +50,18 @@ from simulator.render import (
     usage,
     usage_chunk,
 )
-from simulator.request import Route, SimRequest, SimRequestError, classify, parse_request
+from simulator.request import (
+    Route,
+    SimRequest,
+    SimRequestError,
+    classify,
+    parse_detokenize,
+    parse_request,
+    parse_tokenize,
+)
 from simulator.responses import ResponsesRender, response_id_for
 from simulator.state import EventKindSent, RecordOutcome, RequestRecord, SentEvent, SimState
+from simulator.tokens import decode, decode_piece
 
 CONFIG = web.AppKey("sim_config", SimConfig)
 BATCH = web.AppKey("sim_batch", BatchEngine)
@@ -436,7 +446,7 @@ async def _models(request: web.Request) -> web.Response:
             "owned_by": "vllm",
             "root": config.model,
             "parent": None,
-            "max_model_len": 4096,
+            "max_model_len": config.max_model_len,
             "permission": [],
         }
         for name in config.served_names
@@ -462,12 +472,45 @@ async def _server_info(request: web.Request) -> web.Response:
         spec = {
             "method": config.proposer,
             "num_speculative_tokens": config.num_speculative_tokens,
+            "prompt_lookup_min": config.prompt_lookup_min if config.proposer == "ngram" else None,
+            "prompt_lookup_max": config.prompt_lookup_max if config.proposer == "ngram" else None,
             "rejection_sample_method": config.rejection_sample_method,
             "num_speculative_tokens_per_batch_size": None,
         }
     return _json_response(
         {"vllm_config": {"model_config": {"model": config.model}, "speculative_config": spec}}
     )
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    """vLLM's ``POST /tokenize``: the ids a request with that prompt is served with."""
+    config = request.app[CONFIG]
+    try:
+        parsed = parse_tokenize(await request.read(), config)
+    except SimRequestError as exc:
+        return _error(exc.status, exc.message, exc.error_type, exc.param)
+    strs = [decode_piece(i) or "" for i in parsed.ids] if parsed.return_token_strs else None
+    return _json_response(
+        {
+            "count": len(parsed.ids),
+            "max_model_len": config.max_model_len,
+            "tokens": list(parsed.ids),
+            "token_strs": strs,
+        }
+    )
+
+
+async def _detokenize(request: web.Request) -> web.Response:
+    """vLLM's ``POST /detokenize``; an id this server never tokenized is a 400."""
+    config = request.app[CONFIG]
+    try:
+        ids = parse_detokenize(await request.read(), config)
+        text = decode(ids)
+    except SimRequestError as exc:
+        return _error(exc.status, exc.message, exc.error_type, exc.param)
+    except KeyError as exc:
+        return _error(400, f"unknown token id {exc.args[0]}", "BadRequestError", "tokens")
+    return _json_response({"prompt": text})
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -512,6 +555,8 @@ def create_sim_app(config: SimConfig) -> web.Application:
     app.router.add_get("/version", _version)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/server_info", _server_info)
+    app.router.add_post("/tokenize", _tokenize)
+    app.router.add_post("/detokenize", _detokenize)
     app.router.add_get("/sim/requests", _sim_requests)
     app.on_shutdown.append(_on_shutdown)
     return app

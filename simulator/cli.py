@@ -41,6 +41,14 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         seed=args.seed,
         divergence_at=args.divergence_at,
         proposer=args.proposer,
+        drafting=args.drafting,
+        prompt_lookup_min=args.prompt_lookup_min,
+        prompt_lookup_max=args.prompt_lookup_max,
+        drafter_match=args.drafter_match,
+        category_drafter_match=_category_pairs(args.category_drafter_match, float),
+        max_model_len=args.max_model_len,
+        copy=args.copy,
+        category_copy=_category_pairs(args.category_copy, float),
         rejection_sample_method=args.rejection_sample_method,
         min_output_tokens=args.min_output_tokens,
         max_output_tokens=args.max_output_tokens,
@@ -121,6 +129,26 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--divergence-at", type=int, default=None)
     p.add_argument("--proposer", default="ngram", help="method named by /server_info")
+    p.add_argument(
+        "--drafting",
+        choices=["probabilistic", "replay"],
+        default="probabilistic",
+        help="replay: drafts from a real proposer over the token ids (ngram or draft_model)",
+    )
+    p.add_argument("--prompt-lookup-min", type=int, default=2, help="ngram: shortest n-gram")
+    p.add_argument("--prompt-lookup-max", type=int, default=4, help="ngram: longest n-gram")
+    p.add_argument(
+        "--drafter-match",
+        type=float,
+        default=0.7,
+        help="replay draft_model: P(the drafter predicts the actual token)",
+    )
+    p.add_argument("--category-drafter-match", action="append", default=[], metavar="CATEGORY=P")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument(
+        "--copy", type=float, default=0.0, help="P(a text segment copies a span of the context)"
+    )
+    p.add_argument("--category-copy", action="append", default=[], metavar="CATEGORY=P")
     p.add_argument(
         "--rejection-sample-method",
         choices=["standard", "block", "synthetic"],

@@ -13,6 +13,7 @@ from typing import Literal
 
 Mode = Literal["plain", "speculative"]
 Batching = Literal["independent", "continuous"]
+Drafting = Literal["probabilistic", "replay"]
 Acceptance = float | tuple[float, ...]
 
 # Header that injects faults into one request (same syntax as ``SimConfig.faults``).
@@ -132,9 +133,24 @@ class SimConfig:
     in that step (:mod:`simulator.engine`). ``kv_overhead_fraction``: extra KV cache a speculative
     request holds per token (a drafter's own cache), which lowers the concurrency that fits.
 
+    Replayed drafts (``drafting="replay"``, speculative mode): instead of drawing steps, the
+    server runs a real proposer over the request's token ids (:mod:`simulator.tokens`) and
+    accepts a draft's longest prefix that equals the actual output (:mod:`simulator.acceptance`
+    documents the step contract). ``proposer="ngram"``: vLLM's n-gram proposer
+    (:mod:`simulator.ngram`) with ``prompt_lookup_min`` / ``prompt_lookup_max``;
+    ``proposer="draft_model"``: a simulated greedy drafter whose prediction of each token is the
+    actual token with probability ``drafter_match`` (per category: ``category_drafter_match``).
+    ``acceptance`` and ``coverage`` do not apply; ``max_model_len`` caps the drafts as in vLLM.
+
+    Copying (``copy``, per category ``category_copy``): the probability that each segment of a
+    text answer copies a span (4–24 pieces) of the prompt's content or of the answer so far
+    instead of fresh words — what makes n-gram drafts land. Seeded by the prompt, so servers with
+    the same copy settings answer the same text; ``0.0`` keeps the plain word answers.
+
     ``GET /server_info?config_format=json`` answers like vLLM in dev mode (``server_info``):
     ``speculative_config`` is null in plain mode, else ``proposer`` as its ``method``,
-    ``num_speculative_tokens`` and ``rejection_sample_method`` (``synthetic`` declares a lossy
+    ``num_speculative_tokens``, ``prompt_lookup_min`` / ``prompt_lookup_max`` (n-gram) and
+    ``rejection_sample_method`` (``synthetic`` declares a lossy
     verification — pair it with ``divergence_at`` for outputs that show it).
     """
 
@@ -167,6 +183,14 @@ class SimConfig:
     draft_s: float = 0.0
     kv_overhead_fraction: float = 0.0
     proposer: str = "ngram"
+    drafting: Drafting = "probabilistic"
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+    drafter_match: float = 0.7
+    category_drafter_match: Mapping[str, float] = field(default_factory=dict)
+    max_model_len: int = 4096
+    copy: float = 0.0
+    category_copy: Mapping[str, float] = field(default_factory=dict)
     rejection_sample_method: str = "standard"
     server_info: bool = True
 
@@ -194,12 +218,35 @@ class SimConfig:
             raise ValueError("step_s, step_slot_s, draft_s and kv_overhead_fraction must be >= 0")
         if self.divergence_at is not None and self.divergence_at < 0:
             raise ValueError("divergence_at: expected >= 0")
+        if self.drafting not in ("probabilistic", "replay"):
+            raise ValueError(
+                f"drafting: expected 'probabilistic' or 'replay', got {self.drafting!r}"
+            )
+        if self.drafting == "replay" and self.proposer not in ("ngram", "draft_model"):
+            raise ValueError(
+                f"drafting='replay' needs proposer 'ngram' or 'draft_model', got {self.proposer!r}"
+            )
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("expected 1 <= prompt_lookup_min <= prompt_lookup_max")
+        if self.max_model_len < 1:
+            raise ValueError("max_model_len: expected >= 1")
+        for name, table, default in (
+            ("copy", self.category_copy, self.copy),
+            ("drafter_match", self.category_drafter_match, self.drafter_match),
+        ):
+            for cat, p in {"": default, **table}.items():
+                if not 0.0 <= p <= 1.0:
+                    raise ValueError(f"{name}{f'[{cat!r}]' if cat else ''}: expected 0..1, got {p}")
         # Read-only copies: the config is shared by every request of a server.
         object.__setattr__(
             self, "category_acceptance", MappingProxyType(dict(self.category_acceptance))
         )
         object.__setattr__(
             self, "category_coverage", MappingProxyType(dict(self.category_coverage))
+        )
+        object.__setattr__(self, "category_copy", MappingProxyType(dict(self.category_copy)))
+        object.__setattr__(
+            self, "category_drafter_match", MappingProxyType(dict(self.category_drafter_match))
         )
         object.__setattr__(self, "aliases", tuple(self.aliases))
 
@@ -220,3 +267,14 @@ class SimConfig:
 
     def coverage_for(self, category: str) -> float:
         return self.category_coverage.get(category, self.coverage)
+
+    def copy_for(self, category: str) -> float:
+        return self.category_copy.get(category, self.copy)
+
+    def drafter_match_for(self, category: str) -> float:
+        return self.category_drafter_match.get(category, self.drafter_match)
+
+    @property
+    def replay(self) -> bool:
+        """Speculative with replayed drafts (``drafting="replay"``)."""
+        return self.speculative and self.drafting == "replay"

@@ -2,17 +2,26 @@
 
 The I/O shell in :mod:`simulator.app` only paces and writes a :class:`Plan`; the plan *is* the
 ground truth that tests compare against.
+
+Speculative steps are drawn (:func:`~simulator.acceptance.plan_steps`) or, with
+``drafting="replay"``, replayed over the prompt's ids and the output's ids
+(:func:`~simulator.acceptance.replay_steps`, whose docstring is the contract): with vLLM's n-gram
+proposer (:mod:`simulator.ngram`) or the simulated drafter (:mod:`simulator.drafter`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from simulator.acceptance import Step, plan_steps
+from simulator.acceptance import Proposer, Step, plan_steps, replay_steps
 from simulator.config import Mode, SimConfig
+from simulator.drafter import drafter_proposer, prompt_logprobs
+from simulator.ngram import find_longest_matched_ngram_and_propose_tokens
 from simulator.request import SimRequest
 from simulator.textgen import (
+    copying_tokens,
     digest,
     diverged_tokens,
     dump_json,
@@ -24,6 +33,7 @@ from simulator.textgen import (
     value_for_schema,
     word_tokens,
 )
+from simulator.tokens import SPECIAL_PIECES, ids_of, text_pieces
 
 OutputKind = Literal["text", "json", "tool_call"]
 
@@ -46,6 +56,7 @@ class Plan:
     prompt_tokens: int
     prompt_hash: str
     tool_name: str | None
+    prompt_logprobs: list[Any] | None = None  # completions with prompt_logprobs (the drafter's)
 
     @property
     def text(self) -> str:
@@ -57,7 +68,7 @@ class Plan:
 
 
 def _full_tokens(
-    request: SimRequest, config: SimConfig, prompt_digest: bytes
+    request: SimRequest, config: SimConfig, prompt_digest: bytes, category: str
 ) -> tuple[OutputKind, list[str]]:
     if request.tool is not None:
         params = request.tool.get("parameters")
@@ -69,13 +80,35 @@ def _full_tokens(
             json_document(request.json_schema, rng_for("json", prompt_digest))
         )
     n = natural_length(prompt_digest, config.min_output_tokens, config.max_output_tokens)
-    return "text", word_tokens(rng_for("text", prompt_digest), n)
+    copy = config.copy_for(category)
+    if copy <= 0.0:
+        return "text", word_tokens(rng_for("text", prompt_digest), n)
+    source = [p for p in request.source_pieces if p not in SPECIAL_PIECES]
+    return "text", copying_tokens(
+        rng_for("text", prompt_digest),
+        rng_for("copy", prompt_digest),
+        n,
+        source,
+        copy,
+        text_pieces,
+    )
+
+
+def _proposer(config: SimConfig, request: SimRequest, out: list[int], category: str) -> Proposer:
+    if config.proposer == "draft_model":
+        return drafter_proposer([*request.prompt_ids, *out], config.drafter_match_for(category))
+    lo, hi, max_len = config.prompt_lookup_min, config.prompt_lookup_max, config.max_model_len
+
+    def propose(context: Sequence[int], k: int) -> list[int]:
+        return find_longest_matched_ngram_and_propose_tokens(context, lo, hi, max_len, k)
+
+    return propose
 
 
 def plan_completion(config: SimConfig, request: SimRequest, category: str) -> Plan:
     """Decide the tokens and steps for ``request`` on a server configured by ``config``."""
     prompt_digest = digest(request.canonical)
-    kind, full = _full_tokens(request, config, prompt_digest)
+    kind, full = _full_tokens(request, config, prompt_digest, category)
     logprobs = token_logprobs(rng_for("logprobs", prompt_digest), len(full))
     cut = min(request.max_tokens, len(full))
     tokens = full[:cut]
@@ -87,13 +120,27 @@ def plan_completion(config: SimConfig, request: SimRequest, category: str) -> Pl
         finish: Literal["stop", "length", "tool_calls"] = "length"
     else:
         finish = "tool_calls" if kind == "tool_call" else "stop"
-    steps = plan_steps(
-        len(tokens),
-        speculative=config.speculative,
-        probs=config.acceptance_for(category),
-        coverage=config.coverage_for(category),
-        rng=rng_for("steps", prompt_digest, config.seed),
-    )
+    if config.replay:
+        out = ids_of(tokens)
+        steps = replay_steps(
+            request.prompt_ids,
+            out,
+            k=config.num_speculative_tokens,
+            propose=_proposer(config, request, out, category),
+        )
+    else:
+        steps = plan_steps(
+            len(tokens),
+            speculative=config.speculative,
+            probs=config.acceptance_for(category),
+            coverage=config.coverage_for(category),
+            rng=rng_for("steps", prompt_digest, config.seed),
+        )
+    teacher = None
+    if request.prompt_logprobs is not None:
+        teacher = prompt_logprobs(
+            request.prompt_ids, config.drafter_match_for(category), request.prompt_logprobs
+        )
     return Plan(
         category=category,
         mode=config.mode,
@@ -105,4 +152,5 @@ def plan_completion(config: SimConfig, request: SimRequest, category: str) -> Pl
         prompt_tokens=request.prompt_tokens,
         prompt_hash=prompt_digest.hex(),
         tool_name=str(request.tool["name"]) if request.tool is not None else None,
+        prompt_logprobs=teacher,
     )

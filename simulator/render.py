@@ -203,7 +203,7 @@ def full_body(
         obj = "text_completion"
     choice |= {"finish_reason": plan.finish_reason, "stop_reason": None}
     if request.route == "completions":
-        choice["prompt_logprobs"] = None
+        choice["prompt_logprobs"] = plan.prompt_logprobs
     body: dict[str, Any] = {
         "id": response_id,
         "object": obj,

@@ -9,6 +9,11 @@ function ``tools``) are read into the chat form — an ``input`` string is one u
 ``instructions`` a system message before it — so a Responses request and the equivalent chat
 request get the same answer. ``previous_response_id`` is a 404, as on vLLM without a response
 store (``VLLM_ENABLE_RESPONSES_API_STORE`` unset).
+
+Prompt tokens are the ids of :mod:`simulator.tokens` — the chat template with the generation
+prompt (offered tools included) for chat and Responses requests, the text's ids (or the given ids)
+for completions — so ``usage.prompt_tokens`` is the ``count`` that ``POST /tokenize`` answers for
+the same prompt (:func:`parse_tokenize` reads that endpoint's bodies).
 """
 
 from __future__ import annotations
@@ -18,9 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from core import jsonx
-from core.request_body import content_text
 from simulator.config import SimConfig
-from simulator.textgen import count_prompt_tokens
+from simulator.tokens import chat_ids, content_pieces, decode_piece, text_ids, text_pieces
 
 Route = Literal["chat", "completions", "responses"]
 
@@ -58,8 +62,15 @@ class SimRequest:
     json_mode: bool  # response_format json_object or json_schema
     tool: Mapping[str, Any] | None  # the function definition a tool call goes to
     canonical: bytes  # what the output is a function of (model, max_tokens, stream excluded)
-    prompt_tokens: int
+    prompt_ids: tuple[int, ...]  # what POST /tokenize answers for this prompt
+    source_pieces: tuple[str, ...]  # the prompt's content pieces (what a copying answer copies)
     user_messages: int
+    prompt_token_ids: bool = False  # a completions prompt given as token ids
+    prompt_logprobs: int | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
 
 
 def _int_field(body: Mapping[str, Any], key: str, *, minimum: int) -> int | None:
@@ -196,6 +207,10 @@ def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
             )
 
     tool: Mapping[str, Any] | None = None
+    as_ids = False
+    prompt_logprobs: int | None = None
+    prompt_ids: list[int]
+    source: list[str]
     if route in ("chat", "responses"):
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -203,11 +218,9 @@ def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
         if not all(isinstance(m, Mapping) and "role" in m for m in messages):
             raise SimRequestError(400, "every message needs a role", param="messages")
         tool = _pick_tool(body)
-        prompt_tokens = 3 + sum(
-            4 + count_prompt_tokens(content_text(m.get("content"))) for m in messages
-        )
-        if body.get("tools"):
-            prompt_tokens += count_prompt_tokens(jsonx.dumps(body["tools"]).decode())
+        tools = body.get("tools")
+        prompt_ids = chat_ids(messages, tools=tools if isinstance(tools, list) else None)
+        source = content_pieces(messages)
         user_messages = sum(1 for m in messages if m.get("role") == "user")
         canonical = jsonx.dumps(
             {
@@ -225,9 +238,15 @@ def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if isinstance(prompt, str):
-            prompt_tokens = max(1, count_prompt_tokens(prompt))
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            prompt_tokens = len(prompt)
+            prompt_ids = text_ids(prompt)
+            source = text_pieces(prompt)
+        elif (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+        ):
+            prompt_ids, as_ids = list(prompt), True
+            source = [p for p in map(decode_piece, prompt) if p is not None]
         else:
             raise SimRequestError(
                 400, "prompt must be a string or a list of token ids", param="prompt"
@@ -239,6 +258,7 @@ def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
         top_or_none = _int_field(body, "logprobs", minimum=0)
         logprobs = top_or_none is not None
         top = top_or_none or 0
+        prompt_logprobs = _int_field(body, "prompt_logprobs", minimum=0)
     return SimRequest(
         route=route,
         model=model,
@@ -253,8 +273,11 @@ def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
         json_mode=json_mode,
         tool=tool,
         canonical=canonical,
-        prompt_tokens=prompt_tokens,
+        prompt_ids=tuple(prompt_ids),
+        source_pieces=tuple(source),
         user_messages=user_messages,
+        prompt_token_ids=as_ids,
+        prompt_logprobs=prompt_logprobs,
     )
 
 
@@ -269,3 +292,75 @@ def classify(request: SimRequest, header: str | None) -> str:
     if request.user_messages > 1:
         return "multi_turn"
     return "chat"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeRequest:
+    """A ``POST /tokenize`` body, read: the prompt's ids, and whether to spell them out."""
+
+    ids: tuple[int, ...]
+    return_token_strs: bool
+
+
+def _model_field(body: Mapping[str, Any], config: SimConfig) -> None:
+    model = body.get("model", config.model)
+    if model is not None and (not isinstance(model, str) or model not in config.served_names):
+        raise SimRequestError(404, f"The model `{model}` does not exist.", param="model")
+
+
+def _object(raw: bytes) -> Mapping[str, Any]:
+    try:
+        body = jsonx.loads(raw)
+    except jsonx.JSONDecodeError as exc:
+        raise SimRequestError(400, f"JSON decode error: {exc}") from exc
+    if not isinstance(body, Mapping):
+        raise SimRequestError(400, "request body must be a JSON object")
+    return body
+
+
+def _bool_field(body: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    if not isinstance(value, bool):
+        raise SimRequestError(400, f"{key} must be a boolean", param=key)
+    return value
+
+
+def parse_tokenize(raw: bytes, config: SimConfig) -> TokenizeRequest:
+    """vLLM's ``/tokenize`` body: ``{"prompt": str, "add_special_tokens"?}`` or ``{"messages":
+    [...], "add_generation_prompt"? (default true), "tools"?}``; ``model`` and
+    ``return_token_strs`` optional. The ids are the ones a request with that prompt is served with.
+    """
+    body = _object(raw)
+    _model_field(body, config)
+    strs = _bool_field(body, "return_token_strs", False)
+    if "messages" in body:
+        messages = body["messages"]
+        if not isinstance(messages, list) or not all(
+            isinstance(m, Mapping) and "role" in m for m in messages
+        ):
+            raise SimRequestError(
+                400, "messages must be a list of messages with a role", param="messages"
+            )
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise SimRequestError(400, "tools must be a list", param="tools")
+        generation = _bool_field(body, "add_generation_prompt", True)
+        _bool_field(body, "add_special_tokens", False)
+        return TokenizeRequest(tuple(chat_ids(messages, generation, tools=tools)), strs)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise SimRequestError(400, "prompt must be a string (or give messages)", param="prompt")
+    _bool_field(body, "add_special_tokens", True)  # no BOS token: nothing to add
+    return TokenizeRequest(tuple(text_ids(prompt)), strs)
+
+
+def parse_detokenize(raw: bytes, config: SimConfig) -> tuple[int, ...]:
+    """vLLM's ``/detokenize`` body: ``{"tokens": [ids...], "model"?}``."""
+    body = _object(raw)
+    _model_field(body, config)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens
+    ):
+        raise SimRequestError(400, "tokens must be a list of token ids", param="tokens")
+    return tuple(tokens)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from core import jsonx
@@ -27,7 +27,9 @@ WORDS: tuple[str, ...] = (
     "mollit", "anim", "id", "est", "laborum",
 )  # fmt: skip
 
-_PIECE = re.compile(r'[{}\[\],:]|"|\s+|[A-Za-z]+|\d{1,3}|.', re.DOTALL)
+# A word keeps its leading space (as byte-level BPE does), so the answer's own tokens — " word",
+# ".", "," from :func:`word_tokens` — split back into exactly themselves.
+_PIECE = re.compile(r'[{}\[\],:]|"| [A-Za-z]+|\s+|[A-Za-z]+|\d{1,3}|.', re.DOTALL)
 _PROMPT_PIECE = re.compile(r"\w+|[^\w\s]")
 
 
@@ -77,6 +79,45 @@ def word_tokens(rng: random.Random, n: int) -> list[str]:
     return tokens
 
 
+def copying_tokens(
+    words_rng: random.Random,
+    copy_rng: random.Random,
+    n: int,
+    source: Sequence[str],
+    copy: float,
+    split: Callable[[str], list[str]],
+) -> list[str]:
+    """``n`` tokens of text that repeats its context, ending in ``"."``.
+
+    Segment by segment, with probability ``copy`` the answer copies a span of 4–24 pieces — of
+    ``source`` (the prompt's content pieces) or, once it has 8 pieces, of itself (one time in
+    three, or always without a source) — else it takes the next 4–16 tokens of the
+    :func:`word_tokens` stream of ``words_rng``. The text is then split again with ``split`` (the
+    tokenizer) and cut to ``n − 1`` pieces plus ``"."``, so splitting the answer's text (or any
+    prefix cut at a token boundary) gives back exactly its tokens.
+    """
+    if n <= 1:
+        return word_tokens(words_rng, n)
+    words = word_tokens(words_rng, n + 1)[:-1]
+    pieces: list[str] = []
+    fresh = 0
+    while len(pieces) < n or len(split("".join(pieces))) < n:
+        if copy_rng.random() < copy:
+            own = len(pieces) >= 8 and (not source or copy_rng.random() < 1 / 3)
+            pool = pieces if own else source
+            if len(pool) >= 4:
+                length = min(copy_rng.randint(4, 24), len(pool))
+                start = copy_rng.randrange(len(pool) - length + 1)
+                pieces += pool[start : start + length]
+                continue
+        take = copy_rng.randint(4, 16)
+        while fresh + take > len(words):  # splitting merged pieces: the text needs more
+            words += word_tokens(words_rng, 64)[1:-1]
+        pieces += words[fresh : fresh + take]
+        fresh += take
+    return [*split("".join(pieces))[: n - 1], "."]
+
+
 def diverged_tokens(rng: random.Random, original: Sequence[str], start: int) -> list[str]:
     """``original`` with every token from index ``start`` on replaced by a different one."""
     out = list(original[:start])
@@ -89,7 +130,8 @@ def diverged_tokens(rng: random.Random, original: Sequence[str], start: int) -> 
 
 
 def split_pieces(text: str) -> list[str]:
-    """Tokenize JSON-ish text into BPE-like pieces whose concatenation is ``text``."""
+    """Tokenize text into BPE-like pieces whose concatenation is ``text`` (the simulator's one
+    tokenizer: :mod:`simulator.tokens` gives the pieces their ids)."""
     return _PIECE.findall(text)
 
 
