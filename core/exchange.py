@@ -66,13 +66,16 @@ class SpeculativeSpec:
 
     ``method``: the proposer (``ngram``, ``draft_model``, ``eagle3``, ``mtp``, …);
     ``num_speculative_tokens``: the draft depth k (0: speculation off); ``label``: how reports
-    name this candidate; ``verification``: see :data:`Verification`.
+    name this candidate; ``verification``: see :data:`Verification`; ``prompt_lookup_min`` /
+    ``prompt_lookup_max``: an n-gram proposer's lookup window.
     """
 
     method: str | None = None
     num_speculative_tokens: int | None = None
     label: str | None = None
     verification: Verification | None = None
+    prompt_lookup_min: int | None = None  # n-gram proposers: the lookup window
+    prompt_lookup_max: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,23 @@ class LegResult:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenIds:
+    """Token ids of one exchange for counterfactual scoring, fetched after it ended.
+
+    ``prompt``: the prompt as the target's tokenizer and chat template make it; ``output``: the
+    output of the leg in role ``leg`` (production's: the primary); ``drafters``: per drafter
+    backend, its greedy (teacher-forced) prediction of each output token; ``source``: who
+    tokenized (``tokenize:<backend>``).
+    """
+
+    source: str
+    leg: Role
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
+    drafters: Mapping[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
 class Exchange:
     """A finished client request with every leg's result."""
 
@@ -160,6 +180,8 @@ class Exchange:
     served_by: Role = "primary"
     rollout_stage: str | None = None
     failover: str | None = None
+    # Counterfactual scoring: token ids added off the request path (evidence.tokens), or None.
+    tokens: TokenIds | None = None
 
     @property
     def legs(self) -> tuple[LegResult, ...]:

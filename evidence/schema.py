@@ -300,4 +300,22 @@ def build_record(
         ],
         "load_parity": load_parity(candidate, exchange.primary) if candidate is not None else None,
         "comparisons": [comparison_record(c) for c in evidence.comparisons],
+        "tokens": tokens_record(exchange),
+    }
+
+
+def tokens_record(exchange: Exchange) -> dict[str, Any] | None:
+    """The record's ``tokens``: ids for counterfactual scoring, when the token tap added them."""
+    t = exchange.tokens
+    if t is None:
+        return None
+    leg = next((leg for leg in exchange.legs if leg.role == t.leg), None)
+    reported = leg.recording.output_tokens if leg is not None and leg.recording else None
+    return {
+        "source": t.source,
+        "leg": t.leg,
+        "prompt": list(t.prompt),
+        "output": list(t.output),
+        "output_tokens_reported": reported,
+        "drafters": {name: list(ids) for name, ids in t.drafters.items()},
     }

@@ -59,6 +59,8 @@ class ReportedSpec:
     verification: Verification | None = None
     verification_detail: str | None = None  # the engine setting behind ``verification``
     schedule: tuple[tuple[int, int, int], ...] | None = None  # [batch from, to, k], vLLM
+    prompt_lookup_min: int | None = None  # vLLM's n-gram lookup window
+    prompt_lookup_max: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +71,8 @@ class ReportedSpec:
             "verification": self.verification,
             "verification_detail": self.verification_detail,
             "schedule": [list(s) for s in self.schedule] if self.schedule else None,
+            "prompt_lookup_min": self.prompt_lookup_min,
+            "prompt_lookup_max": self.prompt_lookup_max,
         }
 
 
@@ -118,6 +122,8 @@ def from_vllm(info: Mapping[str, Any]) -> ReportedSpec | None:
         verification=verification,
         verification_detail=detail,
         schedule=schedule or None,
+        prompt_lookup_min=as_int(spec.get("prompt_lookup_min")) or None,
+        prompt_lookup_max=as_int(spec.get("prompt_lookup_max")) or None,
     )
 
 
@@ -166,6 +172,8 @@ def _declared_json(spec: SpeculativeSpec) -> dict[str, Any]:
         "num_speculative_tokens": spec.num_speculative_tokens,
         "label": spec.label,
         "verification": spec.verification,
+        "prompt_lookup_min": spec.prompt_lookup_min,
+        "prompt_lookup_max": spec.prompt_lookup_max,
     }
 
 
@@ -237,9 +245,18 @@ def resolve(
         method = method or declared.method
         depth = declared.num_speculative_tokens if depth is None else depth
     verification, source, detail = _verification(declared, running)
+    lookup = (
+        (running.prompt_lookup_min, running.prompt_lookup_max)
+        if running is not None and running.prompt_lookup_max is not None
+        else (declared.prompt_lookup_min, declared.prompt_lookup_max)
+        if declared is not None
+        else (None, None)
+    )
     return {
         "method": method,
         "num_speculative_tokens": depth,
+        "prompt_lookup_min": lookup[0],
+        "prompt_lookup_max": lookup[1],
         "label": declared.label if declared is not None else None,
         "verification": verification,
         "verification_source": source,

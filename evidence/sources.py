@@ -46,6 +46,21 @@ def read_records(sources: Sequence[str | Path]) -> list[dict[str, Any]]:
     )
 
 
+def iter_records(sources: Sequence[str | Path]) -> Iterator[dict[str, Any]]:
+    """Every record in ``sources``, deduplicated by exchange id, streamed in source order.
+
+    Holds only the exchange ids seen, not the records: for aggregates over large stores, where
+    :func:`read_records`'s canonical order is not needed.
+    """
+    seen: set[str] = set()
+    for source in sources:
+        for record in records_in(source):
+            exchange_id = str(record.get("exchange_id", ""))
+            if exchange_id and exchange_id not in seen:
+                seen.add(exchange_id)
+                yield record
+
+
 def records_in(source: str | Path) -> Iterator[dict[str, Any]]:
     """The records of one source, as stored (not deduplicated)."""
     path = Path(source)

@@ -25,6 +25,7 @@ from policies.compiled import (
     BreakerSpec,
     Budgets,
     CompiledPolicy,
+    CounterfactualSpec,
     Decision,
     GuardSpec,
     Ladder,
@@ -203,6 +204,22 @@ def compile_policy(
         capture=capture,
         kill_switch=model.kill_switch,
         chunk_events=model.telemetry.chunk_events,
+        counterfactual=_counterfactual(model, backends),
+    )
+
+
+def _counterfactual(
+    model: PolicyModel, backends: Mapping[str, BackendSpec]
+) -> CounterfactualSpec | None:
+    c = model.counterfactual
+    if c is None:
+        return None
+    return CounterfactualSpec(
+        tokenizer=backends[c.tokenizer],
+        share=c.share,
+        drafters=tuple(backends[d] for d in c.drafters),
+        max_in_flight=c.max_in_flight,
+        timeout_s=c.timeout_s,
     )
 
 
@@ -229,7 +246,14 @@ def _speculative(b: Backend) -> SpeculativeSpec | None:
     s = b.speculative
     if s is None:
         return None
-    return SpeculativeSpec(s.method, s.num_speculative_tokens, s.label, s.verification)
+    return SpeculativeSpec(
+        s.method,
+        s.num_speculative_tokens,
+        s.label,
+        s.verification,
+        s.prompt_lookup_min,
+        s.prompt_lookup_max,
+    )
 
 
 def _server_address(url: str) -> str:

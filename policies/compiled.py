@@ -285,6 +285,17 @@ class Shaping:
 
 
 @dataclass(frozen=True, slots=True)
+class CounterfactualSpec:
+    """The policy's ``counterfactual`` section, its backends resolved."""
+
+    tokenizer: BackendSpec
+    share: float
+    drafters: tuple[BackendSpec, ...]
+    max_in_flight: int
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class CompiledPolicy:
     """An immutable, validated policy. Replace it whole (see PolicyStore); never mutate it."""
 
@@ -305,6 +316,7 @@ class CompiledPolicy:
     capture: CaptureSpec
     kill_switch: bool
     chunk_events: int = 0  # span events per leg (telemetry.chunk_events)
+    counterfactual: CounterfactualSpec | None = None  # token ids for counterfactual scoring
     generation: int = 0  # set by PolicyStore.replace; 0 until stored
     _no_rule: Decision = field(init=False, repr=False, compare=False)
     _candidates: dict[tuple[str, str | None], tuple[RuleSpec, ...]] = field(

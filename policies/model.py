@@ -181,6 +181,10 @@ class Speculative(_Strict):
     synthetic acceptance). Declare ``lossy`` for modes no endpoint reveals (SGLang's
     ``SGLANG_SIMULATE_ACC_LEN``, TensorRT-LLM's relaxed acceptance). A report never calls a
     candidate lossless when the policy or the backend says lossy."""
+    prompt_lookup_min: int | None = Field(default=None, ge=1, le=64)
+    """n-gram proposers: the shortest n-gram matched (vLLM's ``prompt_lookup_min``)."""
+    prompt_lookup_max: int | None = Field(default=None, ge=1, le=64)
+    """n-gram proposers: the longest n-gram matched (vLLM's ``prompt_lookup_max``)."""
 
 
 class Backend(_Strict):
@@ -576,6 +580,29 @@ class Headers(_Strict):
     always sends its own key in Authorization, never the client's."""
 
 
+class Counterfactual(_Strict):
+    """Token ids for counterfactual scoring (``specshadow counterfactual``, docs/counterfactual.md):
+    for a sampled share of exchanges, after they ended and off the request path, the gateway asks
+    a tokenizer backend (never the primary) for the prompt's and the primary's output's token
+    ids, and each drafter for its teacher-forced prediction at every output position, and keeps
+    them in the record. Token ids are the text in another encoding: turning this on lets the
+    records hold the sampled share's prompts and outputs, whatever ``capture`` says."""
+
+    tokenizer: Name
+    """Backend whose ``POST /tokenize`` (vLLM, SGLang, the simulator) tokenizes with the target's
+    tokenizer and chat template; usually the candidate or the baseline. Never the primary."""
+    share: Fraction = 0.1
+    """Share of exchanges whose tokens are kept (by exchange id; mirrored or not)."""
+    drafters: list[Name] = []
+    """Backends serving a draft model plainly: one ``prompt_logprobs`` pass each over prompt +
+    output scores every draft depth of that drafter."""
+    max_in_flight: int = Field(default=4, ge=1, le=256)
+    """Exchanges being tokenized at once; past it an exchange is recorded without tokens (counted),
+    never queued."""
+    timeout_s: PositiveSeconds = 10.0
+    """Per call to the tokenizer or a drafter."""
+
+
 class PolicyModel(_Strict):
     """A specshadow policy file (``version: 1``)."""
 
@@ -608,6 +635,9 @@ class PolicyModel(_Strict):
     """What text may be captured (see ``Capture``); rules may override it."""
     telemetry: TelemetryPolicy = TelemetryPolicy()
     """Per-chunk span detail (see ``TelemetryPolicy``)."""
+    counterfactual: Counterfactual | None = None
+    """Token ids for counterfactual scoring of every proposer and depth (see ``Counterfactual``);
+    omitted: off."""
     kill_switch: bool = False
     """``true`` stops all mirroring at once (skip reason ``kill_switch``); rules stay validated and
     evaluated so dashboards show what would have been mirrored."""

@@ -85,6 +85,7 @@ def reference_problems(model: PolicyModel) -> list[str]:
         problems.extend(
             _rollout_problems("default", model.default.rollout, model.default.legs, model)
         )
+    problems.extend(_counterfactual_problems(model))
     for j, name in enumerate(model.headers.allow):
         if is_gateway_owned(name):
             problems.append(
@@ -121,6 +122,24 @@ def _rollout_problems(
             f"{path}: the rule has {len(candidates)} candidate legs; name the one that serves "
             f"with rollout.candidate ({', '.join(candidates) or 'add a candidate leg'})"
         )
+    return problems
+
+
+def _counterfactual_problems(model: PolicyModel) -> list[str]:
+    c = model.counterfactual
+    if c is None:
+        return []
+    problems: list[str] = []
+    for path, name in [
+        ("counterfactual.tokenizer", c.tokenizer),
+        *((f"counterfactual.drafters[{i}]", d) for i, d in enumerate(c.drafters)),
+    ]:
+        if name not in model.backends:
+            problems.append(f"{path}: unknown backend {name!r} ({_known(model)})")
+        elif name == model.primary:
+            problems.append(
+                f"{path}: {name!r} is the primary; counterfactual calls never go to the primary"
+            )
     return problems
 
 

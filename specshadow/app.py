@@ -21,6 +21,7 @@ from core.exchange import ExchangeSink
 from evidence.scrape import MetricsScraper
 from evidence.serverinfo import INFO_PATHS, InfoTarget, ServerInfoProbe
 from evidence.store import RecordWriter
+from evidence.tokens import TokenEndpoint, TokenPlan, TokenTap
 from evidence.worker import EvidenceWorker
 from gateway.app import create_app, open_policy
 from gateway.rollout import RolloutController
@@ -44,6 +45,35 @@ def info_targets(policy: CompiledPolicy) -> dict[str, InfoTarget]:
         for name, b in policy.backends.items()
         if b.kind in INFO_PATHS
     }
+
+
+def token_plan(policy: CompiledPolicy) -> TokenPlan | None:
+    """The token tap's plan from the policy's ``counterfactual`` section (None: off)."""
+    c = policy.counterfactual
+    if c is None:
+        return None
+    return TokenPlan(
+        tokenizer=TokenEndpoint(c.tokenizer.name, c.tokenizer.url),
+        share=c.share,
+        drafters=tuple(TokenEndpoint(d.name, d.url) for d in c.drafters),
+        max_in_flight=c.max_in_flight,
+        timeout_s=c.timeout_s,
+    )
+
+
+class _PlanOf:
+    """The current policy's token plan, recomputed only when the policy generation changes."""
+
+    def __init__(self, store: PolicyStore) -> None:
+        self._store = store
+        self._generation = -1
+        self._plan: TokenPlan | None = None
+
+    def __call__(self) -> TokenPlan | None:
+        current = self._store.current
+        if current.generation != self._generation:
+            self._plan, self._generation = token_plan(current), current.generation
+        return self._plan
 
 
 def evidence_worker(
@@ -90,6 +120,6 @@ def build_app(
     worker = evidence_worker(settings, store, tel, consumers=[rollout, *consumers])
     if worker.scraper is not None:
         rollout.kv_recent = worker.scraper.recent_kv
-    return create_app(
-        settings, sinks=[worker, *sinks], policy=store, telemetry=tel, rollout=rollout
-    )
+    # The token tap hands every exchange on to the worker (a sampled share after tokenizing).
+    tap = TokenTap(worker, _PlanOf(store))
+    return create_app(settings, sinks=[tap, *sinks], policy=store, telemetry=tel, rollout=rollout)

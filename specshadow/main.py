@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from core.extras import MissingExtra
+from counterfactual import cli as counterfactual_cli
 from evidence import cli as records_cli
 from gateway import cli as rollout_cli
 from loadgen import cli as loadgen_cli
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     records_cli.register(sub)
     loadgen_cli.register(sub)
     report_cli.register(sub)
+    counterfactual_cli.register(sub)
     rollout_cli.register(sub)
     return parser
 

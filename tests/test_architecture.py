@@ -22,9 +22,19 @@ ALLOWED: dict[str, frozenset[str]] = {
     "simulator": frozenset({"core"}),
     "evidence": frozenset({"core"}),
     "gateway": frozenset({"core", "policies", "otel"}),
-    "loadgen": frozenset({"core", "evidence"}),
+    "counterfactual": frozenset({"core", "evidence"}),
+    "loadgen": frozenset({"core", "evidence", "counterfactual"}),
     "specshadow": frozenset(
-        {"core", "policies", "otel", "simulator", "evidence", "gateway", "loadgen"}
+        {
+            "core",
+            "policies",
+            "otel",
+            "simulator",
+            "evidence",
+            "gateway",
+            "loadgen",
+            "counterfactual",
+        }
     ),
 }
 PACKAGES = frozenset(ALLOWED)

@@ -44,6 +44,8 @@ def test_real_vllm_server_info_for_each_configuration() -> None:
         num_speculative_tokens=4,
         verification="lossless",
         verification_detail="rejection_sample_method=standard",
+        prompt_lookup_min=2,
+        prompt_lookup_max=4,
     )
     draft = from_vllm(vllm_info("draft"))
     assert draft is not None and (draft.method, draft.num_speculative_tokens) == ("draft_model", 4)

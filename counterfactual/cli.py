@@ -1,0 +1,96 @@
+"""``specshadow counterfactual --store PATH --out DIR``: score every proposer and depth.
+
+Writes ``counterfactual.json`` (every row), ``counterfactual.md`` (the picks and the best
+configurations) and, when something is worth deploying, ``candidates.yaml`` (the policy fragment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from core import jsonx
+from counterfactual.grid import DEFAULT_DEPTHS, DEFAULT_WINDOWS, parse_depths, parse_windows
+
+__all__ = ["register", "write_outputs"]
+
+
+def write_outputs(matrix: Any, out_dir: str | Path) -> dict[str, Path]:
+    """Write the matrix's files into ``out_dir``; their paths by name."""
+    from counterfactual.render import policy_fragment, render_markdown
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "counterfactual.json": out / "counterfactual.json",
+        "counterfactual.md": out / "counterfactual.md",
+    }
+    paths["counterfactual.json"].write_bytes(jsonx.dumps(matrix.as_json(), indent=True) + b"\n")
+    paths["counterfactual.md"].write_text(render_markdown(matrix), "utf-8")
+    fragment = policy_fragment(matrix)
+    candidates = out / "candidates.yaml"
+    if fragment is None:
+        candidates.unlink(missing_ok=True)
+    else:
+        candidates.write_text(fragment, "utf-8")
+        paths["candidates.yaml"] = candidates
+    return paths
+
+
+def _run(args: argparse.Namespace) -> int:
+    from counterfactual.matrix import build_matrix
+    from evidence.sources import SourceError, iter_records
+
+    try:
+        depths = parse_depths(args.depths)
+        windows = parse_windows(args.windows)
+        matrix = build_matrix(lambda: iter_records(args.store), depths=depths, windows=windows)
+    except (OSError, ValueError, SourceError) as exc:
+        print(f"specshadow counterfactual: {exc}", file=sys.stderr)
+        return 2
+    if matrix.scored == 0:
+        print(
+            f"specshadow counterfactual: none of {matrix.records} records carries token ids; "
+            "turn on the policy's `counterfactual:` section (docs/counterfactual.md)",
+            file=sys.stderr,
+        )
+        return 1
+    paths = write_outputs(matrix, args.out)
+    for cat, pick in sorted(matrix.picks.items()):
+        s = pick["predicted_tpot_speedup"] or {}
+        speed = (
+            f"{s['estimate']:.2f}× predicted" if s.get("estimate") is not None else "no speed model"
+        )
+        print(f"{cat:<20} {pick['config']['label']:<28} {speed}")
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``counterfactual`` to the ``specshadow`` parser."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "counterfactual",
+        help="score every proposer × depth on the records' own outputs (no server per configuration)",
+    )
+    p.add_argument(
+        "--store",
+        action="append",
+        required=True,
+        metavar="PATH",
+        help="record store (SQLite), records JSONL or a collector's OTLP JSON file; repeatable",
+    )
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument(
+        "--depths",
+        default=f"{DEFAULT_DEPTHS[0]}-{DEFAULT_DEPTHS[-1]}",
+        help="num_speculative_tokens to score, e.g. 1-8 or 2,4,6 (default %(default)s)",
+    )
+    p.add_argument(
+        "--windows",
+        default=",".join(f"{lo}-{hi}" for lo, hi in DEFAULT_WINDOWS),
+        help="n-gram lookup windows MIN-MAX (default %(default)s)",
+    )
+    p.set_defaults(func=_run)

@@ -1,0 +1,112 @@
+"""The configurations a counterfactual run scores: proposer × depth × lookup window × drafter.
+
+The default grid is vLLM's n-gram proposer at ``num_speculative_tokens`` 1…8 over the usual lookup
+windows — vLLM's default ``(5, 5)`` and the ``(1, 3)``, ``(2, 4)``, ``(3, 5)`` windows its docs and
+users reach for — plus every drafter the records carry predictions for, at the same depths. A
+live candidate's configuration is always added, so predicted and measured meet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["DEFAULT_DEPTHS", "DEFAULT_WINDOWS", "Config", "grid", "parse_windows"]
+
+Proposer = Literal["ngram", "draft_model"]
+DEFAULT_DEPTHS: tuple[int, ...] = tuple(range(1, 9))
+DEFAULT_WINDOWS: tuple[tuple[int, int], ...] = ((1, 3), (2, 4), (3, 5), (5, 5))
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Config:
+    """One speculative configuration, named as vLLM's ``--speculative-config`` names it."""
+
+    proposer: Proposer
+    num_speculative_tokens: int
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    drafter: str | None = None  # draft-model configurations: the drafter backend
+
+    @property
+    def family(self) -> tuple[str, int | None, int | None, str | None]:
+        """Everything but the depth: configurations that differ only in k."""
+        return (self.proposer, self.prompt_lookup_min, self.prompt_lookup_max, self.drafter)
+
+    @property
+    def label(self) -> str:
+        if self.proposer == "ngram":
+            return (
+                f"ngram k={self.num_speculative_tokens} "
+                f"lookup {self.prompt_lookup_min}-{self.prompt_lookup_max}"
+            )
+        return f"draft {self.drafter} k={self.num_speculative_tokens}"
+
+    def speculative_config(self) -> dict[str, object]:
+        """The ``--speculative-config`` JSON for vLLM (the drafter's model path is the operator's)."""
+        if self.proposer == "ngram":
+            return {
+                "method": "ngram",
+                "num_speculative_tokens": self.num_speculative_tokens,
+                "prompt_lookup_min": self.prompt_lookup_min,
+                "prompt_lookup_max": self.prompt_lookup_max,
+            }
+        return {
+            "model": f"<{self.drafter} model>",
+            "num_speculative_tokens": self.num_speculative_tokens,
+        }
+
+
+def grid(
+    *,
+    depths: Sequence[int] = DEFAULT_DEPTHS,
+    windows: Sequence[tuple[int, int]] = DEFAULT_WINDOWS,
+    drafters: Iterable[str] = (),
+    extra: Iterable[Config] = (),
+) -> tuple[Config, ...]:
+    """Every configuration to score, sorted, without duplicates."""
+    configs = {Config("ngram", k, lo, hi) for lo, hi in windows for k in depths}
+    configs |= {Config("draft_model", k, drafter=d) for d in drafters for k in depths}
+    configs |= set(extra)
+    return tuple(
+        sorted(configs, key=lambda c: (c.family[0], str(c.family[1:]), c.num_speculative_tokens))
+    )
+
+
+def parse_windows(text: str) -> tuple[tuple[int, int], ...]:
+    """``"1-3,2-4"`` → ((1, 3), (2, 4)).
+
+    Raises:
+        ValueError: naming the piece that is not ``MIN-MAX`` with ``1 <= MIN <= MAX``.
+    """
+    out: list[tuple[int, int]] = []
+    for piece in text.split(","):
+        lo, sep, hi = piece.strip().partition("-")
+        try:
+            window = (int(lo), int(hi if sep else lo))
+        except ValueError:
+            raise ValueError(f"lookup window {piece!r}: expected MIN-MAX, e.g. 2-4") from None
+        if not 1 <= window[0] <= window[1]:
+            raise ValueError(f"lookup window {piece!r}: expected 1 <= MIN <= MAX")
+        out.append(window)
+    return tuple(out)
+
+
+def parse_depths(text: str) -> tuple[int, ...]:
+    """``"1-8"`` or ``"1,2,4"`` → the depths.
+
+    Raises:
+        ValueError: a depth that is not an integer in 1..64.
+    """
+    out: set[int] = set()
+    for piece in text.split(","):
+        lo, sep, hi = piece.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi if sep else lo)
+        except ValueError:
+            raise ValueError(f"depth {piece!r}: expected K or K1-K2") from None
+        if not 1 <= first <= last <= 64:
+            raise ValueError(f"depth {piece!r}: expected 1 <= K <= 64")
+        out.update(range(first, last + 1))
+    return tuple(sorted(out))

@@ -1,0 +1,412 @@
+"""Records → the counterfactual matrix: one row per configuration × category × output length.
+
+Every record that carries ``tokens`` (the token tap's ids, docs/records.md) is replayed under
+every configuration of the grid (:mod:`.grid`, :mod:`.replay`); per cell the counts are pooled
+as ratios of sums — mean acceptance length ``1 + Σaccepted / Σdrafts`` (vLLM's definition),
+tokens per pass ``Σoutput / Σpasses`` — with delta-method 95 % intervals over requests (the
+request is the unit: its steps are not independent). Memory is bounded by the grid, not by the
+store: records stream through twice (once to learn which live configurations and drafters there
+are, once to score), and only sums are kept.
+
+Beside the matrix: the step-time model fitted on every record's legs (:mod:`.speed`) turns
+acceptance into a *predicted* TPOT speed-up at production's batch; the picks per category; and,
+for each live candidate running a configuration of the grid, predicted against measured
+acceptance on the same requests, flagged when the intervals do not overlap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from counterfactual.grid import DEFAULT_DEPTHS, DEFAULT_WINDOWS, Config, grid
+from counterfactual.replay import Replay, drafter_offers, ngram_offers, replay
+from counterfactual.speed import StepModel, fit_step_model, leg_batch
+from evidence.acceptance import output_length_bucket
+
+__all__ = ["ALL", "Matrix", "RatioStats", "build_matrix", "live_config"]
+
+ALL = "all"
+Record = Mapping[str, Any]
+Z95 = 1.959963984540054
+
+
+@dataclass(slots=True)
+class RatioStats:
+    """Σy / Σx over units (requests), with a delta-method interval; only sums are kept."""
+
+    n: int = 0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    syy: float = 0.0
+    sxy: float = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self.n += 1
+        self.sx += x
+        self.sy += y
+        self.sxx += x * x
+        self.syy += y * y
+        self.sxy += x * y
+
+    def estimate(self) -> float | None:
+        return self.sy / self.sx if self.sx > 0 else None
+
+    def interval(self, z: float = Z95) -> tuple[float, float] | None:
+        r = self.estimate()
+        if r is None or self.n < 2:
+            return None
+        resid = max(self.syy - 2 * r * self.sxy + r * r * self.sxx, 0.0)  # Σ(y − r·x)²
+        se = math.sqrt(resid / (self.n - 1) * self.n) / self.sx
+        return r - z * se, r + z * se
+
+
+@dataclass(slots=True)
+class Cell:
+    """One configuration × category × output-length bucket."""
+
+    k: int
+    mal: RatioStats = field(default_factory=RatioStats)  # x: drafts, y: accepted
+    tpp: RatioStats = field(default_factory=RatioStats)  # x: passes, y: output tokens
+    draft_tokens: int = 0
+    by_position: list[int] = field(default_factory=list)
+    greedy: int = 0
+
+    def add(self, r: Replay, greedy: bool) -> None:
+        self.mal.add(r.drafts, r.accepted)
+        self.tpp.add(r.passes, r.output_tokens)
+        self.draft_tokens += r.draft_tokens
+        if not self.by_position:
+            self.by_position = [0] * self.k
+        for i, v in enumerate(r.accepted_by_position):
+            self.by_position[i] += v
+        self.greedy += greedy
+
+
+@dataclass(slots=True)
+class LiveCheck:
+    """A live candidate running a scored configuration: predicted vs measured, same requests."""
+
+    backend: str
+    config: Config
+    predicted: RatioStats = field(default_factory=RatioStats)
+    measured: RatioStats = field(default_factory=RatioStats)
+
+
+@dataclass(frozen=True, slots=True)
+class Matrix:
+    rows: list[dict[str, Any]]
+    picks: dict[str, dict[str, Any]]  # category → the configuration to deploy for it
+    deploy: list[Config]  # the one or two configurations worth deploying as live candidates
+    live: list[dict[str, Any]]
+    model: StepModel | None
+    records: int  # records read
+    scored: int  # records with tokens, replayed
+    configs: tuple[Config, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "schema": "specshadow.counterfactual/1",
+            "records": self.records,
+            "scored": self.scored,
+            "step_model": self.model.as_json() if self.model is not None else None,
+            "rows": self.rows,
+            "picks": self.picks,
+            "deploy": [config_json(c) for c in self.deploy],
+            "live": self.live,
+        }
+
+
+def config_json(c: Config) -> dict[str, Any]:
+    return {
+        "proposer": c.proposer,
+        "num_speculative_tokens": c.num_speculative_tokens,
+        "prompt_lookup_min": c.prompt_lookup_min,
+        "prompt_lookup_max": c.prompt_lookup_max,
+        "drafter": c.drafter,
+        "label": c.label,
+    }
+
+
+def live_config(leg: Mapping[str, Any]) -> Config | None:
+    """The configuration a candidate leg's backend runs, when it is one the replay can score."""
+    spec = leg.get("speculative") or {}
+    method = str(spec.get("method") or "").lower().replace("-", "").replace("_", "")
+    k = spec.get("num_speculative_tokens")
+    if not isinstance(k, int) or k < 1:
+        return None
+    lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
+    if method in ("ngram", "promptlookup") and isinstance(lo, int) and isinstance(hi, int):
+        return Config("ngram", k, lo, hi)
+    return None
+
+
+def _tokens(record: Record) -> tuple[list[int], list[int], Mapping[str, list[int]]] | None:
+    t = record.get("tokens")
+    if not isinstance(t, Mapping):
+        return None
+    prompt, output = t.get("prompt"), t.get("output")
+    if not isinstance(prompt, list) or not isinstance(output, list) or not output:
+        return None
+    drafters = t.get("drafters") if isinstance(t.get("drafters"), Mapping) else {}
+    return prompt, output, drafters or {}
+
+
+def _completed(leg: Mapping[str, Any]) -> bool:
+    return leg.get("outcome") == "completed" and leg.get("status") in (200, None)
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _speed_points(record: Record) -> Iterable[tuple[str, float, float, float]]:
+    """(role, batch, slots per sequence, step seconds) for each leg that tells."""
+    for leg in record.get("legs") or ():
+        if not isinstance(leg, Mapping) or not _completed(leg):
+            continue
+        tpot, batch = _num(leg.get("tpot_s")), leg_batch(leg)
+        out = _num(leg.get("output_tokens"))
+        if tpot is None or batch is None or out is None or out < 2:
+            continue
+        spec = leg.get("speculative") or {}
+        k = spec.get("num_speculative_tokens") if isinstance(spec, Mapping) else None
+        if leg.get("role") == "primary" and not k:
+            yield "primary", batch, 1.0, tpot
+            continue
+        acc = leg.get("acceptance") or {}
+        tpp, drafted = _num(acc.get("tokens_per_pass")), _num(acc.get("num_draft_tokens"))
+        if leg.get("role") == "candidate" and tpp and drafted is not None:
+            passes = out / tpp
+            yield "candidate", batch, 1.0 + drafted / passes, tpot * tpp
+
+
+def build_matrix(
+    open_records: Callable[[], Iterable[Record]],
+    *,
+    depths: tuple[int, ...] = DEFAULT_DEPTHS,
+    windows: tuple[tuple[int, int], ...] = DEFAULT_WINDOWS,
+) -> Matrix:
+    """Score the grid on every record with tokens; ``open_records`` is called twice."""
+    live: set[Config] = set()
+    drafter_names: set[str] = set()
+    for record in open_records():
+        for leg in record.get("legs") or ():
+            if isinstance(leg, Mapping) and leg.get("role") == "candidate":
+                c = live_config(leg)
+                if c is not None:
+                    live.add(c)
+        tok = _tokens(record)
+        if tok is not None:
+            drafter_names.update(tok[2])
+    configs = grid(depths=depths, windows=windows, drafters=sorted(drafter_names), extra=live)
+    max_k = max(c.num_speculative_tokens for c in configs)
+    families: dict[tuple[Any, ...], list[Config]] = {}
+    for c in configs:
+        families.setdefault(c.family, []).append(c)
+
+    cells: dict[tuple[Config, str, str], Cell] = {}
+    checks: dict[tuple[str, Config], LiveCheck] = {}
+    points: list[tuple[float, float, float]] = []
+    primary_batches: list[float] = []
+    records = scored = 0
+    for record in open_records():
+        records += 1
+        for role, b, slots, step in _speed_points(record):
+            points.append((b, slots, step))
+            if role == "primary":
+                primary_batches.append(b)
+        tok = _tokens(record)
+        if tok is None:
+            continue
+        scored += 1
+        prompt, output, drafted = tok
+        category = str(record.get("category") or "unknown")
+        bucket = output_length_bucket(len(output)) or "unknown"
+        greedy = bool(record.get("greedy"))
+        results: dict[Config, Replay] = {}
+        for family, members in families.items():
+            proposer, lo, hi, drafter = family
+            if proposer == "ngram" and lo is not None and hi is not None:
+                available, match = ngram_offers(prompt, output, lo, hi, max_k)
+            else:
+                predicted = drafted.get(drafter or "")
+                if predicted is None or len(predicted) != len(output):
+                    continue
+                available, match = drafter_offers(output, predicted)
+            for c in members:
+                results[c] = replay(len(output), c.num_speculative_tokens, available, match)
+        for c, r in results.items():
+            for cat in (category, ALL):
+                for bk in (bucket, ALL):
+                    cell = cells.setdefault((c, cat, bk), Cell(c.num_speculative_tokens))
+                    cell.add(r, greedy)
+        for leg in record.get("legs") or ():
+            if not isinstance(leg, Mapping) or leg.get("role") != "candidate":
+                continue
+            c = live_config(leg)
+            acc = leg.get("acceptance") or {}
+            drafts, accepted = _num(acc.get("num_drafts")), _num(acc.get("num_accepted_tokens"))
+            if c is None or c not in results or drafts is None or accepted is None:
+                continue
+            check = checks.setdefault(
+                (str(leg.get("backend")), c), LiveCheck(str(leg.get("backend")), c)
+            )
+            check.predicted.add(results[c].drafts, results[c].accepted)
+            check.measured.add(drafts, accepted)
+
+    model = fit_step_model(points, primary_batches)
+    rows = [
+        _row(c, cat, bk, cell, model) for (c, cat, bk), cell in sorted(cells.items(), key=_order)
+    ]
+    picks = _picks(rows, configs)
+    deploy = _deploy(picks, configs)
+    return Matrix(
+        rows=rows,
+        picks=picks,
+        deploy=deploy,
+        live=[_live_json(ch) for ch in checks.values()],
+        model=model,
+        records=records,
+        scored=scored,
+        configs=configs,
+    )
+
+
+def _order(item: tuple[tuple[Config, str, str], Cell]) -> tuple[Any, ...]:
+    (c, cat, bk), _ = item
+    return (
+        cat != ALL,
+        cat,
+        bk != ALL,
+        bk,
+        c.family[0],
+        str(c.family[1:]),
+        c.num_speculative_tokens,
+    )
+
+
+def _interval_json(stats: RatioStats, offset: float = 0.0) -> dict[str, Any]:
+    est, ci = stats.estimate(), stats.interval()
+    return {
+        "estimate": None if est is None else est + offset,
+        "low": None if ci is None else ci[0] + offset,
+        "high": None if ci is None else ci[1] + offset,
+        "n": stats.n,
+    }
+
+
+def _row(
+    c: Config, category: str, bucket: str, cell: Cell, model: StepModel | None
+) -> dict[str, Any]:
+    drafts = cell.mal.sx
+    tpp = cell.tpp.estimate()
+    tpp_ci = cell.tpp.interval()
+    passes = cell.tpp.sx
+    drafted_per_pass = cell.draft_tokens / passes if passes else 0.0
+    speedup: dict[str, Any] | None = None
+    if model is not None and tpp is not None:
+        est = model.speedup(tpp, drafted_per_pass)
+        lo_hi = [model.speedup(v, drafted_per_pass) for v in tpp_ci] if tpp_ci else [None, None]
+        speedup = {"estimate": est, "low": lo_hi[0], "high": lo_hi[1], "kind": "predicted"}
+    return {
+        **config_json(c),
+        "category": category,
+        "output_length_bucket": bucket,
+        "requests": cell.mal.n,
+        "greedy_requests": cell.greedy,
+        "mean_acceptance_length": _interval_json(cell.mal, 1.0),
+        "draft_acceptance_rate": cell.mal.sy / cell.draft_tokens if cell.draft_tokens else None,
+        "acceptance_by_position": [v / drafts if drafts else None for v in cell.by_position]
+        or [None] * c.num_speculative_tokens,
+        "tokens_per_pass": _interval_json(cell.tpp),
+        "drafted_per_pass": drafted_per_pass,
+        "predicted_tpot_speedup": speedup,
+    }
+
+
+def _score(row: Mapping[str, Any]) -> float:
+    s = row.get("predicted_tpot_speedup") or {}
+    value = s.get("estimate") if s else None
+    if value is None:
+        value = (row.get("tokens_per_pass") or {}).get("estimate")
+    return float(value) if value is not None else -math.inf
+
+
+def _picks(rows: list[dict[str, Any]], configs: tuple[Config, ...]) -> dict[str, dict[str, Any]]:
+    """Per category (all output lengths): the best-scoring configuration, and the runner-up."""
+    best: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row["output_length_bucket"] == ALL:
+            best.setdefault(row["category"], []).append(row)
+    out: dict[str, dict[str, Any]] = {}
+    for cat, candidates in best.items():
+        ranked = sorted(candidates, key=_score, reverse=True)
+        top = ranked[0]
+        runner = next((r for r in ranked[1:] if _family(r) != _family(top)), None)
+        out[cat] = {
+            "config": {
+                k: top[k]
+                for k in (
+                    "proposer",
+                    "num_speculative_tokens",
+                    "prompt_lookup_min",
+                    "prompt_lookup_max",
+                    "drafter",
+                    "label",
+                )
+            },
+            "predicted_tpot_speedup": top["predicted_tpot_speedup"],
+            "mean_acceptance_length": top["mean_acceptance_length"],
+            "runner_up": None if runner is None else runner["label"],
+            "ranking": [r["label"] for r in ranked[:5]],
+        }
+    return out
+
+
+def _family(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (row["proposer"], row["prompt_lookup_min"], row["prompt_lookup_max"], row["drafter"])
+
+
+def _deploy(picks: Mapping[str, Mapping[str, Any]], configs: tuple[Config, ...]) -> list[Config]:
+    """The overall pick, and a second configuration that some category prefers, if any."""
+    by_label = {c.label: c for c in configs}
+    order: list[Config] = []
+    overall = picks.get(ALL)
+    if overall is not None:
+        order.append(by_label[overall["config"]["label"]])
+    for cat, pick in sorted(picks.items()):
+        c = by_label[pick["config"]["label"]]
+        if cat != ALL and c not in order:
+            order.append(c)
+    return order[:2]
+
+
+def _live_json(check: LiveCheck) -> dict[str, Any]:
+    predicted = _interval_json(check.predicted, 1.0)
+    measured = _interval_json(check.measured, 1.0)
+    gap = None
+    if predicted["estimate"] is not None and measured["estimate"] is not None:
+        gap = predicted["estimate"] / measured["estimate"] - 1.0
+    disjoint = (
+        None
+        if None in (predicted["low"], predicted["high"], measured["low"], measured["high"])
+        else predicted["high"] < measured["low"] or measured["high"] < predicted["low"]
+    )
+    return {
+        "backend": check.backend,
+        **config_json(check.config),
+        "predicted_mean_acceptance_length": predicted,
+        "measured_mean_acceptance_length": measured,
+        "relative_gap": gap,
+        "flag": bool(disjoint),
+        "note": (
+            "predicted and measured intervals do not overlap: the replay is wrong for this "
+            "traffic, or the engine does not run what it declares"
+            if disjoint
+            else "predicted and measured agree within their intervals"
+        ),
+    }

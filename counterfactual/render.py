@@ -1,0 +1,135 @@
+"""The counterfactual matrix for people: a Markdown summary and the policy fragment of the picks.
+
+Every speed-up here is *predicted* (acceptance replayed on production's outputs, step time from
+the fitted model) and says so; acceptance measured on a live candidate appears only in the
+predicted-vs-measured table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from counterfactual.grid import Config
+from counterfactual.matrix import ALL, Matrix
+
+__all__ = ["policy_fragment", "render_markdown"]
+
+
+def _f(value: object, digits: int = 2) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, int | float) else "–"
+
+
+def _interval(obj: Mapping[str, Any] | None, digits: int = 2) -> str:
+    if not obj or obj.get("estimate") is None:
+        return "–"
+    if obj.get("low") is None:
+        return _f(obj["estimate"], digits)
+    return f"{_f(obj['estimate'], digits)} [{_f(obj['low'], digits)}, {_f(obj['high'], digits)}]"
+
+
+def _speedup(row: Mapping[str, Any]) -> str:
+    s = row.get("predicted_tpot_speedup")
+    return f"{_interval(s)}×" if s and s.get("estimate") is not None else "–"
+
+
+def render_markdown(m: Matrix, *, top: int = 8) -> str:
+    lines = [
+        "# Counterfactual speculation: every proposer and depth on production's outputs",
+        "",
+        f"{m.scored} of {m.records} records carried token ids and were replayed under "
+        f"{len(m.configs)} configurations. Acceptance is replayed exactly (greedy requests) or "
+        "as an exact draw (sampled ones); speed-ups are **predicted** from a step-time model, "
+        "never measured.",
+        "",
+    ]
+    if m.model is not None:
+        mo = m.model
+        lines += [
+            f"Step-time model: step = {mo.base_s * 1e3:.3f} ms + {mo.slot_s * 1e3:.4f} ms × batch × "
+            f"(1 + drafted per pass), production's batch {mo.batch:.1f}, {mo.points} legs. "
+            f"{mo.note}.",
+            "",
+        ]
+    else:
+        lines += ["No leg carried TPOT and batch: no speed-up is predicted, configurations are "
+                  "ranked by tokens per pass.", ""]  # fmt: skip
+    lines += ["## Picks per category", "", "| category | pick | mean acceptance length | "
+              "predicted TPOT speed-up | runner-up (another proposer) |", "|---|---|---|---|---|"]  # fmt: skip
+    for cat, pick in sorted(m.picks.items(), key=lambda kv: (kv[0] != ALL, kv[0])):
+        s = pick["predicted_tpot_speedup"]
+        lines.append(
+            f"| {cat} | {pick['config']['label']} | {_interval(pick['mean_acceptance_length'])} | "
+            f"{_interval(s) + '×' if s and s.get('estimate') is not None else '–'} | "
+            f"{pick['runner_up'] or '–'} |"
+        )
+    if m.deploy:
+        lines += ["", "Worth deploying as live candidates: "
+                  + ", ".join(f"**{c.label}**" for c in m.deploy)
+                  + " (`candidates.yaml` has the policy fragment)."]  # fmt: skip
+    if m.live:
+        lines += ["", "## Predicted against measured (live candidates, same requests)", "",
+                  "| backend | configuration | predicted | measured | gap | |", "|---|---|---|---|---|---|"]  # fmt: skip
+        for live in m.live:
+            lines.append(
+                f"| {live['backend']} | {live['label']} | "
+                f"{_interval(live['predicted_mean_acceptance_length'])} | "
+                f"{_interval(live['measured_mean_acceptance_length'])} | "
+                f"{_f((live['relative_gap'] or 0) * 100, 1)} % | "
+                f"{'⚠ ' + live['note'] if live['flag'] else 'ok'} |"
+            )
+    overall = [r for r in m.rows if r["category"] == ALL and r["output_length_bucket"] == ALL]
+    overall.sort(key=lambda r: -(r["predicted_tpot_speedup"] or {}).get("estimate", 0) or 0)
+    lines += ["", f"## The best {min(top, len(overall))} configurations, all traffic", "",
+              "| configuration | requests | mean acceptance length | acceptance by position | "
+              "tokens per pass | predicted TPOT speed-up |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in overall[:top]:
+        positions = " ".join(_f(v) for v in r["acceptance_by_position"])
+        lines.append(
+            f"| {r['label']} | {r['requests']} | {_interval(r['mean_acceptance_length'])} | "
+            f"{positions} | {_interval(r['tokens_per_pass'])} | {_speedup(r)} |"
+        )
+    lines += ["", "Every row, per category and output length: `counterfactual.json`. Method and "
+              "limits: docs/counterfactual.md.", ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def _backend_name(c: Config) -> str:
+    if c.proposer == "ngram":
+        return f"ngram-k{c.num_speculative_tokens}-{c.prompt_lookup_min}-{c.prompt_lookup_max}"
+    return f"draft-{c.drafter}-k{c.num_speculative_tokens}"
+
+
+def policy_fragment(m: Matrix) -> str | None:
+    """YAML to paste into a policy: the picks as candidate backends and legs (None: no pick)."""
+    if not m.deploy:
+        return None
+    out = [
+        "# specshadow counterfactual: the configurations worth deploying as live candidates.",
+        "# Serve each on its own vLLM with the --speculative-config shown, set its url, and add",
+        "# the legs to the rule that mirrors the traffic they were scored on. Predicted, not",
+        "# measured: the live candidate's records will say whether the prediction holds.",
+        "backends:",
+    ]
+    for c in m.deploy:
+        spec = c.speculative_config()
+        out.append(f"  {_backend_name(c)}:")
+        out.append("    url: http://REPLACE-ME:8000")
+        out.append("    kind: vllm")
+        out.append(f"    # vllm serve TARGET --speculative-config '{_json(spec)}'")
+        out.append("    speculative:")
+        out.append(f"      method: {'ngram' if c.proposer == 'ngram' else 'draft_model'}")
+        out.append(f"      num_speculative_tokens: {c.num_speculative_tokens}")
+        if c.proposer == "ngram":
+            out.append(f"      prompt_lookup_min: {c.prompt_lookup_min}")
+            out.append(f"      prompt_lookup_max: {c.prompt_lookup_max}")
+        out.append(f'      label: "{c.label}"')
+    out.append("legs:  # add to your rule's legs")
+    out.extend(f"  - {{backend: {_backend_name(c)}, role: candidate}}" for c in m.deploy)
+    return "\n".join(out) + "\n"
+
+
+def _json(obj: Mapping[str, Any]) -> str:
+    from core import jsonx
+
+    return jsonx.dumps(obj).decode()

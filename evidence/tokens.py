@@ -1,0 +1,275 @@
+"""The token tap: token ids of a sampled share of exchanges, for counterfactual scoring.
+
+:class:`TokenTap` sits between the gateway and the evidence worker. An exchange reaches it when
+all its legs have ended — the client has its answer — and most go straight through. For the
+policy's ``counterfactual.share`` (by exchange id), it asks the tokenizer backend's
+``POST /tokenize`` (vLLM, SGLang and the simulator answer it) for the prompt's ids — the chat
+template applied with the generation prompt, as the engine does — and the primary's output's
+ids, and each drafter backend for its greedy prediction at every output position (one
+``/v1/completions`` pass with ``prompt_logprobs: 1`` over prompt + output, teacher-forced), then
+hands the exchange on with :class:`~core.exchange.TokenIds` attached. Never the primary backend
+(the policy refuses it), never on the request path, at most ``max_in_flight`` at once: past it an
+exchange is handed on without tokens and counted (``dropped``), never queued; a failed or slow
+call (``timeout_s``) hands it on without tokens too (``failed``).
+
+Re-tokenizing the output text can differ from the ids the engine generated (a BPE tokenizer has
+several spellings of some strings); the record keeps the leg's reported token count beside the
+ids so the difference is visible (docs/counterfactual.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from core import jsonx
+from core.exchange import Exchange, ExchangeSink, LegResult, ManagedSink, TokenIds
+from core.tasks import TaskSet
+
+__all__ = ["TokenEndpoint", "TokenPlan", "TokenTap", "prediction_ids", "selected"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEndpoint:
+    """A backend the tap may call: its policy name and base URL (no ``/v1``)."""
+
+    name: str
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPlan:
+    """What to tokenize and where (the policy's ``counterfactual`` section)."""
+
+    tokenizer: TokenEndpoint
+    share: float
+    drafters: tuple[TokenEndpoint, ...] = ()
+    max_in_flight: int = 4
+    timeout_s: float = 10.0
+
+
+def selected(exchange_id: str, share: float) -> bool:
+    """Whether an exchange is in the tokenized share: a hash of its id, so replicas agree."""
+    if share >= 1.0:
+        return True
+    digest = hashlib.blake2b(exchange_id.encode(), digest_size=8, person=b"cf-share").digest()
+    return int.from_bytes(digest, "big") / 2**64 < share
+
+
+def _production_leg(exchange: Exchange) -> LegResult | None:
+    """The completed leg of role ``primary`` with one plain-text choice (no tool calls)."""
+    leg = next((leg for leg in exchange.legs if leg.role == "primary"), None)
+    rec = leg.recording if leg is not None else None
+    if leg is None or rec is None or leg.outcome != "completed" or len(rec.choices) != 1:
+        return None
+    choice = rec.choices[0]
+    if not choice.text or choice.tool_calls or choice.refusal:
+        return None
+    return leg
+
+
+def _prompt_request(exchange: Exchange) -> dict[str, Any] | None:
+    """The ``/tokenize`` body for the exchange's prompt; None for what it cannot tokenize."""
+    body = exchange.request_json
+    if body is None:
+        return None
+    if exchange.route == "chat" and isinstance(body.get("messages"), list):
+        out: dict[str, Any] = {"messages": body["messages"], "add_generation_prompt": True}
+        if body.get("tools"):
+            out["tools"] = body["tools"]
+        return out
+    if exchange.route == "completions" and isinstance(body.get("prompt"), str):
+        return {"prompt": body["prompt"]}
+    return None  # the Responses API, batched or pre-tokenized prompts: not scored
+
+
+def prediction_ids(prompt_logprobs: object, start: int, count: int) -> tuple[int, ...] | None:
+    """The rank-1 token at positions ``start … start + count − 1`` of vLLM's ``prompt_logprobs``
+    (a list: ``null``, then per position ``{token_id: {logprob, rank, …}}``); None if malformed."""
+    if not isinstance(prompt_logprobs, list) or len(prompt_logprobs) < start + count:
+        return None
+    out: list[int] = []
+    for entry in prompt_logprobs[start : start + count]:
+        if not isinstance(entry, Mapping) or not entry:
+            return None
+        best: tuple[float, int] | None = None
+        for token, info in entry.items():
+            if not isinstance(info, Mapping):
+                return None
+            rank, logprob = info.get("rank"), info.get("logprob")
+            score = (
+                float("inf") if rank == 1 else logprob if isinstance(logprob, float | int) else None
+            )
+            if score is None:
+                continue
+            try:
+                tid = int(token)
+            except ValueError:
+                return None
+            if best is None or score > best[0]:
+                best = (float(score), tid)
+        if best is None:
+            return None
+        out.append(best[1])
+    return tuple(out)
+
+
+def _managed(sink: ExchangeSink) -> ManagedSink | None:
+    start, stop = getattr(sink, "start", None), getattr(sink, "stop", None)
+    return sink if callable(start) and callable(stop) else None  # type: ignore[return-value]
+
+
+class TokenTap:
+    """A sink in front of ``downstream`` that attaches token ids to a sampled share (see module)."""
+
+    def __init__(self, downstream: ExchangeSink, plan: Callable[[], TokenPlan | None]) -> None:
+        self._downstream = downstream
+        self._plan = plan
+        self._tasks = TaskSet()
+        self._session: aiohttp.ClientSession | None = None
+        self._in_flight = 0
+        self.tokenized = 0
+        self.dropped = 0
+        self.failed = 0
+
+    @property
+    def downstream(self) -> ExchangeSink:
+        return self._downstream
+
+    def submit(self, exchange: Exchange) -> None:
+        plan = self._plan()
+        if (
+            plan is None
+            or self._session is None
+            or not selected(exchange.exchange_id, plan.share)
+            or _production_leg(exchange) is None
+            or _prompt_request(exchange) is None
+        ):
+            self._downstream.submit(exchange)
+            return
+        if self._in_flight >= plan.max_in_flight:
+            self.dropped += 1
+            self._downstream.submit(exchange)
+            return
+        self._in_flight += 1
+        _task = self._tasks.spawn(self._tap(exchange, plan), name=f"tokens:{exchange.exchange_id}")
+
+    async def _tap(self, exchange: Exchange, plan: TokenPlan) -> None:
+        tokens: TokenIds | None = None
+        try:
+            tokens = await self._fetch(exchange, plan)
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+            self.failed += 1
+            log.debug("tokens for %s: %s", exchange.exchange_id, exc)
+        finally:
+            self._in_flight -= 1
+        if tokens is not None:
+            self.tokenized += 1
+            exchange = dataclasses.replace(exchange, tokens=tokens)
+        self._downstream.submit(exchange)
+
+    async def _post(self, url: str, body: Mapping[str, Any], timeout_s: float) -> Any:
+        assert self._session is not None
+        async with self._session.post(
+            url,
+            data=jsonx.dumps(body),
+            headers={"content-type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as resp:
+            raw = await resp.read()
+            if resp.status != 200:
+                raise ValueError(f"{url}: HTTP {resp.status}: {raw[:200]!r}")
+            return jsonx.loads(raw)
+
+    async def _ids(self, plan: TokenPlan, body: Mapping[str, Any]) -> tuple[int, ...]:
+        answer = await self._post(plan.tokenizer.url + "/tokenize", body, plan.timeout_s)
+        ids = answer["tokens"]
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise ValueError("/tokenize: 'tokens' is not a list of integers")
+        return tuple(ids)
+
+    async def _fetch(self, exchange: Exchange, plan: TokenPlan) -> TokenIds | None:
+        leg = _production_leg(exchange)
+        prompt_body = _prompt_request(exchange)
+        if leg is None or prompt_body is None or leg.recording is None:
+            return None
+        model = (
+            next(
+                (s.upstream_model for s in exchange.legs if s.backend == plan.tokenizer.name), None
+            )
+            or exchange.requested_model
+        )
+        extra = {"model": model} if model else {}
+        text = leg.recording.choices[0].text
+        prompt, output = await asyncio.gather(
+            self._ids(plan, {**extra, **prompt_body}),
+            self._ids(plan, {**extra, "prompt": text, "add_special_tokens": False}),
+        )
+        drafters: dict[str, tuple[int, ...]] = {}
+        if output:
+            for drafter, predicted in zip(
+                plan.drafters,
+                await asyncio.gather(
+                    *(self._predictions(d, prompt, output, plan.timeout_s) for d in plan.drafters)
+                ),
+                strict=True,
+            ):
+                if predicted is not None:
+                    drafters[drafter.name] = predicted
+        return TokenIds(
+            source=f"tokenize:{plan.tokenizer.name}",
+            leg="primary",
+            prompt=prompt,
+            output=output,
+            drafters=drafters,
+        )
+
+    async def _predictions(
+        self, drafter: TokenEndpoint, prompt: Sequence[int], output: Sequence[int], timeout_s: float
+    ) -> tuple[int, ...] | None:
+        body = {
+            "prompt": [*prompt, *output],
+            "max_tokens": 1,
+            "temperature": 0,
+            "prompt_logprobs": 1,
+        }
+        try:
+            answer = await self._post(drafter.url + "/v1/completions", body, timeout_s)
+            return prediction_ids(
+                answer["choices"][0].get("prompt_logprobs"), len(prompt), len(output)
+            )
+        except (
+            aiohttp.ClientError,
+            TimeoutError,
+            ValueError,
+            KeyError,
+            TypeError,
+            IndexError,
+        ) as exc:
+            log.debug("drafter %s: %s", drafter.name, exc)
+            return None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession()
+        managed = _managed(self._downstream)
+        if managed is not None:
+            await managed.start()
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Finish what is in flight (bounded), then stop the downstream sink."""
+        await self._tasks.drain(timeout_s)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        managed = _managed(self._downstream)
+        if managed is not None:
+            await managed.stop()
