@@ -1,8 +1,10 @@
-"""Test helpers for the simulator: an independent SSE splitter and a tiny JSON Schema checker."""
+"""Test helpers for the simulator: an independent SSE splitter, a tiny JSON Schema checker, and
+the n-gram proposer and the replay step contract written independently of the simulator."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,3 +82,34 @@ def fits_schema(value: Any, schema: dict[str, Any], root: dict[str, Any] | None 
             ok = schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", 10**9)
         return ok
     return True
+
+
+def brute_force(tokens: list[int], lo: int, hi: int, max_model_len: int, k: int) -> list[int]:
+    """The proposer's definition, written the obvious way: the longest suffix n-gram that occurs
+    earlier (not as the suffix itself), its earliest occurrence, the tokens after it."""
+    total = len(tokens)
+    k = min(k, max_model_len - total)
+    if total < lo or k <= 0:
+        return []
+    for n in range(min(hi, total), lo - 1, -1):
+        suffix = tokens[total - n :]
+        for start in range(total - n):
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+def replayed_steps(
+    prompt: list[int], out: list[int], k: int, propose: Callable[[list[int], int], list[int]]
+) -> list[tuple[int, int]]:
+    """The replay contract, independently: ``[(drafted, accepted), ...]``, prefill first."""
+    steps = [(0, 0)]
+    j = 1
+    while j < len(out):
+        draft = propose(list(prompt) + list(out[:j]), k)[: len(out) - j - 1]
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == out[j + accepted]:
+            accepted += 1
+        steps.append((len(draft), accepted))
+        j += accepted + 1
+    return steps

@@ -3,6 +3,7 @@ oracle, and the tokenizer's promise that an answer's text splits back into its o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 
@@ -24,21 +25,7 @@ from simulator.tokens import (
     text_ids,
     text_pieces,
 )
-
-
-def brute_force(tokens: list[int], lo: int, hi: int, max_model_len: int, k: int) -> list[int]:
-    """The proposer's definition, written the obvious way: the longest suffix n-gram that occurs
-    earlier (not as the suffix itself), its earliest occurrence, the tokens after it."""
-    total = len(tokens)
-    k = min(k, max_model_len - total)
-    if total < lo or k <= 0:
-        return []
-    for n in range(min(hi, total), lo - 1, -1):
-        suffix = tokens[total - n :]
-        for start in range(total - n):
-            if tokens[start : start + n] == suffix:
-                return tokens[start + n : start + n + k]
-    return []
+from tests.simulator.helpers import brute_force
 
 
 @pytest.mark.parametrize(
@@ -139,3 +126,14 @@ def test_usage_prompt_tokens_are_the_tokenized_prompt():
     assert text.prompt_ids == tuple(text_ids("a b, c")) and text.prompt_tokens == 4
     ids = parse_request("completions", json.dumps({"prompt": [5, 6, 7]}).encode(), cfg)
     assert ids.prompt_ids == (5, 6, 7)
+
+
+def test_answers_without_copying_are_the_text_they_always_were():
+    """Pinned: the word answers from before token ids and copying existed (copy=0.0)."""
+    cfg = SimConfig()
+    digest = hashlib.sha256()
+    for i in range(50):
+        body = {"messages": [{"role": "user", "content": f"golden {i}"}], "max_tokens": 300}
+        plan = plan_completion(cfg, parse_request("chat", json.dumps(body).encode(), cfg), "chat")
+        digest.update(plan.text.encode())
+    assert digest.hexdigest()[:16] == "917cec998e2ebd2e"
