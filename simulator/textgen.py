@@ -30,7 +30,6 @@ WORDS: tuple[str, ...] = (
 # A word keeps its leading space (as byte-level BPE does), so the answer's own tokens — " word",
 # ".", "," from :func:`word_tokens` — split back into exactly themselves.
 _PIECE = re.compile(r'[{}\[\],:]|"| [A-Za-z]+|\s+|[A-Za-z]+|\d{1,3}|.', re.DOTALL)
-_PROMPT_PIECE = re.compile(r"\w+|[^\w\s]")
 
 
 def digest(canonical: bytes) -> bytes:
@@ -42,11 +41,6 @@ def rng_for(label: str, prompt_digest: bytes, *extra: int) -> random.Random:
     """A private RNG for one purpose (``label``) of one prompt."""
     material = b"|".join([label.encode(), prompt_digest, *(str(x).encode() for x in extra)])
     return random.Random(int.from_bytes(hashlib.blake2b(material, digest_size=8).digest(), "big"))
-
-
-def count_prompt_tokens(text: str) -> int:
-    """A tokenizer stand-in: words and punctuation marks."""
-    return len(_PROMPT_PIECE.findall(text))
 
 
 def natural_length(prompt_digest: bytes, lo: int, hi: int) -> int:
