@@ -6,7 +6,9 @@ the prompt, paced like an engine (prefill, then one chunk per engine step), in `
 exposes vLLM-shaped per-request metrics and Prometheus ``/metrics``, injects faults on request, and
 remembers what it sent and when (``SimState``, ``GET /sim/requests``).
 
-Token ids are vLLM-like: ``POST /tokenize`` answers the ids every request is served with, and
+Token ids are vLLM-like: ``POST /tokenize`` answers the ids every request is served with, a chat
+or completions request with ``"return_token_ids": true`` gets them back in the answer (prompt ids,
+and per chunk exactly the ids that chunk's text carries; shapes in :mod:`simulator.render`), and
 ``drafting="replay"`` drafts with vLLM's own n-gram proposer (or a simulated drafter) over them,
 accepting what equals the output — ground truth for counterfactual replays.
 

@@ -260,7 +260,10 @@ async def _stream(
 
     def with_usage(chunk: dict[str, Any], completion_tokens: int) -> bytes:
         if sim.include_usage and sim.continuous_usage:
+            prompt_ids = chunk.pop("prompt_token_ids", None)  # vLLM writes it after usage
             chunk["usage"] = usage(plan.prompt_tokens, completion_tokens)
+            if prompt_ids is not None:
+                chunk["prompt_token_ids"] = prompt_ids
         return jsonx.dumps(chunk)
 
     async def on_responses_step(index: int, start: int, end: int, step: Step) -> None:

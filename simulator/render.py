@@ -2,6 +2,24 @@
 
 Field order and null fields follow what vLLM 0.32 writes, so a client (or the gateway's recorder)
 cannot tell the simulator from the real server by shape.
+
+``return_token_ids: true`` (vLLM ≥ 0.10.2, chat and completions) adds the ids of
+:mod:`simulator.tokens` where vLLM 0.32 puts them; without it nothing below changes:
+
+- chat, whole: ``choices[0].token_ids`` (the output ids) after ``stop_reason``, and top-level
+  ``prompt_token_ids`` after ``prompt_logprobs``.
+- completions, whole: per choice ``token_ids`` after ``stop_reason`` and ``prompt_token_ids``
+  after ``prompt_logprobs``.
+- chat, streamed: the role chunk carries top-level ``prompt_token_ids`` (after ``usage`` when
+  continuous usage is on; its choice has no ``token_ids``, as in vLLM); every output chunk's choice
+  carries ``token_ids``, the ids of exactly the tokens that chunk's delta carries (one engine
+  step's), after ``finish_reason`` / ``stop_reason``.
+- completions, streamed: every chunk's choice carries ``stop_reason`` (``null``), then
+  ``prompt_token_ids`` (the prompt's ids on the first chunk, ``null`` after), then ``token_ids``
+  (that chunk's ids), as vLLM writes them.
+
+So the streamed ``token_ids`` concatenate to the whole answer's, ``len`` of which is
+``usage.completion_tokens``. The final usage-only chunk is unchanged.
 """
 
 from __future__ import annotations
@@ -12,6 +30,7 @@ from typing import Any
 from simulator.plan import Plan
 from simulator.request import SimRequest
 from simulator.textgen import WORDS
+from simulator.tokens import ids_of
 
 
 def error_body(
@@ -140,15 +159,23 @@ def stream_chunk(
             "finish_reason": finish_reason,
         }
         obj = "text_completion"
-    if finish_reason is not None:
+    if finish_reason is not None or (request.return_token_ids and request.route != "chat"):
         choice["stop_reason"] = None
-    return {
+    chunk: dict[str, Any] = {
         "id": response_id,
         "object": obj,
         "created": created,
         "model": model,
         "choices": [choice],
     }
+    if request.return_token_ids:
+        if request.route != "chat":
+            choice["prompt_token_ids"] = list(request.prompt_ids) if start == 0 else None
+        if not role_only:
+            choice["token_ids"] = ids_of(plan.tokens[start:end])
+        elif request.route == "chat":
+            chunk["prompt_token_ids"] = list(request.prompt_ids)
+    return chunk
 
 
 def usage_chunk(
@@ -202,8 +229,12 @@ def full_body(
         choice = {"index": 0, "text": plan.text, "logprobs": lp}
         obj = "text_completion"
     choice |= {"finish_reason": plan.finish_reason, "stop_reason": None}
+    if request.return_token_ids:
+        choice["token_ids"] = ids_of(plan.tokens)
     if request.route == "completions":
         choice["prompt_logprobs"] = plan.prompt_logprobs
+        if request.return_token_ids:
+            choice["prompt_token_ids"] = list(request.prompt_ids)
     body: dict[str, Any] = {
         "id": response_id,
         "object": obj,
@@ -214,6 +245,8 @@ def full_body(
     }
     if request.route == "chat":
         body |= {"service_tier": None, "system_fingerprint": None, "prompt_logprobs": None}
+        if request.return_token_ids:
+            body["prompt_token_ids"] = list(request.prompt_ids)
     return body
 
 

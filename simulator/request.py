@@ -7,13 +7,18 @@ absent ``max_tokens`` falls back to a default.
 Responses API bodies (``input``, ``instructions``, ``max_output_tokens``, ``text.format``, flat
 function ``tools``) are read into the chat form — an ``input`` string is one user message,
 ``instructions`` a system message before it — so a Responses request and the equivalent chat
-request get the same answer. ``previous_response_id`` is a 404, as on vLLM without a response
+request get the same answer (``return_token_ids`` is ignored there, as vLLM's Responses API has
+no such field). ``previous_response_id`` is a 404, as on vLLM without a response
 store (``VLLM_ENABLE_RESPONSES_API_STORE`` unset).
 
 Prompt tokens are the ids of :mod:`simulator.tokens` — the chat template with the generation
 prompt (offered tools included) for chat and Responses requests, the text's ids (or the given ids)
 for completions — so ``usage.prompt_tokens`` is the ``count`` that ``POST /tokenize`` answers for
 the same prompt (:func:`parse_tokenize` reads that endpoint's bodies).
+
+``return_token_ids`` (vLLM ≥ 0.10.2; a boolean, ``null`` meaning false, anything else a 400) asks
+chat and completions answers to carry the prompt's ids and the generated ids;
+:mod:`simulator.render` documents where they go.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class SimRequest:
     user_messages: int
     prompt_token_ids: bool = False  # a completions prompt given as token ids
     prompt_logprobs: int | None = None
+    return_token_ids: bool = False  # vLLM's ``return_token_ids`` (chat and completions only)
 
     @property
     def prompt_tokens(self) -> int:
@@ -206,6 +212,10 @@ def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
                 400, f"unknown response_format type {kind!r}", param="response_format"
             )
 
+    return_token_ids = body.get("return_token_ids") if route != "responses" else None
+    if return_token_ids is not None and not isinstance(return_token_ids, bool):
+        raise SimRequestError(400, "return_token_ids must be a boolean", param="return_token_ids")
+
     tool: Mapping[str, Any] | None = None
     as_ids = False
     prompt_logprobs: int | None = None
@@ -278,6 +288,7 @@ def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
         user_messages=user_messages,
         prompt_token_ids=as_ids,
         prompt_logprobs=prompt_logprobs,
+        return_token_ids=bool(return_token_ids),
     )
 
 
