@@ -60,7 +60,16 @@ class ToolAcc:
 class ChoiceAcc:
     """Mutable per-choice accumulator; text is kept once, as pieces joined at freeze."""
 
-    __slots__ = ("finish_reason", "index", "reasoning", "refusal", "text", "tokens", "tools")
+    __slots__ = (
+        "finish_reason",
+        "index",
+        "reasoning",
+        "refusal",
+        "text",
+        "token_ids",
+        "tokens",
+        "tools",
+    )
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -70,6 +79,7 @@ class ChoiceAcc:
         self.tools: dict[int, ToolAcc] = {}
         self.finish_reason: str | None = None
         self.tokens: list[str] | None = None
+        self.token_ids: list[int] | None = None
 
     def freeze(self) -> ChoiceOutput:
         tools = tuple(
@@ -84,6 +94,7 @@ class ChoiceAcc:
             finish_reason=self.finish_reason,
             refusal="".join(self.refusal) if self.refusal else None,
             tokens=tuple(self.tokens) if self.tokens is not None else None,
+            token_ids=tuple(self.token_ids) if self.token_ids is not None else None,
         )
 
 
@@ -227,6 +238,14 @@ class Assembler:
             if text and isinstance(text, str):
                 acc.text.append(text)
                 output = True
+        # vLLM's ``return_token_ids``: the ids this chunk (or the whole body) generated. Never
+        # on the fast path above: vLLM sends them beside ``stop_reason``, so the choice is wider.
+        ids = choice.get("token_ids")
+        if isinstance(ids, list) and ids and all(type(t) is int for t in ids):
+            if acc.token_ids is None:
+                acc.token_ids = list(ids)
+            else:
+                acc.token_ids.extend(ids)
         # Per-choice engine statistics: SGLang's meta_info, vLLM's earlier per-choice spec stats.
         meta = choice.get("meta_info")
         if isinstance(meta, dict):

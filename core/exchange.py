@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, NewType, Protocol
 
 from core import jsonx
@@ -130,7 +130,10 @@ class TokenIds:
     ``prompt``: the prompt as the target's tokenizer and chat template make it; ``output``: the
     output of the leg in role ``leg`` (production's: the primary); ``drafters``: per drafter
     backend, its greedy (teacher-forced) prediction of each output token; ``source``: who
-    tokenized (``tokenize:<backend>``).
+    tokenized the prompt (``tokenize:<backend>``); ``output_source``: where the output ids came
+    from — ``engine`` (the leg's own generated ids), ``leg:<backend>`` (the generated ids of a
+    shadow leg that answered the same text), or ``source`` (re-tokenized text); ``legs``: the
+    generated ids of every leg that sent them, by backend (the engine check of live candidates).
     """
 
     source: str
@@ -138,6 +141,8 @@ class TokenIds:
     prompt: tuple[int, ...]
     output: tuple[int, ...]
     drafters: Mapping[str, tuple[int, ...]]
+    output_source: str = ""
+    legs: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,6 +72,9 @@ class ChoiceOutput:
     finish_reason: str | None
     refusal: str | None
     tokens: tuple[str, ...] | None  # token strings from logprobs, when the response carried them
+    # Generated token ids, when the engine sent them (vLLM's ``return_token_ids``: the gateway
+    # asks shadow legs for them when the policy scores counterfactuals).
+    token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

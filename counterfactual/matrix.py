@@ -94,6 +94,23 @@ class LiveCheck:
     config: Config
     predicted: RatioStats = field(default_factory=RatioStats)
     measured: RatioStats = field(default_factory=RatioStats)
+    # The same split by greedy / sampled: exact per request on greedy traffic (the candidate's
+    # output is production's), equal only in expectation on sampled traffic.
+    by_kind: dict[str, tuple[RatioStats, RatioStats]] = field(default_factory=dict)
+    # The engine check: the configuration replayed on the candidate's *own* generated ids
+    # against what it reported — exact per request, greedy or sampled, when the ids are there.
+    engine: tuple[RatioStats, RatioStats] = field(
+        default_factory=lambda: (RatioStats(), RatioStats())
+    )
+
+    def add(self, greedy: bool, predicted: Replay, drafts: float, accepted: float) -> None:
+        pair = self.by_kind.setdefault(
+            "greedy" if greedy else "sampled", (RatioStats(), RatioStats())
+        )
+        for target in (self.predicted, pair[0]):
+            target.add(predicted.drafts, predicted.accepted)
+        for target in (self.measured, pair[1]):
+            target.add(drafts, accepted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +159,12 @@ def live_config(leg: Mapping[str, Any]) -> Config | None:
     if method in ("ngram", "promptlookup") and isinstance(lo, int) and isinstance(hi, int):
         return Config("ngram", k, lo, hi)
     return None
+
+
+def _own_ids(record: Record, backend: str) -> list[int] | None:
+    legs = (record.get("tokens") or {}).get("legs")
+    ids = legs.get(backend) if isinstance(legs, Mapping) else None
+    return ids if isinstance(ids, list) and ids else None
 
 
 def _tokens(record: Record) -> tuple[list[int], list[int], Mapping[str, list[int]]] | None:
@@ -255,8 +278,18 @@ def build_matrix(
             check = checks.setdefault(
                 (str(leg.get("backend")), c), LiveCheck(str(leg.get("backend")), c)
             )
-            check.predicted.add(results[c].drafts, results[c].accepted)
-            check.measured.add(drafts, accepted)
+            check.add(greedy, results[c], drafts, accepted)
+            own = _own_ids(record, check.backend)
+            if (
+                own is not None
+                and c.proposer == "ngram"
+                and c.prompt_lookup_min
+                and c.prompt_lookup_max
+            ):
+                offers = ngram_offers(prompt, own, c.prompt_lookup_min, c.prompt_lookup_max, max_k)
+                mine = replay(len(own), c.num_speculative_tokens, *offers)
+                check.engine[0].add(mine.drafts, mine.accepted)
+                check.engine[1].add(drafts, accepted)
 
     model = fit_step_model(points, primary_batches)
     rows = [
@@ -386,8 +419,27 @@ def _deploy(picks: Mapping[str, Mapping[str, Any]], configs: tuple[Config, ...])
 
 
 def _live_json(check: LiveCheck) -> dict[str, Any]:
-    predicted = _interval_json(check.predicted, 1.0)
-    measured = _interval_json(check.measured, 1.0)
+    out = {
+        "backend": check.backend,
+        **config_json(check.config),
+        **_compare(check.predicted, check.measured),
+    }
+    for kind in ("greedy", "sampled"):
+        pair = check.by_kind.get(kind)
+        out[kind] = None if pair is None else _compare(*pair)
+    out["engine_check"] = _compare(*check.engine) if check.engine[0].n else None
+    if out["engine_check"] is not None and out["engine_check"]["flag"]:
+        out["flag"] = True
+        out["note"] = (
+            "replayed on the candidate's own output, the configuration predicts acceptance its "
+            "engine did not report: the engine does not run what it declares"
+        )
+    return out
+
+
+def _compare(predicted_stats: RatioStats, measured_stats: RatioStats) -> dict[str, Any]:
+    predicted = _interval_json(predicted_stats, 1.0)
+    measured = _interval_json(measured_stats, 1.0)
     gap = None
     if predicted["estimate"] is not None and measured["estimate"] is not None:
         gap = predicted["estimate"] / measured["estimate"] - 1.0
@@ -397,8 +449,6 @@ def _live_json(check: LiveCheck) -> dict[str, Any]:
         else predicted["high"] < measured["low"] or measured["high"] < predicted["low"]
     )
     return {
-        "backend": check.backend,
-        **config_json(check.config),
         "predicted_mean_acceptance_length": predicted,
         "measured_mean_acceptance_length": measured,
         "relative_gap": gap,

@@ -316,6 +316,8 @@ def tokens_record(exchange: Exchange) -> dict[str, Any] | None:
         "leg": t.leg,
         "prompt": list(t.prompt),
         "output": list(t.output),
+        "output_source": t.output_source or t.source,
         "output_tokens_reported": reported,
         "drafters": {name: list(ids) for name, ids in t.drafters.items()},
+        "legs": {name: list(ids) for name, ids in t.legs.items()},
     }

@@ -7,7 +7,10 @@ policy's ``counterfactual.share`` (by exchange id), it asks the tokenizer backen
 template applied with the generation prompt, as the engine does — and the primary's output's
 ids, and each drafter backend for its greedy prediction at every output position (one
 ``/v1/completions`` pass with ``prompt_logprobs: 1`` over prompt + output, teacher-forced), then
-hands the exchange on with :class:`~core.exchange.TokenIds` attached. Never the primary backend
+hands the exchange on with :class:`~core.exchange.TokenIds` attached. The output's ids are the
+ones an engine generated whenever a leg sent them (the gateway asks shadow legs for vLLM's
+``return_token_ids`` while the policy scores counterfactuals; a shadow that answered the very
+text the primary did generated the same ids), and re-tokenized text only otherwise. Never the primary backend
 (the policy refuses it), never on the request path, at most ``max_in_flight`` at once: past it an
 exchange is handed on without tokens and counted (``dropped``), never queued; a failed or slow
 call (``timeout_s``) hands it on without tokens too (``failed``).
@@ -77,6 +80,18 @@ def _production_leg(exchange: Exchange) -> LegResult | None:
     return leg
 
 
+def _generated_ids(exchange: Exchange) -> dict[str, tuple[int, ...]]:
+    """Backend → the token ids its leg generated, for completed one-choice legs that sent them."""
+    out: dict[str, tuple[int, ...]] = {}
+    for leg in exchange.legs:
+        rec = leg.recording
+        if leg.outcome == "completed" and rec is not None and len(rec.choices) == 1:
+            ids = rec.choices[0].token_ids
+            if ids:
+                out[leg.backend] = ids
+    return out
+
+
 def _prompt_request(exchange: Exchange) -> dict[str, Any] | None:
     """The ``/tokenize`` body for the exchange's prompt; None for what it cannot tokenize."""
     body = exchange.request_json
@@ -131,9 +146,18 @@ def _managed(sink: ExchangeSink) -> ManagedSink | None:
 class TokenTap:
     """A sink in front of ``downstream`` that attaches token ids to a sampled share (see module)."""
 
-    def __init__(self, downstream: ExchangeSink, plan: Callable[[], TokenPlan | None]) -> None:
+    def __init__(
+        self,
+        downstream: ExchangeSink,
+        plan: Callable[[], TokenPlan | None],
+        *,
+        on_drop: Callable[[str], None] | None = None,
+    ) -> None:
+        """``on_drop(reason)``: one exchange recorded without tokens, ``budget`` (too many in
+        flight) or ``error`` (a call failed or timed out)."""
         self._downstream = downstream
         self._plan = plan
+        self._on_drop = on_drop
         self._tasks = TaskSet()
         self._session: aiohttp.ClientSession | None = None
         self._in_flight = 0
@@ -158,6 +182,7 @@ class TokenTap:
             return
         if self._in_flight >= plan.max_in_flight:
             self.dropped += 1
+            self._report("budget")
             self._downstream.submit(exchange)
             return
         self._in_flight += 1
@@ -169,6 +194,7 @@ class TokenTap:
             tokens = await self._fetch(exchange, plan)
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             self.failed += 1
+            self._report("error")
             log.debug("tokens for %s: %s", exchange.exchange_id, exc)
         finally:
             self._in_flight -= 1
@@ -176,6 +202,10 @@ class TokenTap:
             self.tokenized += 1
             exchange = dataclasses.replace(exchange, tokens=tokens)
         self._downstream.submit(exchange)
+
+    def _report(self, reason: str) -> None:
+        if self._on_drop is not None:
+            self._on_drop(reason)
 
     async def _post(self, url: str, body: Mapping[str, Any], timeout_s: float) -> Any:
         assert self._session is not None
@@ -210,27 +240,53 @@ class TokenTap:
         )
         extra = {"model": model} if model else {}
         text = leg.recording.choices[0].text
-        prompt, output = await asyncio.gather(
-            self._ids(plan, {**extra, **prompt_body}),
-            self._ids(plan, {**extra, "prompt": text, "add_special_tokens": False}),
+        generated = _generated_ids(exchange)
+        # Prefer the ids an engine generated: re-tokenizing decoded text can spell some strings
+        # differently (a run of newlines as one token where the model emitted several).
+        own = generated.get(leg.backend)
+        twin = next(
+            (
+                (s.backend, generated[s.backend])
+                for s in exchange.shadows
+                if s.backend in generated and s.recording and s.recording.choices[0].text == text
+            ),
+            None,
         )
+        source = f"tokenize:{plan.tokenizer.name}"
+        if own is not None:
+            output_ids, output_source = own, "engine"
+            prompt = await self._ids(plan, {**extra, **prompt_body})
+        elif twin is not None:
+            output_ids, output_source = twin[1], f"leg:{twin[0]}"
+            prompt = await self._ids(plan, {**extra, **prompt_body})
+        else:
+            prompt, output_ids = await asyncio.gather(
+                self._ids(plan, {**extra, **prompt_body}),
+                self._ids(plan, {**extra, "prompt": text, "add_special_tokens": False}),
+            )
+            output_source = source
         drafters: dict[str, tuple[int, ...]] = {}
-        if output:
+        if output_ids:
             for drafter, predicted in zip(
                 plan.drafters,
                 await asyncio.gather(
-                    *(self._predictions(d, prompt, output, plan.timeout_s) for d in plan.drafters)
+                    *(
+                        self._predictions(d, prompt, output_ids, plan.timeout_s)
+                        for d in plan.drafters
+                    )
                 ),
                 strict=True,
             ):
                 if predicted is not None:
                     drafters[drafter.name] = predicted
         return TokenIds(
-            source=f"tokenize:{plan.tokenizer.name}",
+            source=source,
             leg="primary",
             prompt=prompt,
-            output=output,
+            output=output_ids,
             drafters=drafters,
+            output_source=output_source,
+            legs=generated,
         )
 
     async def _predictions(

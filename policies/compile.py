@@ -198,6 +198,7 @@ def compile_policy(
             model.shaping.include_metrics,
             model.shaping.override_seed,
             model.shaping.override_temperature,
+            token_ids=model.counterfactual is not None,
         ),
         header_allow=frozenset(model.headers.allow),
         allow_credentials=model.headers.allow_credentials_to_shadows,

@@ -282,6 +282,9 @@ class Shaping:
     include_metrics: bool
     override_seed: int | None
     override_temperature: float | None
+    # vLLM's return_token_ids on shadow legs: on while the policy scores counterfactuals, so the
+    # records get the ids the engine generated instead of a re-tokenization of the text.
+    token_ids: bool = False
 
 
 @dataclass(frozen=True, slots=True)

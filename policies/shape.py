@@ -5,7 +5,8 @@ never mutate their inputs. What a leg gets:
 
 - body: the client's JSON with the leg's model rewrite, streaming forced with usage reporting
   (so every leg is timed the same way), vLLM's ``include_metrics`` for ``vllm``/``sim`` backends,
-  and the policy's seed/temperature overrides. Responses API bodies get ``stream: true`` (usage
+  vLLM's ``return_token_ids`` for them while the policy scores counterfactuals, and the policy's
+  seed/temperature overrides. Responses API bodies get ``stream: true`` (usage
   comes in ``response.completed``; no ``stream_options``) and always ``store: false``: a shadow
   never persists a conversation upstream. (Requests continuing one with ``previous_response_id``
   are not mirrored at all — see :class:`~policies.compiled.RequestFacts`.);
@@ -53,6 +54,8 @@ def shape_shadow_body(
         out["stream_options"] = options
     if shaping.include_metrics and vllm_like:
         out["include_metrics"] = True
+    if shaping.token_ids and vllm_like and route != "responses":
+        out["return_token_ids"] = True
     if shaping.override_seed is not None:
         out["seed"] = shaping.override_seed
     if shaping.override_temperature is not None:

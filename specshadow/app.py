@@ -121,5 +121,10 @@ def build_app(
     if worker.scraper is not None:
         rollout.kv_recent = worker.scraper.recent_kv
     # The token tap hands every exchange on to the worker (a sampled share after tokenizing).
-    tap = TokenTap(worker, _PlanOf(store))
+    tap = TokenTap(
+        worker,
+        _PlanOf(store),
+        # Visible as specshadow.telemetry.dropped{signal=tokens, reason=budget|error}.
+        on_drop=lambda reason: tel.count_telemetry_dropped("tokens", reason, 1),
+    )
     return create_app(settings, sinks=[tap, *sinks], policy=store, telemetry=tel, rollout=rollout)

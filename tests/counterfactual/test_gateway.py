@@ -17,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 
+from core.exchange import Exchange
 from counterfactual.matrix import ALL, build_matrix
 from counterfactual.replay import ngram_offers, replay
 from evidence.sources import iter_records
@@ -31,7 +32,7 @@ CODE = (
     "    return result\n\nRename result to subtotal and add a docstring to total(items)."
 )
 CHAT = "Tell me about the weather in spring and what to wear on a walk."
-COPY = {"copy": 0.0, "category_copy": {"code": 0.85, "chat": 0.1}}
+COPY = {"copy": 0.0, "category_copy": {"code": 0.85, "chat": 0.0}}
 
 
 def policy(primary: str, candidate: str, *, share: float = 1.0) -> PolicyStore:
@@ -47,6 +48,10 @@ def policy(primary: str, candidate: str, *, share: float = 1.0) -> PolicyStore:
         "counterfactual": {"tokenizer": "ngram", "share": share},
     }
     return PolicyStore(parse_policy(raw, source="counterfactual test"))
+
+
+def has_id(request_id: str) -> Callable[[Exchange], bool]:
+    return lambda exchange: exchange.request_id == request_id
 
 
 async def run(
@@ -75,7 +80,7 @@ async def run(
                 },
             )
         for i in range(n):
-            await gw.sink.wait_for(lambda x, i=i: x.request_id == f"cf-{i}", timeout_s=30)
+            await gw.sink.wait_for(has_id(f"cf-{i}"), timeout_s=30)
 
 
 async def test_the_prediction_for_the_live_configuration_equals_what_the_candidate_reported(
@@ -121,12 +126,14 @@ async def test_the_prediction_for_the_live_configuration_equals_what_the_candida
         and (r["prompt_lookup_min"], r["prompt_lookup_max"]) == (2, 4)
     }  # fmt: skip
     assert sorted(overall) == list(range(1, 9))
-    code, chat = m.picks["code"], m.picks["chat"]
-    assert (
-        code["mean_acceptance_length"]["estimate"]
-        > chat["mean_acceptance_length"]["estimate"]
-        > 1.0
-    )
+    live_rows = {
+        r["category"]: r["mean_acceptance_length"]["estimate"]
+        for r in m.rows
+        if r["output_length_bucket"] == ALL and r["num_speculative_tokens"] == 4
+        and (r["prompt_lookup_min"], r["prompt_lookup_max"]) == (2, 4)
+    }  # fmt: skip
+    assert live_rows["code"] > 2.0 > live_rows["chat"] >= 1.0
+    assert set(m.picks) == {"all", "code", "chat"}
 
 
 async def test_other_depths_match_the_simulator_run_at_that_depth(
