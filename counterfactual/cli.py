@@ -59,6 +59,9 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     paths = write_outputs(matrix, args.out)
     for cat, pick in sorted(matrix.picks.items()):
+        if pick["config"] is None:
+            print(f"{cat:<20} none: {pick['reason']}")
+            continue
         s = pick["predicted_tpot_speedup"] or {}
         speed = (
             f"{s['estimate']:.2f}× predicted" if s.get("estimate") is not None else "no speed model"

@@ -370,7 +370,9 @@ def _score(row: Mapping[str, Any]) -> float:
 
 
 def _picks(rows: list[dict[str, Any]], configs: tuple[Config, ...]) -> dict[str, dict[str, Any]]:
-    """Per category (all output lengths): the best-scoring configuration, and the runner-up."""
+    """Per category (all output lengths): the best-scoring configuration and the runner-up of
+    another proposer family — or none, when no configuration is predicted to beat plain decoding
+    (nothing to draft from, or drafts that cost more than they save)."""
     best: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         if row["output_length_bucket"] == ALL:
@@ -379,25 +381,27 @@ def _picks(rows: list[dict[str, Any]], configs: tuple[Config, ...]) -> dict[str,
     for cat, candidates in best.items():
         ranked = sorted(candidates, key=_score, reverse=True)
         top = ranked[0]
+        pays = _score(top) > 1.0 and (top["mean_acceptance_length"]["estimate"] or 1.0) > 1.0
         runner = next((r for r in ranked[1:] if _family(r) != _family(top)), None)
         out[cat] = {
-            "config": {
-                k: top[k]
-                for k in (
-                    "proposer",
-                    "num_speculative_tokens",
-                    "prompt_lookup_min",
-                    "prompt_lookup_max",
-                    "drafter",
-                    "label",
-                )
-            },
-            "predicted_tpot_speedup": top["predicted_tpot_speedup"],
-            "mean_acceptance_length": top["mean_acceptance_length"],
-            "runner_up": None if runner is None else runner["label"],
-            "ranking": [r["label"] for r in ranked[:5]],
+            "config": {k: top[k] for k in _CONFIG_KEYS} if pays else None,
+            "predicted_tpot_speedup": top["predicted_tpot_speedup"] if pays else None,
+            "mean_acceptance_length": top["mean_acceptance_length"] if pays else None,
+            "runner_up": runner["label"] if pays and runner is not None else None,
+            "ranking": [r["label"] for r in ranked[:5]] if pays else [],
+            "reason": None if pays else "no configuration is predicted to beat plain decoding",
         }
     return out
+
+
+_CONFIG_KEYS = (
+    "proposer",
+    "num_speculative_tokens",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+    "drafter",
+    "label",
+)
 
 
 def _family(row: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -409,11 +413,13 @@ def _deploy(picks: Mapping[str, Mapping[str, Any]], configs: tuple[Config, ...])
     by_label = {c.label: c for c in configs}
     order: list[Config] = []
     overall = picks.get(ALL)
-    if overall is not None:
+    if overall is not None and overall["config"] is not None:
         order.append(by_label[overall["config"]["label"]])
     for cat, pick in sorted(picks.items()):
+        if cat == ALL or pick["config"] is None:
+            continue
         c = by_label[pick["config"]["label"]]
-        if cat != ALL and c not in order:
+        if c not in order:
             order.append(c)
     return order[:2]
 

@@ -57,6 +57,9 @@ def render_markdown(m: Matrix, *, top: int = 8) -> str:
     lines += ["## Picks per category", "", "| category | pick | mean acceptance length | "
               "predicted TPOT speed-up | runner-up (another proposer) |", "|---|---|---|---|---|"]  # fmt: skip
     for cat, pick in sorted(m.picks.items(), key=lambda kv: (kv[0] != ALL, kv[0])):
+        if pick["config"] is None:
+            lines.append(f"| {cat} | none: {pick['reason']} | – | – | – |")
+            continue
         s = pick["predicted_tpot_speedup"]
         lines.append(
             f"| {cat} | {pick['config']['label']} | {_interval(pick['mean_acceptance_length'])} | "

@@ -472,11 +472,14 @@ async def _server_info(request: web.Request) -> web.Response:
         return _error(404, "Not Found", "NotFoundError")
     spec = None
     if config.speculative:
+        # A lookup window only where drafts really are vLLM's n-gram proposer (replay): drawn
+        # acceptance (the probabilistic stand-in) is no proposer a replay could reproduce.
+        window = config.proposer == "ngram" and config.drafting == "replay"
         spec = {
             "method": config.proposer,
             "num_speculative_tokens": config.num_speculative_tokens,
-            "prompt_lookup_min": config.prompt_lookup_min if config.proposer == "ngram" else None,
-            "prompt_lookup_max": config.prompt_lookup_max if config.proposer == "ngram" else None,
+            "prompt_lookup_min": config.prompt_lookup_min if window else None,
+            "prompt_lookup_max": config.prompt_lookup_max if window else None,
             "rejection_sample_method": config.rejection_sample_method,
             "num_speculative_tokens_per_batch_size": None,
         }

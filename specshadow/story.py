@@ -3,9 +3,10 @@ deploy → the guards roll it back on their own.
 
 Backends (simulators with known ground truth, on loopback): a plain **primary**, a plain
 **baseline** (the noise floor), and two speculative candidates that win on different traffic —
-**ngram-k4**, a cheap n-gram proposer that shines when the answer copies structure (structured
-output) and drafts rarely in conversation, and **eagle3-k3**, a draft-model proposer that is
-stronger on free chat. Each candidate is reached through a :class:`~simulator.switch.Switch`, so
+**ngram-k4**, vLLM's n-gram proposer (really: its drafts are the lookup over the request's own
+token ids), which shines when the answer repeats the conversation (multi-turn) and finds
+nothing to copy in fresh chat, and **eagle3-k3**, a draft-model proposer that is stronger on
+free chat and structured output. Each candidate is reached through a :class:`~simulator.switch.Switch`, so
 act 3 can swap a deploy under the gateway's feet.
 
 1. **Shadow.** First a 10 % mirror: the candidates see a tenth of production's per-replica
@@ -15,6 +16,9 @@ act 3 can swap a deploy under the gateway's feet.
    comparison records.
 2. **Evidence.** The report judges each candidate per category at production's load, compares
    them head to head on the same requests and names the configuration to ship per category.
+   The counterfactual matrix scores every n-gram depth and lookup window on production's own
+   outputs (token ids from the baseline, no server per configuration), names the best per
+   category, and checks its prediction for ngram-k4 against what that candidate reported.
 3. **Canary.** The policy file is rewritten — the gateway hot-reloads it — with one rule per
    pick: a canary answering 30 % of that category from its candidate, guards on. Then eagle3
    gets a bad deploy (10× slower steps). Its rule's guard fires and rolls it back to shadow on
@@ -57,21 +61,25 @@ MISMATCHED = "0.1"  # act 1's first policy: a 10 % mirror
 LOAD_WINDOW_S = 5.0  # the gateway's dispatch-rate window (long enough at the demo's ~15 req/s)
 GUARDS = {"window": 60, "min_samples": 20}
 STEP_S, PREFILL_S = 0.008, 0.03
+# The "model": its answers in a conversation repeat what was said before (every server runs the
+# same model, so all answer the same text — the lossless property).
+MODEL_TEXT: dict[str, Any] = {"category_copy": {"multi_turn": 0.8}}
+# A real n-gram proposer: its drafts are vLLM's n-gram lookup over the request's own token ids,
+# so the counterfactual replay of act 2 has an exact answer to match.
 NGRAM = SimConfig(
-    model=MODEL, prefill_base_s=PREFILL_S, step_s=STEP_S, mode="speculative", proposer="ngram", num_speculative_tokens=4, acceptance=0.5,
-    category_acceptance={"structured_output": 0.92, "chat": 0.45, "multi_turn": 0.55},
-    category_coverage={"multi_turn": 0.3}, spec_step_overhead_s=0.0005,
+    model=MODEL, prefill_base_s=PREFILL_S, step_s=STEP_S, mode="speculative", proposer="ngram", num_speculative_tokens=4,
+    drafting="replay", prompt_lookup_min=2, prompt_lookup_max=4, spec_step_overhead_s=0.0005, **MODEL_TEXT,
 )  # fmt: skip
 EAGLE = SimConfig(
     model=MODEL, prefill_base_s=PREFILL_S, step_s=STEP_S, mode="speculative", proposer="eagle3", num_speculative_tokens=3, acceptance=0.8,
-    category_acceptance={"chat": 0.85, "multi_turn": 0.8, "structured_output": 0.7},
-    spec_step_overhead_s=0.002,
+    category_acceptance={"chat": 0.85, "multi_turn": 0.45, "structured_output": 0.7},
+    spec_step_overhead_s=0.002, **MODEL_TEXT,
 )  # fmt: skip
 # The bad deploy: the same model and proposer, steps ten times slower.
 EAGLE_SLOW = SimConfig(model=MODEL, prefill_base_s=PREFILL_S, step_s=10 * STEP_S,
                        mode="speculative", proposer="eagle3", num_speculative_tokens=3,
-                       acceptance=0.8)  # fmt: skip
-PLAIN = SimConfig(model=MODEL, prefill_base_s=PREFILL_S, step_s=STEP_S)
+                       acceptance=0.8, **MODEL_TEXT)  # fmt: skip
+PLAIN = SimConfig(model=MODEL, prefill_base_s=PREFILL_S, step_s=STEP_S, **MODEL_TEXT)
 
 
 @dataclass
@@ -107,6 +115,9 @@ def shadow_policy(urls: dict[str, str], ratio: str = "load_matched") -> str:
         f"  ratio: {ratio}\n"
         "  legs: [{backend: ngram-k4, role: candidate}, {backend: eagle3-k3, role: candidate},\n"
         "         {backend: baseline, role: baseline}]\n"
+        # Token ids of every exchange (the baseline tokenizes: never the primary), for act 2's
+        # counterfactual matrix.
+        "counterfactual: {tokenizer: baseline, share: 0.5}\n"
     )
 
 
@@ -232,6 +243,7 @@ async def run_story(args: argparse.Namespace, rows: Sequence[Any], out: Path) ->
         )
         a = paths.analysis
         print_picks(a)
+        print_counterfactual(records, out / "shadow-report")
         picks: dict[str, list[str]] = {}
         for cat, r in a.recommendations.items():
             if r.backend is not None and cat != "all":
@@ -342,6 +354,37 @@ def print_roles(exchanges: Sequence[Exchange]) -> None:
         print(f"  {label:<10} {len(recs):>4} {med([r.timings.ttft_s for r in recs]):>8} "
               f"{med([r.timings.tpot_s for r in recs]):>8} {med([r.timings.e2e_s for r in recs]):>8} "
               f"{(tpe or float('nan')):>7.2f}")  # fmt: skip
+
+
+def print_counterfactual(records: Sequence[dict[str, Any]], out: Path) -> None:
+    """Every n-gram depth and window scored on production's own outputs, and the live check."""
+    from counterfactual.cli import write_outputs
+    from counterfactual.matrix import build_matrix
+
+    m = build_matrix(lambda: iter(records))
+    if not m.scored:
+        return
+    write_outputs(m, out)
+    print(
+        f"\n  every proposer × depth on production's own outputs ({m.scored} exchanges, "
+        f"{len(m.configs)} configurations, no server for any):"
+    )
+    print(f"  {'category':<18}{'best configuration':<26}{'MAL':<10}predicted TPOT speed-up")
+    for cat, pick in sorted(m.picks.items(), key=lambda kv: (kv[0] == "all", kv[0])):
+        if pick["config"] is None:
+            print(f"  {cat:<18}none: {pick['reason']}")
+            continue
+        mal = pick["mean_acceptance_length"]["estimate"]
+        s = (pick["predicted_tpot_speedup"] or {}).get("estimate")
+        speed = "–" if s is None else f"{s:.2f}×"
+        print(f"  {cat:<18}{pick['config']['label']:<26}{mal:<10.2f}{speed}")
+    for live in m.live:
+        p, me = live["predicted_mean_acceptance_length"], live["measured_mean_acceptance_length"]
+        print(
+            f"  live {live['backend']} ({live['label']}): predicted {p['estimate']:.2f}, "
+            f"its engine reported {me['estimate']:.2f} — {'⚠ ' if live['flag'] else ''}{live['note']}"
+        )
+    print(f"  {'matrix':<18}{out / 'counterfactual.json'}")
 
 
 def print_mismatch(a: Any) -> None:

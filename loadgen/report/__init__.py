@@ -2,6 +2,10 @@
 page with embedded figures plus a Markdown summary, answering "adopt speculative decoding, for
 which traffic, and how do we roll back?".
 
+With token ids in the records (the policy's ``counterfactual`` section), the report also scores
+every proposer and depth on them (:mod:`counterfactual`) and writes ``counterfactual.json``,
+``counterfactual.md`` and ``candidates.yaml`` beside the report.
+
 Layout: ``inputs`` (result files; records come from :mod:`evidence.sources`), ``records``
 (record accessors), ``sections`` (latency, raw speed-ups, acceptance, quality, gate), ``load``
 (speed-ups at production's load, crossover, schedule, capacity), ``analysis`` (per candidate,
@@ -49,6 +53,8 @@ def build_report(
     missing) — and, when a configuration is recommended, ``rollout.yaml``, an Argo Rollouts
     ``AnalysisTemplate`` and Flagger metric templates with the guards (:mod:`.rollout`)."""
     from core import jsonx
+    from counterfactual.cli import write_outputs
+    from counterfactual.matrix import build_matrix
     from loadgen.report.analysis import analyze
     from loadgen.report.export import report_json
     from loadgen.report.markdown import render_markdown
@@ -62,7 +68,12 @@ def build_report(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    records = records if isinstance(records, list) else list(records)
     a = analyze(records, results)
+    if any(r.get("tokens") for r in records):
+        # The policy asked for token ids: score every proposer and depth on them.
+        a.counterfactual = build_matrix(lambda: iter(records))
+        write_outputs(a.counterfactual, out)
     html_path, md_path, json_path = out / "report.html", out / "report.md", out / "report.json"
     html_path.write_text(render_html(a, figures(a), title=title, sources=sources), "utf-8")
     md_path.write_text(render_markdown(a, title=title, html_name=html_path.name), "utf-8")

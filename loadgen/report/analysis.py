@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core.stats import wilson
+from counterfactual.matrix import Matrix
 from loadgen.report import load as lt
 from loadgen.report.candidates import (
     HeadToHead,
@@ -158,6 +159,9 @@ class Analysis:
     recommendations: dict[str, Recommendation] = field(default_factory=dict)  # category → pick
     policy_fragment: str | None = None  # rules routing each category to its pick
     rollout: list[Segment] = field(default_factory=list)  # stages the records went through
+    # Every proposer and depth scored on the records' own token ids (counterfactual.matrix);
+    # None when no record carries token ids (the policy's counterfactual section is off).
+    counterfactual: Matrix | None = None
 
     @property
     def gate_overall(self) -> float | None:

@@ -12,6 +12,7 @@ from loadgen.report.load import OPEN_LOOP
 from loadgen.report.render import (
     CAND_HEAD,
     candidate_rows,
+    counterfactual_rows,
     est,
     gate_text,
     head_to_head_rows,
@@ -99,6 +100,25 @@ def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
             lines += [f"## Quality vs noise floor{of}", ""]
             lines += _table(
                 ["category", "candidate diverges", "baseline diverges", "verdict"], rows
+            )
+    picks, live = counterfactual_rows(a)
+    if picks:
+        lines += ["## Counterfactual: every proposer and depth on production's outputs", ""]
+        lines += ["Predicted, never measured (`counterfactual.json`, `candidates.yaml`).", ""]
+        lines += _table(
+            ["category", "pick", "mean acceptance length", "predicted TPOT speed-up", ""], picks
+        )
+        if live:
+            lines += _table(
+                [
+                    "backend",
+                    "configuration",
+                    "predicted",
+                    "measured",
+                    "replayed on its own output",
+                    "",
+                ],
+                live,
             )
     if a.rollout:
         lines += ["## Rollout", ""]

@@ -305,6 +305,50 @@ def matrix_acceptance(a: Analysis) -> str | None:
     return _uri(fig)
 
 
+def counterfactual_depths(a: Analysis) -> str | None:
+    """Predicted mean acceptance length (95 % CI band) against k, per proposer family, all
+    traffic; a live candidate's measured value as a marker at its k."""
+    m = a.counterfactual
+    if m is None:
+        return None
+    rows = [r for r in m.rows if r["category"] == ALL and r["output_length_bucket"] == ALL]
+    families = sorted(
+        {
+            (r["proposer"], r["prompt_lookup_min"], r["prompt_lookup_max"], r["drafter"])
+            for r in rows
+        },
+        key=str,
+    )
+    if not rows:
+        return None
+    fig = _figure(7.5, 3.0)
+    ax = fig.add_subplot()
+    for family in families:
+        cells = sorted((r for r in rows if (r["proposer"], r["prompt_lookup_min"], r["prompt_lookup_max"], r["drafter"]) == family),
+                       key=lambda r: r["num_speculative_tokens"])  # fmt: skip
+        ks = [r["num_speculative_tokens"] for r in cells]
+        est = [r["mean_acceptance_length"]["estimate"] or 1.0 for r in cells]
+        lo = [r["mean_acceptance_length"]["low"] or e for r, e in zip(cells, est, strict=True)]
+        hi = [r["mean_acceptance_length"]["high"] or e for r, e in zip(cells, est, strict=True)]
+        name = (
+            f"ngram lookup {family[1]}-{family[2]}"
+            if family[0] == "ngram"
+            else f"draft {family[3]}"
+        )
+        (line,) = ax.plot(ks, est, marker="o", label=name)
+        ax.fill_between(ks, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
+    for live in m.live:
+        measured = live["measured_mean_acceptance_length"]["estimate"]
+        if measured is not None:
+            ax.plot([live["num_speculative_tokens"]], [measured], marker="*", markersize=12,
+                    color="black", linestyle="none", label=f"{live['backend']} measured")  # fmt: skip
+    ax.set_xlabel("num_speculative_tokens (k)")
+    ax.set_ylabel("mean acceptance length")
+    ax.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    _style(ax)
+    return _uri(fig)
+
+
 def speedup_vs_load(a: Analysis) -> str | None:
     """Each candidate's e2e speed-up against its per-replica arrival rate, with 95 % CIs; the
     production operating range (p5–p95 of the primary's per-replica rate) shaded; the
@@ -371,6 +415,7 @@ def figures(a: Analysis) -> dict[str, str | None]:
         "matrix_speedup": matrix_speedup(a),
         "matrix_acceptance": matrix_acceptance(a),
         "head_to_head": head_to_head_forest(a) if a.several else None,
+        "counterfactual": counterfactual_depths(a),
     }
     for backend, c in a.candidates.items():
         out[f"speedup:{backend}"] = speedup_forest(c, a.categories)

@@ -530,6 +530,7 @@ def render_html(
             _figure(figs.get("latency"), "p50 (bars) and p99 (ticks) per leg", "No latency data."),
             _table(_LAT_HEAD, _latency_rows(a)),
         ]
+    parts += _counterfactual_section(a, figs)
     if a.rollout:
         parts += [
             "<h2>Rollout</h2>",
@@ -542,6 +543,76 @@ def render_html(
     parts += _tail(a, figs)
     parts.append("</main></body></html>")
     return "\n".join(parts)
+
+
+def counterfactual_rows(a: Analysis) -> tuple[list[list[str]], list[list[str]]]:
+    """(picks per category, live candidates predicted vs measured) of the counterfactual matrix."""
+    m = a.counterfactual
+    if m is None:
+        return [], []
+    picks = []
+    for cat, pick in sorted(m.picks.items(), key=lambda kv: (kv[0] == ALL, kv[0])):
+        if pick["config"] is None:
+            picks.append([cat, "none", "–", "–", pick["reason"]])
+            continue
+        mal, speed = pick["mean_acceptance_length"], pick["predicted_tpot_speedup"] or {}
+        picks.append([
+            cat, pick["config"]["label"], _interval3(mal),
+            _interval3(speed) + ("×" if speed.get("estimate") is not None else ""),
+            f"runner-up: {pick['runner_up']}" if pick["runner_up"] else "",
+        ])  # fmt: skip
+    live = [
+        [
+            x["backend"], x["label"], _interval3(x["predicted_mean_acceptance_length"]),
+            _interval3(x["measured_mean_acceptance_length"]),
+            _interval3((x.get("engine_check") or {}).get("predicted_mean_acceptance_length")),
+            ("⚠ " if x["flag"] else "") + x["note"],
+        ]
+        for x in m.live
+    ]  # fmt: skip
+    return picks, live
+
+
+def _interval3(obj: Mapping[str, Any] | None) -> str:
+    if not obj or obj.get("estimate") is None:
+        return "–"
+    if obj.get("low") is None:
+        return f"{obj['estimate']:.2f}"
+    return f"{obj['estimate']:.2f} [{obj['low']:.2f}, {obj['high']:.2f}]"
+
+
+def _counterfactual_section(a: Analysis, figs: Mapping[str, str | None]) -> list[str]:
+    m = a.counterfactual
+    if m is None:
+        return []
+    picks, live = counterfactual_rows(a)
+    model = m.model
+    fit = (
+        f"Step-time model: {model.base_s * 1e3:.3f} ms + {model.slot_s * 1e3:.4f} ms × batch × "
+        f"(1 + drafted per pass) at production's batch {model.batch:.1f} ({model.points} legs; {model.note})."
+        if model is not None
+        else "No leg carried TPOT and batch: configurations are ranked by tokens per pass."
+    )
+    parts = [
+        "<h2>Counterfactual: every proposer and depth on production's own outputs</h2>",
+        f'<p class="muted">{m.scored} exchanges carried token ids; each was replayed under {len(m.configs)} '
+        "configurations (vLLM's n-gram proposer at every depth and lookup window, and every drafter). Acceptance is exact "
+        "for greedy requests and an exact draw for sampled ones; speed-ups are <b>predicted</b> from a step-time model "
+        f"fitted to the legs, never measured. {escape(fit)} Every row: <code>counterfactual.json</code>; the policy fragment "
+        "for the picks: <code>candidates.yaml</code>.</p>",
+        _table(["category", "pick", "mean acceptance length", "predicted TPOT speed-up", ""], picks),
+        _figure(figs.get("counterfactual"), "Predicted mean acceptance length against k (95 % CI), all traffic; ★: a live candidate's measured value",
+                "No configuration drafted."),
+    ]  # fmt: skip
+    if live:
+        parts += [
+            "<h3>Predicted against measured: live candidates</h3>",
+            '<p class="muted">A live candidate running a scored configuration, on the same requests: the prediction from '
+            "production's outputs, what its engine reported, and the configuration replayed on the candidate's own output "
+            "(exact per request: a gap there means the engine does not run what it declares).</p>",
+            _table(["backend", "configuration", "predicted", "measured", "replayed on its own output", ""], live, wrap=(5,)),
+        ]  # fmt: skip
+    return parts
 
 
 def _tail(a: Analysis, figs: Mapping[str, str | None]) -> list[str]:

@@ -4,6 +4,7 @@ leaves its evidence."""
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import subprocess
@@ -31,11 +32,26 @@ def test_the_demo_shadows_picks_canaries_and_rolls_back_on_its_own(tmp_path):
     assert re.search(r"^  eagle3 k=3 +not load-matched: load parity 0\.\d+", stdout, re.M)
     assert "to measure it at production's load: ratio: load_matched" in stdout
     # Act 2: each candidate judged per category, one shipped per category; the simulators are
-    # built so that the n-gram proposer wins structured output and the draft model the rest.
+    # built so that the n-gram proposer wins multi-turn (answers repeat the conversation) and
+    # the draft model the rest.
     assert re.search(r"^  chat .* eagle3 k=3$", stdout, re.M)
-    assert re.search(r"^  multi_turn .* eagle3 k=3$", stdout, re.M)
-    assert re.search(r"^  structured_output .* ngram k=4$", stdout, re.M)
+    assert re.search(r"^  multi_turn .* ngram k=4$", stdout, re.M)
+    assert re.search(r"^  structured_output .* eagle3 k=3$", stdout, re.M)
     assert "load parity p50 1.00" in stdout
+    # ... and every n-gram depth and window scored on production's own outputs: fresh chat has
+    # nothing to copy, multi-turn a deep lookup; the live candidate's reported acceptance is
+    # what the replay predicts (the simulated n-gram candidate drafts with vLLM's proposer).
+    assert re.search(r"^  chat +none: no configuration is predicted to beat plain", stdout, re.M)
+    assert re.search(
+        r"^  multi_turn +ngram k=[5-8] lookup \d-\d +\d\.\d\d +\d\.\d\d×$", stdout, re.M
+    )
+    (live,) = re.findall(
+        r"live ngram-k4 \(ngram k=4 lookup 2-4\): predicted (\S+), its engine reported (\S+)",
+        stdout,
+    )
+    assert live[0] == live[1].rstrip(",")
+    matrix = json.loads((out / "shadow-report" / "counterfactual.json").read_text())
+    assert {r["num_speculative_tokens"] for r in matrix["rows"]} == set(range(1, 9))
     # Act 3: the bad deploy is rolled back by a guard, and nobody saw an error.
     assert "a bad deploy: eagle3-k3 is now 10× slower" in stdout
     assert re.search(r"rolled back on its own, \d+ exchanges after the deploy: guard ", stdout)
@@ -50,7 +66,10 @@ def test_the_demo_shadows_picks_canaries_and_rolls_back_on_its_own(tmp_path):
     html = (out / "report" / "report.html").read_text()
     for section in ("Bottom line", "Head to head", "Candidates", "Rollout"):
         assert section in html
-    assert (out / "report" / "rollout.yaml").exists()
+    # The rollout files follow act 2's decision. The final report spans the canary and the
+    # rollback too, whose load regimes the shadow pairs never covered: there it may rightly say
+    # "not enough data" at the whole window's load (timing decides), so it is not held to one.
+    assert (out / "shadow-report" / "rollout.yaml").exists()
     assert '"rolled_back": true' in (out / "rollout-state.json").read_text()
     # the demo never prints prompt or output text (some trace rows are profane)
     assert "Komentar" not in stdout
