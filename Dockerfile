@@ -11,6 +11,7 @@ COPY simulator ./simulator
 COPY evidence ./evidence
 COPY gateway ./gateway
 COPY loadgen ./loadgen
+COPY counterfactual ./counterfactual
 COPY specshadow ./specshadow
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 

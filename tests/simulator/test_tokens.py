@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -139,57 +137,3 @@ def test_answers_without_copying_are_the_text_they_always_were():
         plan = plan_completion(cfg, parse_request("chat", json.dumps(body).encode(), cfg), "chat")
         digest.update(plan.text.encode())
     assert digest.hexdigest()[:16] == "917cec998e2ebd2e"
-
-
-_VLLM_RUNNER = r"""
-import ast, json, sys
-import numpy as np
-from numba import jit
-
-source = open(sys.argv[1]).read()
-for node in ast.parse(source).body:
-    if isinstance(node, ast.FunctionDef) and node.name == FUNCTION:
-        exec(compile(ast.Module([node], []), sys.argv[1], "exec"))
-find = globals()[FUNCTION]
-out = []
-for tokens, lo, hi, max_len, k in json.load(sys.stdin):
-    arr = np.array(tokens, dtype=np.int32)
-    out.append([int(t) for t in find(arr, lo, hi, max_len, k)])
-print(json.dumps(out))
-""".replace("FUNCTION", repr("_find_longest_matched_ngram_and_propose_tokens"))
-
-
-def _vllm_proposer_file() -> Path | None:
-    from loadgen.vllm.setup import cache_root, env_dir
-
-    venv = env_dir(cache_root()) / "venv"
-    found = sorted(venv.glob("lib/python*/site-packages/vllm/v1/spec_decode/ngram_proposer.py"))
-    return found[0] if found else None
-
-
-def test_the_port_answers_what_vllms_own_function_answers():
-    """Against the installed vLLM's source (``specshadow vllm setup``), compiled by numba as vLLM
-    compiles it; skipped where that environment does not exist."""
-    source = _vllm_proposer_file()
-    if source is None:
-        pytest.skip("no vLLM environment (specshadow vllm setup)")
-    python = source.parents[6] / "bin" / "python"  # venv/lib/pythonX.Y/site-packages/vllm/v1/…
-    rng = random.Random(11)
-    cases = []
-    for _ in range(1500):
-        tokens = [rng.randrange(rng.choice((2, 3, 4, 50))) for _ in range(rng.randrange(1, 60))]
-        lo = rng.randint(1, 4)
-        cases.append(
-            (tokens, lo, rng.randint(lo, 6), rng.choice((4096, len(tokens) + 2)), rng.randint(1, 6))
-        )
-    done = subprocess.run(
-        [str(python), "-c", _VLLM_RUNNER, str(source)],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    theirs = json.loads(done.stdout)
-    ours = [propose(*case) for case in cases]
-    assert ours == theirs
