@@ -145,3 +145,16 @@ def test_the_suite_concurrent_paced_and_memory_phases_judge_their_targets(tmp_pa
     names = [c["name"] for c in data["checks"]]
     assert "added TTFT p99 at 3 concurrent streams (median of rounds)" in names
     assert "RSS per in-flight stream" in names and "idle RSS (after warm-up)" in names
+
+
+def test_counterfactual_replay_bench_runs_its_three_arms(tmp_path):
+    report = tmp_path / "cf.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.counterfactual_replay", "--records", "6",
+         "--reference-records", "2", "--prompt", "64", "--output", "32", "--json", str(report)],
+        cwd=ROOT, capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads(report.read_text())
+    assert data["configs"] == 32 and len(data["rows"]) == 3
+    assert all(rate > 0 for _, rate, _ in data["rows"])
