@@ -1,13 +1,16 @@
 """``specshadow counterfactual --store PATH --out DIR``: score every proposer and depth.
 
 Writes ``counterfactual.json`` (every row), ``counterfactual.md`` (the picks and the best
-configurations) and, when something is worth deploying, ``candidates.yaml`` (the policy fragment).
+configurations), when something is worth deploying ``candidates.yaml`` (the policy fragment),
+and with ``--per-request`` ``requests.jsonl`` (every record under every configuration).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +49,17 @@ def _run(args: argparse.Namespace) -> int:
     try:
         depths = parse_depths(args.depths)
         windows = parse_windows(args.windows)
-        matrix = build_matrix(lambda: iter_records(args.store), depths=depths, windows=windows)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        with (out / "requests.jsonl").open("wb") if args.per_request else _null() as sink:
+
+            def write(row: dict[str, Any]) -> None:
+                if sink is not None:
+                    sink.write(jsonx.dumps(row) + b"\n")
+
+            matrix = build_matrix(
+                lambda: iter_records(args.store), depths=depths, windows=windows, per_request=write
+            )
     except (OSError, ValueError, SourceError) as exc:
         print(f"specshadow counterfactual: {exc}", file=sys.stderr)
         return 2
@@ -67,9 +80,16 @@ def _run(args: argparse.Namespace) -> int:
             f"{s['estimate']:.2f}× predicted" if s.get("estimate") is not None else "no speed model"
         )
         print(f"{cat:<20} {pick['config']['label']:<28} {speed}")
+    if args.per_request:
+        paths["requests.jsonl"] = Path(args.out) / "requests.jsonl"
     for name, path in paths.items():
         print(f"{name}: {path}")
     return 0
+
+
+@contextlib.contextmanager
+def _null() -> Iterator[None]:
+    yield None
 
 
 def register(subparsers: Any) -> None:
@@ -95,5 +115,10 @@ def register(subparsers: Any) -> None:
         "--windows",
         default=",".join(f"{lo}-{hi}" for lo, hi in DEFAULT_WINDOWS),
         help="n-gram lookup windows MIN-MAX (default %(default)s)",
+    )
+    p.add_argument(
+        "--per-request",
+        action="store_true",
+        help="also write requests.jsonl: every record's replay under every configuration",
     )
     p.set_defaults(func=_run)

@@ -137,6 +137,33 @@ class Matrix:
         }
 
 
+def request_json(
+    record: Record, category: str, bucket: str, greedy: bool, results: Mapping[Config, Replay]
+) -> dict[str, Any]:
+    """One record's replay under every configuration: its mean acceptance length, acceptance rate
+    per draft position, and the counts behind them."""
+    return {
+        "exchange_id": record.get("exchange_id"),
+        "category": category,
+        "output_length_bucket": bucket,
+        "greedy": greedy,
+        "configs": {
+            c.label: {
+                "mean_acceptance_length": r.mean_acceptance_length,
+                "acceptance_by_position": [v / r.drafts for v in r.accepted_by_position]
+                if r.drafts
+                else None,
+                "drafts": r.drafts,
+                "draft_tokens": r.draft_tokens,
+                "accepted": r.accepted,
+                "passes": r.passes,
+                "output_tokens": r.output_tokens,
+            }
+            for c, r in results.items()
+        },
+    }
+
+
 def config_json(c: Config) -> dict[str, Any]:
     return {
         "proposer": c.proposer,
@@ -212,8 +239,13 @@ def build_matrix(
     *,
     depths: tuple[int, ...] = DEFAULT_DEPTHS,
     windows: tuple[tuple[int, int], ...] = DEFAULT_WINDOWS,
+    per_request: Callable[[dict[str, Any]], None] | None = None,
 ) -> Matrix:
-    """Score the grid on every record with tokens; ``open_records`` is called twice."""
+    """Score the grid on every record with tokens; ``open_records`` is called twice.
+
+    ``per_request`` receives, for every scored record, its replay under every configuration
+    (:func:`request_json`) — streamed, never kept.
+    """
     live: set[Config] = set()
     drafter_names: set[str] = set()
     for record in open_records():
@@ -262,6 +294,8 @@ def build_matrix(
                 available, match = drafter_offers(output, predicted)
             for c in members:
                 results[c] = replay(len(output), c.num_speculative_tokens, available, match)
+        if per_request is not None:
+            per_request(request_json(record, category, bucket, greedy, results))
         for c, r in results.items():
             for cat in (category, ALL):
                 for bk in (bucket, ALL):
