@@ -36,7 +36,7 @@ from core import jsonx
 from core.exchange import Exchange, ExchangeSink, LegResult, ManagedSink, TokenIds
 from core.tasks import TaskSet
 
-__all__ = ["TokenEndpoint", "TokenPlan", "TokenTap", "prediction_ids", "selected"]
+__all__ = ["TokenEndpoint", "TokenPlan", "TokenTap", "logprob_ids", "prediction_ids", "selected"]
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +80,29 @@ def _production_leg(exchange: Exchange) -> LegResult | None:
     return leg
 
 
+def logprob_ids(tokens: Sequence[str] | None) -> tuple[int, ...] | None:
+    """Ids from logprob tokens when the engine wrote them as ids (vLLM's
+    ``return_tokens_as_token_ids``: ``"token_id:123"``); None otherwise."""
+    if not tokens:
+        return None
+    out: list[int] = []
+    for token in tokens:
+        head, _, digits = token.partition(":")
+        if head != "token_id" or not digits.isdigit():
+            return None
+        out.append(int(digits))
+    return tuple(out)
+
+
 def _generated_ids(exchange: Exchange) -> dict[str, tuple[int, ...]]:
-    """Backend → the token ids its leg generated, for completed one-choice legs that sent them."""
+    """Backend → the token ids its leg generated, for completed one-choice legs that sent them
+    (``return_token_ids``, or logprobs with ``return_tokens_as_token_ids``)."""
     out: dict[str, tuple[int, ...]] = {}
     for leg in exchange.legs:
         rec = leg.recording
         if leg.outcome == "completed" and rec is not None and len(rec.choices) == 1:
-            ids = rec.choices[0].token_ids
+            choice = rec.choices[0]
+            ids = choice.token_ids or logprob_ids(choice.tokens)
             if ids:
                 out[leg.backend] = ids
     return out

@@ -214,3 +214,20 @@ def test_the_policy_section_is_checked_with_its_field_path(
     }
     with pytest.raises(PolicyError, match=re.escape(message)):
         validate_policy(raw, source="test")
+
+
+def test_logprob_tokens_written_as_ids_are_ids_and_anything_else_is_not() -> None:
+    from evidence.tokens import logprob_ids, prediction_ids
+
+    assert logprob_ids(["token_id:5", "token_id:17"]) == (5, 17)
+    assert logprob_ids(["token_id:5", " the"]) is None
+    assert logprob_ids(None) is None
+    # vLLM's prompt_logprobs: null first, then per position the actual token and the rank-1 one.
+    rows = [
+        None,
+        {"7": {"logprob": -0.1, "rank": 1}},
+        {"3": {"logprob": -2.0, "rank": 4}, "9": {"logprob": -0.5, "rank": 1}},
+    ]
+    assert prediction_ids(rows, 1, 2) == (7, 9)
+    assert prediction_ids(rows, 1, 3) is None  # too short
+    assert prediction_ids([None, {"x": {"logprob": 0.0, "rank": 1}}], 1, 1) is None
