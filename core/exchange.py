@@ -117,7 +117,7 @@ class LegResult:
     started_unix_ns: int  # wall clock at t0 (for records and span start times)
     t0_ns: int  # perf_counter_ns at t0
     end_ns: int  # perf_counter_ns when the leg ended
-    inflight_at_dispatch: int  # legs of the same role in flight when this one started
+    inflight_at_dispatch: int  # legs in flight to this backend when this one started (one book)
     load: LegLoad | None = None  # the backend's load at dispatch; None: never dispatched
     share: float | None = None  # shadow legs: the share of the rule's requests this leg gets
     speculative: SpeculativeSpec | None = None  # the backend's declared speculation, if any

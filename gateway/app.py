@@ -79,6 +79,14 @@ def create_app(
         raise ValueError(
             "a primary upstream is required: --primary URL or `primary:` in the policy"
         )
+    if rollout is None or not rollout.guarded:
+        rolling = [r.name for r in store.current.all_rules
+                   if r.rollout is not None and r.rollout.stage != "shadow"]  # fmt: skip
+        if rolling:
+            raise ValueError(
+                f"rules {', '.join(rolling)} start in canary or live, but nothing would feed their "
+                "guards: build the gateway with its evidence pipeline (specshadow.app.build_app)"
+            )
     app = web.Application(
         middlewares=[errors.middleware],
         # Checked by proxy.read_body first (OpenAI-shaped 413); this is the hard backstop.
@@ -108,7 +116,11 @@ def create_app(
             # Shadow legs and exchange assembly finish (or are cancelled) before the pools close
             # and before the sinks stop, so every exchange reaches them.
             stack.push_async_callback(tasks.drain, settings.shutdown_timeout_s)
-            controller = rollout or RolloutController(settings.state_path, telemetry=tel)
+            # Without a controller from the caller nothing feeds the guards (the evidence worker
+            # is the product's, specshadow.app.build_app): candidates then answer nothing.
+            controller = rollout or RolloutController(
+                settings.state_path, telemetry=tel, guarded=False
+            )
             controller.reconcile(store.current)
             # A reload takes effect on the rollouts at once, not at the next request.
             store.listeners.append(lambda ok: controller.reconcile(store.current) if ok else None)

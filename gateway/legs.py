@@ -91,10 +91,13 @@ class LegRun:
         """``traceparent`` (and ``tracestate``) for this leg's upstream request."""
         return self.telemetry.traceparent_headers(self.span)
 
-    def dispatch(self, inflight: int, load: LegLoad | None = None) -> None:
-        """The request leaves now (``t0``); ``inflight``: legs of this role in flight, this one
-        included; ``load``: the backend's load it meets."""
-        self.inflight = inflight
+    def dispatch(self, load: LegLoad) -> None:
+        """The request leaves now (``t0``) and meets ``load``: its backend's book at dispatch.
+
+        ``inflight_at_dispatch`` is that book's in-flight count — one book per backend, shared by
+        every kind of leg sent to it (the primary, a canary candidate answering, shadows), so a
+        candidate that answers a canary counts what it really carries."""
+        self.inflight = load.in_flight
         self.load = load
         self.started_unix_ns, self.t0_ns = time.time_ns(), time.perf_counter_ns()
 

@@ -91,7 +91,11 @@ def serve_ratio(spec: RolloutSpec, state: RuleState) -> float:
 class RolloutController:
     """See the module doc. ``telemetry`` gets the metrics and events (any object with the
     ``rollout_*`` methods of :class:`otel.telemetry.Telemetry`); ``kv_recent(backend)`` gives the
-    candidate's latest scraped KV-cache usages, newest last."""
+    candidate's latest scraped KV-cache usages, newest last.
+
+    ``guarded``: something feeds :meth:`handle` (the evidence worker does, in the product as
+    ``specshadow.app.build_app`` assembles it). An unguarded controller never lets a candidate
+    answer: every rule is held in shadow — a canary must never run with guards nothing feeds."""
 
     def __init__(
         self,
@@ -100,7 +104,10 @@ class RolloutController:
         telemetry: Any = None,
         kv_recent: Callable[[str], Sequence[float]] | None = None,
         clock: Callable[[], float] = time.time,
+        guarded: bool = True,
     ) -> None:
+        self.guarded = guarded
+        self._warned_unguarded = False
         self.state_path = Path(state_path) if state_path is not None else None
         self.telemetry = telemetry
         self.kv_recent = kv_recent
@@ -167,6 +174,15 @@ class RolloutController:
         rule = self._specs.get(decision.rule)
         state = self._states.get(decision.rule)
         if rule is None or state is None or state.stage == "shadow":
+            return None
+        if not self.guarded:
+            if not self._warned_unguarded:
+                self._warned_unguarded = True
+                log.error(
+                    "rule %r is in %s, but nothing feeds the rollout guards (the gateway was built "
+                    "without its evidence pipeline): the candidate answers nothing",
+                    rule.name, state.stage,
+                )  # fmt: skip
             return None
         spec = rule.rollout
         assert spec is not None
@@ -392,6 +408,7 @@ class RolloutController:
                 }
             return {
                 "state_path": str(self.state_path) if self.state_path is not None else None,
+                "guarded": self.guarded,
                 "failovers": self.failovers,
                 "rules": rules,
             }

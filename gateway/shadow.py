@@ -209,7 +209,6 @@ class ShadowDispatcher:
         self.telemetry = telemetry
         self.defaults = upstream_defaults
         self.in_flight = 0
-        self.in_flight_by_role: Counter[str] = Counter()
         self.rate = RateLimiter()
         self.breakers: dict[str, CircuitBreaker] = {}
         self.clients: dict[tuple[str, str, float, float, int], UpstreamClient] = {}
@@ -290,8 +289,7 @@ class ShadowDispatcher:
                 drop_reason = drop_reason or reason
                 continue
             self.in_flight += 1
-            self.in_flight_by_role[leg.role] += 1
-            coro = self._run_leg(policy, leg, batch, request, self.in_flight_by_role[leg.role])
+            coro = self._run_leg(policy, leg, batch, request)
             name = f"shadow:{leg.role}:{request.request_id}"
             batch.tasks.append(self.tasks.spawn(coro, name=name))
         return batch, drop_reason
@@ -302,7 +300,6 @@ class ShadowDispatcher:
         leg: LegPlan,
         batch: ShadowBatch,
         request: ShadowRequest,
-        inflight: int,
     ) -> LegResult:
         backend = leg.backend
         requested = request.payload.get("model")
@@ -345,7 +342,7 @@ class ShadowDispatcher:
             if category:  # gateway-owned, so never in the allow-list: set here on purpose
                 headers[CATEGORY_HEADER] = category
             backend_load = self.loads[backend.name]
-            run.dispatch(inflight, backend_load.dispatch(backend.replicas))
+            run.dispatch(backend_load.dispatch(backend.replicas))
             client = self.client(backend)
             async with client.open(
                 "POST", request.path_qs, headers=headers, data=body, retry=False
@@ -364,7 +361,6 @@ class ShadowDispatcher:
             outcome, error_type = "upstream_error", type(exc).__name__
         finally:
             self.in_flight -= 1
-            self.in_flight_by_role[leg.role] -= 1
             if backend_load is not None:
                 backend_load.done()
         ok = outcome == "completed"

@@ -167,6 +167,15 @@ async def test_a_canary_at_30_percent_serves_30_percent_and_pairs_both_legs(rig)
         assert e.served_by == who and e.primary.role == who
         assert {leg.role for leg in e.legs} == {"primary", "candidate"}  # both legs, paired
         assert all(leg.outcome == "completed" for leg in e.legs)
+    # One in-flight book per backend, shared by every leg kind: a candidate answering the
+    # canary counts what its backend really carries (the shadow legs to it included), not 1.
+    answered = [
+        e.primary.inflight_at_dispatch for e in exchanges.values() if e.served_by == "candidate"
+    ]
+    assert max(answered) > 1, answered
+    for e in exchanges.values():
+        for leg in e.legs:
+            assert leg.load is not None and leg.inflight_at_dispatch == leg.load.in_flight
     # Sticky: the same sampling key is answered by the same backend every time.
     again = await rig.send(100, first=0)
     assert [who for _, who, _ in again] == [who for _, who, _ in results[:100]]
@@ -434,3 +443,31 @@ async def test_a_transition_is_an_event_in_the_trace_of_the_exchange_that_trippe
     assert event.attributes is not None
     assert event.attributes["specshadow.guard"] == "divergence_rate"
     assert event.attributes["specshadow.rollout.to_stage"] == "shadow"
+
+
+async def test_a_gateway_whose_guards_nothing_feeds_never_lets_a_candidate_answer(rig):
+    """``gateway.app.create_app`` alone has no evidence pipeline: it refuses to start a canary,
+    and a canary reloaded into it is held in shadow (the candidate answers nothing)."""
+    from gateway.app import create_app
+
+    canary = policy_for(rig)
+    settings = Settings(policy_path=rig.write_policy(canary), state_path=str(rig.tmp / "s.json"),
+                        policy_poll_s=0.05, shutdown_timeout_s=2.0, upstream=FAST_UPSTREAM)  # fmt: skip
+    with pytest.raises(ValueError, match="nothing would feed their guards"):
+        create_app(settings)
+    shadow = canary.replace('"stage": "canary"', '"stage": "shadow"')
+    settings = Settings(policy_path=rig.write_policy(shadow), state_path=str(rig.tmp / "s.json"),
+                        policy_poll_s=0.05, shutdown_timeout_s=2.0, upstream=FAST_UPSTREAM)  # fmt: skip
+    server = await start_server(create_app(settings, sinks=[rig.sink]))
+    rig.servers.append(server)
+    rig.server, rig.url = server, str(server.make_url("")).rstrip("/")
+    rig.write_policy(canary)  # the hot reload puts the rule in canary
+    for _ in range(100):
+        if await rig.stage() == "canary":
+            break
+        await asyncio.sleep(0.05)
+    assert await rig.stage() == "canary"
+    results = await rig.send(60)
+    assert all(status == 200 for status, _, _ in results)
+    assert {who for _, who, _ in results} == {"primary"}
+    assert (await rig.status())["guarded"] is False
