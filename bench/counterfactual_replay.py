@@ -4,7 +4,8 @@ Arms, on the same synthetic requests (a prompt of ``--prompt`` tokens, an output
 tokens that copies spans of its context, so the proposer drafts often):
 
 - ``reference``: stepping a literal port of vLLM's n-gram proposer, one KMP scan per step
-  (``tests/counterfactual/vllm_reference.py``), one configuration at a time;
+  (``simulator.ngram``, via ``tests/counterfactual/vllm_reference.py``), one configuration at a
+  time;
 - ``index``: the product's one-pass index (``counterfactual.ngram``) and replay, every depth of a
   window from one index;
 - ``grid``: the whole default grid (4 windows × k = 1…8) on one record, as ``specshadow
