@@ -1,8 +1,10 @@
 """``specshadow counterfactual --store PATH --out DIR``: score every proposer and depth.
 
-Writes ``counterfactual.json`` (every row), ``counterfactual.md`` (the picks and the best
-configurations), when something is worth deploying ``candidates.yaml`` (the policy fragment),
-and with ``--per-request`` ``requests.jsonl`` (every record under every configuration).
+Writes ``counterfactual.json`` (the rows: a JSON list, one per configuration × category × output
+length), ``counterfactual_summary.json`` (picks, live checks, the step-time model),
+``counterfactual.md`` (the picks and the best configurations), when something is worth deploying
+``candidates.yaml`` (the policy fragment), and with ``--per-request`` ``requests.jsonl`` (every
+record under every configuration).
 """
 
 from __future__ import annotations
@@ -16,21 +18,26 @@ from typing import Any
 
 from core import jsonx
 from counterfactual.grid import DEFAULT_DEPTHS, DEFAULT_WINDOWS, parse_depths, parse_windows
+from counterfactual.matrix import Matrix
 
 __all__ = ["register", "write_outputs"]
 
 
-def write_outputs(matrix: Any, out_dir: str | Path) -> dict[str, Path]:
+def write_outputs(matrix: Matrix, out_dir: str | Path) -> dict[str, Path]:
     """Write the matrix's files into ``out_dir``; their paths by name."""
     from counterfactual.render import policy_fragment, render_markdown
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {
-        "counterfactual.json": out / "counterfactual.json",
-        "counterfactual.md": out / "counterfactual.md",
+        name: out / name
+        for name in ("counterfactual.json", "counterfactual_summary.json", "counterfactual.md")
     }
-    paths["counterfactual.json"].write_bytes(jsonx.dumps(matrix.as_json(), indent=True) + b"\n")
+    # One row per configuration × category × output length: the matrix itself, a JSON list.
+    paths["counterfactual.json"].write_bytes(jsonx.dumps(matrix.rows, indent=True) + b"\n")
+    paths["counterfactual_summary.json"].write_bytes(
+        jsonx.dumps(matrix.as_json(), indent=True) + b"\n"
+    )
     paths["counterfactual.md"].write_text(render_markdown(matrix), "utf-8")
     fragment = policy_fragment(matrix)
     candidates = out / "candidates.yaml"

@@ -125,12 +125,12 @@ class Matrix:
     configs: tuple[Config, ...]
 
     def as_json(self) -> dict[str, Any]:
+        """The summary (``counterfactual_summary.json``); the rows are ``counterfactual.json``."""
         return {
             "schema": "specshadow.counterfactual/1",
             "records": self.records,
             "scored": self.scored,
             "step_model": self.model.as_json() if self.model is not None else None,
-            "rows": self.rows,
             "picks": self.picks,
             "deploy": [config_json(c) for c in self.deploy],
             "live": self.live,
@@ -374,11 +374,13 @@ def _row(
     tpp_ci = cell.tpp.interval()
     passes = cell.tpp.sx
     drafted_per_pass = cell.draft_tokens / passes if passes else 0.0
-    speedup: dict[str, Any] | None = None
+    speedup: float | None = None
+    interval: dict[str, Any] | None = None
     if model is not None and tpp is not None:
-        est = model.speedup(tpp, drafted_per_pass)
-        lo_hi = [model.speedup(v, drafted_per_pass) for v in tpp_ci] if tpp_ci else [None, None]
-        speedup = {"estimate": est, "low": lo_hi[0], "high": lo_hi[1], "kind": "predicted"}
+        speedup = model.speedup(tpp, drafted_per_pass)
+        if tpp_ci is not None:
+            lo, hi = (model.speedup(v, drafted_per_pass) for v in tpp_ci)
+            interval = {"low": lo, "high": hi}
     return {
         **config_json(c),
         "category": category,
@@ -391,13 +393,14 @@ def _row(
         or [None] * c.num_speculative_tokens,
         "tokens_per_pass": _interval_json(cell.tpp),
         "drafted_per_pass": drafted_per_pass,
+        # Predicted, never measured: tokens per pass through the fitted step-time model.
         "predicted_tpot_speedup": speedup,
+        "predicted_tpot_speedup_interval": interval,
     }
 
 
 def _score(row: Mapping[str, Any]) -> float:
-    s = row.get("predicted_tpot_speedup") or {}
-    value = s.get("estimate") if s else None
+    value = row.get("predicted_tpot_speedup")
     if value is None:
         value = (row.get("tokens_per_pass") or {}).get("estimate")
     return float(value) if value is not None else -math.inf
@@ -419,13 +422,25 @@ def _picks(rows: list[dict[str, Any]], configs: tuple[Config, ...]) -> dict[str,
         runner = next((r for r in ranked[1:] if _family(r) != _family(top)), None)
         out[cat] = {
             "config": {k: top[k] for k in _CONFIG_KEYS} if pays else None,
-            "predicted_tpot_speedup": top["predicted_tpot_speedup"] if pays else None,
+            "predicted_tpot_speedup": _speedup_json(top) if pays else None,
             "mean_acceptance_length": top["mean_acceptance_length"] if pays else None,
             "runner_up": runner["label"] if pays and runner is not None else None,
             "ranking": [r["label"] for r in ranked[:5]] if pays else [],
             "reason": None if pays else "no configuration is predicted to beat plain decoding",
         }
     return out
+
+
+def _speedup_json(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    if row.get("predicted_tpot_speedup") is None:
+        return None
+    interval = row.get("predicted_tpot_speedup_interval") or {}
+    return {
+        "estimate": row["predicted_tpot_speedup"],
+        "low": interval.get("low"),
+        "high": interval.get("high"),
+        "kind": "predicted",
+    }
 
 
 _CONFIG_KEYS = (

@@ -29,8 +29,11 @@ def _interval(obj: Mapping[str, Any] | None, digits: int = 2) -> str:
 
 
 def _speedup(row: Mapping[str, Any]) -> str:
-    s = row.get("predicted_tpot_speedup")
-    return f"{_interval(s)}×" if s and s.get("estimate") is not None else "–"
+    estimate = row.get("predicted_tpot_speedup")
+    if estimate is None:
+        return "–"
+    interval = row.get("predicted_tpot_speedup_interval") or {}
+    return f"{_interval({'estimate': estimate, **interval})}×"
 
 
 def render_markdown(m: Matrix, *, top: int = 8) -> str:
@@ -82,7 +85,7 @@ def render_markdown(m: Matrix, *, top: int = 8) -> str:
                 f"{'⚠ ' + live['note'] if live['flag'] else 'ok'} |"
             )
     overall = [r for r in m.rows if r["category"] == ALL and r["output_length_bucket"] == ALL]
-    overall.sort(key=lambda r: -(r["predicted_tpot_speedup"] or {}).get("estimate", 0) or 0)
+    overall.sort(key=lambda r: -(r["predicted_tpot_speedup"] or 0.0))
     lines += ["", f"## The best {min(top, len(overall))} configurations, all traffic", "",
               "| configuration | requests | mean acceptance length | acceptance by position | "
               "tokens per pass | predicted TPOT speed-up |", "|---|---|---|---|---|---|"]  # fmt: skip

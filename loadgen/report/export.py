@@ -88,8 +88,7 @@ def report_json(a: Analysis) -> dict[str, Any]:
         "rollout_timeline": [s.to_json() for s in a.rollout],
         "counterfactual": None
         if a.counterfactual is None
-        else {k: v for k, v in a.counterfactual.as_json().items() if k != "rows"}
-        | {"rows_file": "counterfactual.json"},
+        else a.counterfactual.as_json() | {"rows_file": "counterfactual.json"},
         "head_to_head": [
             {"category": h.category, **h.to_json()} for h in a.head_to_head if h.mirrored
         ],

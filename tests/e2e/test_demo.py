@@ -50,8 +50,8 @@ def test_the_demo_shadows_picks_canaries_and_rolls_back_on_its_own(tmp_path):
         stdout,
     )
     assert live[0] == live[1].rstrip(",")
-    matrix = json.loads((out / "shadow-report" / "counterfactual.json").read_text())
-    assert {r["num_speculative_tokens"] for r in matrix["rows"]} == set(range(1, 9))
+    rows = json.loads((out / "shadow-report" / "counterfactual.json").read_text())
+    assert {r["num_speculative_tokens"] for r in rows} == set(range(1, 9))
     # Act 3: the bad deploy is rolled back by a guard, and nobody saw an error.
     assert "a bad deploy: eagle3-k3 is now 10× slower" in stdout
     assert re.search(r"rolled back on its own, \d+ exchanges after the deploy: guard ", stdout)

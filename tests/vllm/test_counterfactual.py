@@ -124,7 +124,9 @@ def scored(
     records = list(query_records(store))
     assert len(records) == n
     assert cli_main(["counterfactual", "--store", str(store), "--out", str(folder / "out")]) == 0
-    matrix = jsonx.loads((folder / "out" / "counterfactual.json").read_bytes())
+    matrix = jsonx.loads((folder / "out" / "counterfactual_summary.json").read_bytes())
+    matrix["rows"] = jsonx.loads((folder / "out" / "counterfactual.json").read_bytes())
+    assert isinstance(matrix["rows"], list)
     return records, matrix
 
 
