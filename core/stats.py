@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-__all__ = ["mean", "percentile", "percentile_sorted", "percentiles", "wilson"]
+__all__ = ["RatioStats", "mean", "percentile", "percentile_sorted", "percentiles", "wilson"]
 
 
 def percentile_sorted(sorted_values: Sequence[float], q: float) -> float | None:
@@ -58,3 +59,41 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+Z95 = 1.959963984540054
+
+
+@dataclass(slots=True)
+class RatioStats:
+    """Σy / Σx over units (requests, say), with a delta-method interval; only sums are kept.
+
+    ``Var(R) ≈ n Σ(yᵢ − R xᵢ)² / ((n − 1) (Σxᵢ)²)``: the ratio-of-means estimator's variance with
+    the unit as the independent draw (what a ratio of pooled counts needs when a unit's own
+    events are correlated). Coverage measured in ``tests/counterfactual/test_matrix.py``."""
+
+    n: int = 0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    syy: float = 0.0
+    sxy: float = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self.n += 1
+        self.sx += x
+        self.sy += y
+        self.sxx += x * x
+        self.syy += y * y
+        self.sxy += x * y
+
+    def estimate(self) -> float | None:
+        return self.sy / self.sx if self.sx > 0 else None
+
+    def interval(self, z: float = Z95) -> tuple[float, float] | None:
+        r = self.estimate()
+        if r is None or self.n < 2:
+            return None
+        resid = max(self.syy - 2 * r * self.sxy + r * r * self.sxx, 0.0)  # Σ(y − r·x)²
+        se = math.sqrt(resid / (self.n - 1) * self.n) / self.sx
+        return r - z * se, r + z * se

@@ -12,6 +12,9 @@ Beside the matrix: the step-time model fitted on every record's legs (:mod:`.spe
 acceptance into a *predicted* TPOT speed-up at production's batch; the picks per category; and,
 for each live candidate running a configuration of the grid, predicted against measured
 acceptance on the same requests, flagged when the intervals do not overlap.
+
+Size: the two passes over the records, the cells they fill and the rows, picks and live checks
+made from those cells share one set of types; split apart, each piece would re-read the others'.
 """
 
 from __future__ import annotations
@@ -21,47 +24,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.stats import RatioStats
 from counterfactual.grid import DEFAULT_DEPTHS, DEFAULT_WINDOWS, Config, grid
 from counterfactual.replay import Replay, drafter_offers, ngram_offers, replay
 from counterfactual.speed import StepModel, fit_step_model, leg_batch
 from evidence.acceptance import output_length_bucket
 
-__all__ = ["ALL", "Matrix", "RatioStats", "build_matrix", "live_config"]
+__all__ = ["ALL", "Matrix", "build_matrix", "live_config", "request_json"]
 
 ALL = "all"
 Record = Mapping[str, Any]
-Z95 = 1.959963984540054
-
-
-@dataclass(slots=True)
-class RatioStats:
-    """Σy / Σx over units (requests), with a delta-method interval; only sums are kept."""
-
-    n: int = 0
-    sx: float = 0.0
-    sy: float = 0.0
-    sxx: float = 0.0
-    syy: float = 0.0
-    sxy: float = 0.0
-
-    def add(self, x: float, y: float) -> None:
-        self.n += 1
-        self.sx += x
-        self.sy += y
-        self.sxx += x * x
-        self.syy += y * y
-        self.sxy += x * y
-
-    def estimate(self) -> float | None:
-        return self.sy / self.sx if self.sx > 0 else None
-
-    def interval(self, z: float = Z95) -> tuple[float, float] | None:
-        r = self.estimate()
-        if r is None or self.n < 2:
-            return None
-        resid = max(self.syy - 2 * r * self.sxy + r * r * self.sxx, 0.0)  # Σ(y − r·x)²
-        se = math.sqrt(resid / (self.n - 1) * self.n) / self.sx
-        return r - z * se, r + z * se
 
 
 @dataclass(slots=True)

@@ -26,7 +26,10 @@ act 3 can swap a deploy under the gateway's feet.
 4. **Report.** The final report over everything, with the rollout timeline.
 
 The guard window and minimum sample are smaller than a production default so the story fits in
-about half a minute; everything else is what ``specshadow serve`` runs.
+about a minute and a half; everything else is what ``specshadow serve`` runs.
+
+Size: one script, read top to bottom — the backends, the acts and what each act prints; split,
+the story would no longer read in order.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from core.stats import RatioStats
 from counterfactual.grid import Config, parse_depths, parse_windows
-from counterfactual.matrix import ALL, RatioStats, build_matrix, live_config
+from counterfactual.matrix import ALL, build_matrix, live_config
 from counterfactual.render import policy_fragment, render_markdown
 from counterfactual.replay import ngram_offers, replay
 from counterfactual.speed import fit_step_model

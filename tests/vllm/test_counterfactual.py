@@ -24,9 +24,11 @@ import pytest
 
 from core import jsonx
 from core.exchange import Exchange
-from counterfactual.matrix import ALL
+from counterfactual.matrix import ALL, build_matrix
+from evidence.sources import iter_records
 from evidence.store import query_records
-from loadgen.vllm.server import SERVED_MODEL_NAME, VllmServer
+from loadgen.vllm.server import SERVED_MODEL_NAME, VllmServer, VllmServerSpec, running_servers
+from loadgen.vllm.setup import VllmEnv
 from policies.compile import parse_policy
 from policies.store import PolicyStore
 from specshadow.inprocess import running_gateway
@@ -71,12 +73,12 @@ def requests() -> list[tuple[str, str, dict[str, Any]]]:
     return greedy + sampled
 
 
-def policy(servers: Mapping[str, VllmServer]) -> PolicyStore:
+def policy(servers: Mapping[str, VllmServer], candidate: str = "ngram") -> PolicyStore:
     raw = {
         "version": 1,
         "backends": {
             "plain": {"url": servers["plain"].base_url, "kind": "vllm"},
-            "ngram": {"url": servers["ngram"].base_url, "kind": "vllm"},
+            "ngram": {"url": servers[candidate].base_url, "kind": "vllm"},
         },
         "primary": "plain",
         "default": {"ratio": 1.0, "legs": [{"backend": "ngram", "role": "candidate"}]},
@@ -90,9 +92,9 @@ def has_id(request_id: str) -> Callable[[Exchange], bool]:
     return lambda exchange: exchange.request_id == request_id
 
 
-async def run(servers: Mapping[str, VllmServer], store: Path) -> int:
+async def run(servers: Mapping[str, VllmServer], store: Path, candidate: str = "ngram") -> int:
     todo = requests()
-    async with running_gateway(policy(servers), store_path=store) as gw:
+    async with running_gateway(policy(servers, candidate), store_path=store) as gw:
         await asyncio.sleep(1.0)  # the server-info probe's first round
         async with openai.AsyncOpenAI(
             base_url=gw.openai_base_url, api_key="k", max_retries=0, timeout=120
@@ -206,3 +208,43 @@ def test_the_live_configuration_is_predicted_within_the_stated_tolerances(
         abs(live["sampled"]["relative_gap"]) <= 0.10
         or not live["sampled"]["predicted_mean_acceptance_length"]["n"]
     )
+
+
+@pytest.fixture(scope="module")
+def at_k2(
+    vllm_env: VllmEnv,
+    vllm_servers: dict[str, VllmServer],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Any]:
+    """The same traffic through a second n-gram server at k = 2: what vLLM reports there."""
+    with running_servers(
+        [VllmServerSpec("ngram-k2", "ngram", num_speculative_tokens=2)], vllm_env
+    ) as (k2,):
+        store = tmp_path_factory.mktemp("cf-k2") / "r.sqlite"
+        asyncio.run(run({**vllm_servers, "ngram-k2": k2}, store, candidate="ngram-k2"))
+    (live,) = build_matrix(lambda: iter_records([store])).live
+    return live
+
+
+def test_another_depth_scored_from_the_k4_run_is_what_a_k2_server_reports(
+    scored: tuple[list[dict[str, Any]], dict[str, Any]], at_k2: dict[str, Any]
+) -> None:
+    """The k = 2 row comes from the k = 4 run's records (production's outputs); the k = 2 server
+    ran the same requests later. Greedy outputs are the same both times, so greedy requests are
+    held to ±5 %, all of them to ±10 %."""
+    _, matrix = scored
+    assert at_k2["num_speculative_tokens"] == 2
+    row = next(
+        r for r in matrix["rows"]
+        if r["category"] == ALL and r["output_length_bucket"] == ALL and r["proposer"] == "ngram"
+        and (r["num_speculative_tokens"], r["prompt_lookup_min"], r["prompt_lookup_max"]) == (2, 2, 4)
+    )  # fmt: skip
+    predicted = row["mean_acceptance_length"]["estimate"]
+    measured = at_k2["measured_mean_acceptance_length"]["estimate"]
+    greedy = at_k2["greedy"]["measured_mean_acceptance_length"]["estimate"]
+    print(f"k=2 from the k=4 run: predicted {predicted:.3f}, the k=2 server {measured:.3f} "
+          f"(greedy: predicted on its own run {at_k2['greedy']['predicted_mean_acceptance_length']['estimate']:.3f}, "
+          f"measured {greedy:.3f})")  # fmt: skip
+    assert abs(predicted / measured - 1) <= 0.10
+    # And on its own run the k = 2 server is predicted as the k = 4 one was (greedy: ±5 %).
+    assert abs(at_k2["greedy"]["relative_gap"]) <= 0.05, at_k2["greedy"]
