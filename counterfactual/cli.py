@@ -51,6 +51,7 @@ def write_outputs(matrix: Matrix, out_dir: str | Path) -> dict[str, Path]:
 
 def _run(args: argparse.Namespace) -> int:
     from counterfactual.matrix import build_matrix
+    from counterfactual.retokenize import TokenizerError, find_tokenizer, needs_tokens, retokenized
     from evidence.sources import SourceError, iter_records
 
     try:
@@ -58,6 +59,35 @@ def _run(args: argparse.Namespace) -> int:
         windows = parse_windows(args.windows)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
+        sources: list[str | Path] = list(args.store)
+        # A store recorded without the token tap: its captured text through /tokenize, once.
+        if any(needs_tokens(r) for r in iter_records(sources)):
+            url = args.tokenizer or find_tokenizer(iter_records(sources))
+            if url is None:
+                print(
+                    "specshadow counterfactual: records carry text but no token ids, and no "
+                    "tokenizer is known: give --tokenizer URL (never the primary)",
+                    file=sys.stderr,
+                )
+                return 2
+            primaries = {
+                leg.get("server_address")
+                for r in iter_records(sources)
+                for leg in r.get("legs") or ()
+                if leg.get("role") == "primary"
+            }
+            if url.split("://", 1)[-1].rstrip("/") in primaries:
+                print(
+                    f"specshadow counterfactual: {url} is the primary's server; "
+                    "counterfactual calls never go to the primary",
+                    file=sys.stderr,
+                )
+                return 2
+            print(f"tokenizing captured text with {url}/tokenize (approximate: see docs)")
+            tokens_file = out / "tokenized-records.jsonl"
+            for _ in retokenized(iter_records(sources), url, tokens_file):
+                pass
+            sources = [tokens_file]
         with (out / "requests.jsonl").open("wb") if args.per_request else _null() as sink:
 
             def write(row: dict[str, Any]) -> None:
@@ -65,15 +95,16 @@ def _run(args: argparse.Namespace) -> int:
                     sink.write(jsonx.dumps(row) + b"\n")
 
             matrix = build_matrix(
-                lambda: iter_records(args.store), depths=depths, windows=windows, per_request=write
+                lambda: iter_records(sources), depths=depths, windows=windows, per_request=write
             )
-    except (OSError, ValueError, SourceError) as exc:
+    except (OSError, ValueError, SourceError, TokenizerError) as exc:
         print(f"specshadow counterfactual: {exc}", file=sys.stderr)
         return 2
     if matrix.scored == 0:
         print(
-            f"specshadow counterfactual: none of {matrix.records} records carries token ids; "
-            "turn on the policy's `counterfactual:` section (docs/counterfactual.md)",
+            f"specshadow counterfactual: none of {matrix.records} records carries token ids or "
+            "captured output text; turn on the policy's `counterfactual:` section "
+            "(docs/counterfactual.md)",
             file=sys.stderr,
         )
         return 1
@@ -122,6 +153,13 @@ def register(subparsers: Any) -> None:
         "--windows",
         default=",".join(f"{lo}-{hi}" for lo, hi in DEFAULT_WINDOWS),
         help="n-gram lookup windows MIN-MAX (default %(default)s)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="URL",
+        help="for records without token ids but with captured text: a server with POST /tokenize "
+        "(default: the records' first candidate or baseline server; never the primary)",
     )
     p.add_argument(
         "--per-request",

@@ -10,6 +10,7 @@ other depths are checked against the simulator run at those depths.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import openai
 import pytest
 
+from core import jsonx
 from core.exchange import Exchange
 from counterfactual.matrix import ALL, build_matrix
 from counterfactual.replay import ngram_offers, replay
@@ -174,3 +176,53 @@ async def test_only_the_share_is_tokenized_and_the_cli_writes_the_matrix(
     empty = tmp_path / "empty.sqlite"
     await run(sims, empty, 2, share=0.0)
     assert cli_main(["counterfactual", "--store", str(empty), "--out", str(tmp_path / "none")]) == 1
+
+
+async def test_a_store_without_token_ids_is_tokenized_from_its_captured_text(
+    sims: Callable[..., Awaitable[Any]], tmp_path: Path
+) -> None:
+    """No ``counterfactual:`` section, but ``capture: full``: the command tokenizes the records'
+    text with the candidate's server (found in the records; never the primary's) and scores it.
+    The prompt's text lacks the chat template's tokens, so the prediction is near, not exact."""
+    plain = await sims(model="sim-model", **COPY, max_output_tokens=96)
+    spec = await sims(
+        model="sim-model", mode="speculative", drafting="replay", proposer="ngram",
+        num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4, **COPY,
+        max_output_tokens=96,
+    )  # fmt: skip
+    raw: dict[str, Any] = {
+        "version": 1,
+        "backends": {
+            "primary": {"url": plain.base_url, "kind": "sim"},
+            "ngram": {"url": spec.base_url, "kind": "sim"},
+        },
+        "primary": "primary",
+        "default": {"ratio": 1.0, "legs": [{"backend": "ngram", "role": "candidate"}]},
+        "shaping": {"include_metrics": True},
+        "capture": {"text": "full"},
+    }
+    store = tmp_path / "r.sqlite"
+    async with (
+        running_gateway(
+            PolicyStore(parse_policy(raw, source="capture only")), store_path=store
+        ) as gw,
+        openai.AsyncOpenAI(base_url=gw.openai_base_url, api_key="k", max_retries=0) as client,
+    ):
+        for i in range(16):
+            await client.chat.completions.create(
+                model="sim-model", max_tokens=64, temperature=0,
+                messages=[{"role": "user", "content": f"{CODE} (variant {i})"}],
+                extra_headers={"x-request-id": f"c-{i}", "x-specshadow-category": "code"},
+            )  # fmt: skip
+            await gw.sink.wait_for(has_id(f"c-{i}"), timeout_s=30)
+    assert all(r["tokens"] is None for r in query_records(store))
+    out = tmp_path / "cf"
+    primary = plain.base_url
+    args = ["counterfactual", "--store", str(store), "--out", str(out)]
+    # The simulators share this event loop: the command (blocking HTTP) runs in a thread.
+    assert await asyncio.to_thread(cli_main, [*args, "--tokenizer", primary]) == 2
+    assert await asyncio.to_thread(cli_main, args) == 0
+    summary = jsonx.loads((out / "counterfactual_summary.json").read_bytes())
+    (live,) = summary["live"]
+    assert live["predicted_mean_acceptance_length"]["n"] >= 12
+    assert abs(live["relative_gap"]) <= 0.15, live
