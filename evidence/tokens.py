@@ -212,6 +212,11 @@ class TokenTap:
             self.failed += 1
             self._report("error")
             log.debug("tokens for %s: %s", exchange.exchange_id, exc)
+        except asyncio.CancelledError:
+            # Shut down past the drain: the exchange still reaches its record, without tokens.
+            self._report("error")
+            self._downstream.submit(exchange)
+            raise
         finally:
             self._in_flight -= 1
         if tokens is not None:

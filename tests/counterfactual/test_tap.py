@@ -231,3 +231,29 @@ def test_logprob_tokens_written_as_ids_are_ids_and_anything_else_is_not() -> Non
     assert prediction_ids(rows, 1, 2) == (7, 9)
     assert prediction_ids(rows, 1, 3) is None  # too short
     assert prediction_ids([None, {"x": {"logprob": 0.0, "rank": 1}}], 1, 1) is None
+
+
+async def test_a_tokenizer_that_hangs_past_shutdown_loses_no_record(
+    sims: Any, write_policy: Callable[[str], str], tokenizer: Any, tmp_path: Path
+) -> None:
+    from gateway.settings import Settings
+    from specshadow.app import build_app
+    from tests.conftest import FAST_UPSTREAM
+
+    primary, candidate = await sims(), await sims(mode="speculative")
+    _, hung_url = await tokenizer(stall_s=60)
+    store = tmp_path / "r.sqlite"
+    text = policy_text(primary.base_url, candidate.base_url, hung_url).replace(
+        "timeout_s: 5", "timeout_s: 120"
+    )
+    settings = Settings(policy_path=write_policy(text), store_path=str(store), shutdown_timeout_s=1.0,
+                        upstream=FAST_UPSTREAM)  # fmt: skip
+    app = build_app(settings)
+    server = await start_server(app)
+    url = str(server.make_url("")).rstrip("/")
+    async with aiohttp.ClientSession() as session:
+        for i in range(2):
+            await chat(session, url, i)
+    await server.close()  # the tap's drain gives up on the hung tokenizer
+    records = list(query_records(store))
+    assert len(records) == 2 and all(r["tokens"] is None for r in records)
