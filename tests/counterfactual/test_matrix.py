@@ -21,6 +21,11 @@ from counterfactual.speed import fit_step_model
 def structured_request(rng: random.Random, repeat: float) -> tuple[list[int], list[int]]:
     """A prompt of random 'code' and an output that copies spans of it with prob. ``repeat``."""
     prompt = [rng.randrange(200) for _ in range(rng.randint(20, 60))]
+    return prompt, output_for(rng, prompt, repeat)
+
+
+def output_for(rng: random.Random, prompt: list[int], repeat: float) -> list[int]:
+    """An output for ``prompt``: spans copied from it with probability ``repeat``, else fresh."""
     output: list[int] = []
     while len(output) < rng.randint(16, 48):
         if rng.random() < repeat:
@@ -28,7 +33,7 @@ def structured_request(rng: random.Random, repeat: float) -> tuple[list[int], li
             output.extend(prompt[start : start + rng.randint(3, 10)])
         else:
             output.extend(rng.randrange(200, 400) for _ in range(rng.randint(1, 6)))
-    return prompt, output
+    return output
 
 
 def test_the_mean_acceptance_length_interval_covers_at_its_nominal_rate() -> None:
@@ -191,3 +196,40 @@ def test_grid_arguments_are_checked_with_the_piece_named() -> None:
         parse_windows("4-2")
     with pytest.raises(ValueError, match="'x'"):
         parse_depths("x")
+
+
+def run_live_check(rng: random.Random, n: int, *, engine_k: int, sampled: bool) -> bool:
+    """One live check on ``n`` synthetic requests of a candidate that declares n-gram k=4 and
+    runs ``engine_k``; returns whether it was flagged. Sampled: the engine's output is an
+    independent draw of the same process (its own run), so it agrees only in expectation."""
+    spec = {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+    }
+    records = []
+    for i in range(n):
+        repeat = rng.choice([0.3, 0.6, 0.9])
+        prompt, output = structured_request(rng, repeat)
+        # The engine's own output: production's (greedy), or a fresh draw for the same prompt.
+        own = output_for(rng, prompt, repeat) if sampled else output
+        r = replay(len(own), engine_k, *ngram_offers(prompt, own, 2, 4, 8))
+        acc = {"num_drafts": r.drafts, "num_accepted_tokens": r.accepted}
+        cand = leg("candidate", 0.01, 1, len(output), speculative=spec, acceptance=acc)
+        records.append(record(i, prompt, output, "code", [cand]))
+    (live,) = build_matrix(lambda: iter(records), depths=(4,), windows=((2, 4),)).live
+    return bool(live["flag"])
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_the_live_checks_false_alarms_and_power(sampled: bool) -> None:
+    """Measured over 100 seeds of 60 requests: an honest candidate is flagged at most 5 % of the
+    time (the flag needs the two 95 % intervals to be disjoint: far stricter than α = 5 %), and
+    one that runs k = 2 while declaring k = 4 is flagged at least 80 % of the time."""
+    rng = random.Random(21 + sampled)
+    honest = sum(run_live_check(rng, 60, engine_k=4, sampled=sampled) for _ in range(100))
+    liar = sum(run_live_check(rng, 60, engine_k=2, sampled=sampled) for _ in range(100))
+    print(f"sampled={sampled}: false alarms {honest}/100, power {liar}/100")
+    assert honest <= 5
+    assert liar >= 80
