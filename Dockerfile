@@ -11,6 +11,8 @@ COPY simulator ./simulator
 COPY evidence ./evidence
 COPY gateway ./gateway
 COPY loadgen ./loadgen
+COPY report ./report
+COPY backends ./backends
 COPY counterfactual ./counterfactual
 COPY specshadow ./specshadow
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .

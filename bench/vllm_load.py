@@ -28,15 +28,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from backends.server import SERVED_MODEL_NAME
 from bench.tables import render_table, write_json
 from evidence.store import query_records
-from loadgen.report.analysis import ALL, analyze
 from loadgen.runner import run_loadgen
 from loadgen.speedup import paired_speedup
 from loadgen.trace import TraceRecord, bundled_trace
-from loadgen.vllm.server import SERVED_MODEL_NAME
 from policies.compile import parse_policy
 from policies.store import PolicyStore
+from report.analysis import ALL, analyze
 from specshadow.inprocess import running_gateway
 
 MAX_TOKENS = 48
@@ -116,8 +116,8 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.urls:
         plain, ngram = (u.rstrip("/").removesuffix("/v1") for u in args.urls.split(","))
         return await run_all(plain, ngram, args)
-    from loadgen.vllm.server import VllmServerSpec, spread_cores, start_servers, stop_servers
-    from loadgen.vllm.setup import setup
+    from backends.server import VllmServerSpec, spread_cores, start_servers, stop_servers
+    from backends.setup import setup
 
     env = await asyncio.to_thread(setup)
     plain_cores, ngram_cores = spread_cores(2)  # a core each, as two GPUs would be

@@ -29,7 +29,7 @@ PREFIX = "SPECSHADOW_"
 # SPECSHADOW_* variables that other parts of specshadow read (not process settings of the gateway).
 OTHER_VARIABLES: Mapping[str, str] = {
     "SPECSHADOW_TELEMETRY": "telemetry on/off (otel.settings)",
-    "SPECSHADOW_CACHE": "cache folder for vLLM's environment and models (loadgen.vllm)",
+    "SPECSHADOW_CACHE": "cache folder for vLLM's environment and models (backends)",
     "SPECSHADOW_SKIP_VLLM": "skip the real-vLLM tests (tests/vllm)",
     "SPECSHADOW_VLLM_URLS": "reuse running vLLM servers in the tests (tests/vllm)",
 }

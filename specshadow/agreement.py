@@ -34,17 +34,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core import jsonx
-from core.exchange import Exchange
-from loadgen.trace import bundled_trace
-from loadgen.vllm.cli import add_common
-from loadgen.vllm.server import (
+from backends.cli import add_common
+from backends.server import (
     SERVED_MODEL_NAME,
     VllmServerSpec,
     running_servers,
     server_environment,
 )
-from loadgen.vllm.setup import VllmEnv, setup
+from backends.setup import VllmEnv, setup
+from core import jsonx
+from core.exchange import Exchange
+from loadgen.trace import bundled_trace
 from specshadow.inprocess import running_gateway, shadow_policy
 
 REQUEST_ID_PREFIX = "specshadow-agreement-"

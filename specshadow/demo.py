@@ -4,7 +4,7 @@ Simulated (the default): :mod:`specshadow.story` — two candidates shadowed sid
 report's pick per category, a canary of each pick, a bad deploy rolled back by the guards on
 their own, and the final report.
 
-``--vllm`` (real vLLM CPU servers: plain, n-gram, plain, started with :mod:`loadgen.vllm` or
+``--vllm`` (real vLLM CPU servers: plain, n-gram, plain, started with :mod:`backends` or
 reused with ``--vllm-urls``): the shadow part of the story —
 
 1. Start the gateway in front of the primary with a policy that mirrors a share of traffic to the
@@ -129,9 +129,9 @@ def demo_policy(
 
 def run_demo(args: argparse.Namespace) -> int:
     require("report", command="demo")
-    from loadgen.report import build_report
     from loadgen.results import summarize, write_results
     from loadgen.trace import bundled_trace, read_trace
+    from report import build_report
 
     started = time.perf_counter()
     vllm = bool(getattr(args, "vllm", False))
@@ -203,14 +203,14 @@ def parse_vllm_urls(text: str) -> tuple[str, str, str]:
 @asynccontextmanager
 async def vllm_demo_backends(urls: str | None) -> AsyncIterator[DemoBackends]:
     """Running vLLM servers: the given ones, or plain / n-gram / plain started (and stopped) here."""
-    from loadgen.vllm.server import SERVED_MODEL_NAME
+    from backends.server import SERVED_MODEL_NAME
 
     if urls is not None:
         primary, candidate, baseline = parse_vllm_urls(urls)
         yield DemoBackends(primary, candidate, baseline, "vllm", SERVED_MODEL_NAME, "vLLM")
         return
-    from loadgen.vllm.server import VllmServerSpec, start_servers, stop_servers
-    from loadgen.vllm.setup import setup
+    from backends.server import VllmServerSpec, start_servers, stop_servers
+    from backends.setup import setup
 
     print("starting vLLM CPU servers: plain, n-gram, plain (about 1–2 minutes)", flush=True)
     env = await asyncio.to_thread(setup)

@@ -69,7 +69,7 @@ def shadow_policy(
         "capture": {"text": capture},
         "shaping": dict(shaping or {}),
     }
-    return PolicyStore(parse_policy(raw, source="loadgen.vllm (embedded)"))
+    return PolicyStore(parse_policy(raw, source="backends (embedded)"))
 
 
 @asynccontextmanager

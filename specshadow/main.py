@@ -14,14 +14,14 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from backends import cli as vllm_cli
 from core.extras import MissingExtra
 from counterfactual import cli as counterfactual_cli
 from evidence import cli as records_cli
 from gateway import cli as rollout_cli
 from loadgen import cli as loadgen_cli
-from loadgen.report import cli as report_cli
-from loadgen.vllm import cli as vllm_cli
 from policies import cli as policy_cli
+from report import cli as report_cli
 from simulator import cli as simulator_cli
 from specshadow import agreement, demo, serve
 

@@ -198,9 +198,9 @@ def _served(exchanges: Sequence[Exchange]) -> Counter[tuple[str, str]]:
 
 
 async def run_story(args: argparse.Namespace, rows: Sequence[Any], out: Path) -> int:
-    from loadgen.report import build_report
     from loadgen.results import write_results
     from loadgen.runner import run_loadgen
+    from report import build_report
 
     started = time.perf_counter()
     results: list[Any] = []

@@ -24,6 +24,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "gateway": frozenset({"core", "policies", "otel"}),
     "counterfactual": frozenset({"core", "evidence"}),
     "loadgen": frozenset({"core", "evidence", "counterfactual"}),
+    "report": frozenset({"core", "evidence", "counterfactual", "loadgen"}),
+    "backends": frozenset({"core"}),
     "specshadow": frozenset(
         {
             "core",
@@ -33,6 +35,8 @@ ALLOWED: dict[str, frozenset[str]] = {
             "evidence",
             "gateway",
             "loadgen",
+            "report",
+            "backends",
             "counterfactual",
         }
     ),

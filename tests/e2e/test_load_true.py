@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from evidence.sources import read_records
-from loadgen.report.analysis import ALL, Analysis, analyze
+from report.analysis import ALL, Analysis, analyze
 from tests.e2e.loadtrue import direct_ab, mirrored, processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]

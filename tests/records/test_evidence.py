@@ -261,8 +261,8 @@ async def test_a_candidate_that_drew_no_pair_is_judged_not_enough_data_not_left_
 ) -> None:
     """A short window at a small share can mirror nothing; the report must still name the
     candidate the rule mirrors to, with zero pairs and the pairs it needs — not fall silent."""
-    from loadgen.report import build_report
-    from loadgen.report.analysis import ALL, MIN_PAIRS, analyze
+    from report import build_report
+    from report.analysis import ALL, MIN_PAIRS, analyze
 
     primary = await sims(**FAST)
     candidate = await sims(mode="speculative", **FAST)

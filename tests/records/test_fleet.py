@@ -17,9 +17,9 @@ from core import jsonx
 from evidence.sources import otlp_records, read_records, records_in
 from evidence.store import RecordStore
 from gateway.settings import Settings
-from loadgen.report.analysis import analyze
 from otel.settings import TelemetrySettings
 from otel.setup import build_telemetry
+from report.analysis import analyze
 from specshadow.app import build_app
 from specshadow.main import main as cli_main
 from tests.conftest import FAST_UPSTREAM, start_server

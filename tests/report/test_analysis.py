@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from loadgen.report.analysis import ALL, Analysis, CandidateAnalysis, analyze, bucket_order, wilson
 from loadgen.speedup import paired_speedup, samples_needed
+from report.analysis import ALL, Analysis, CandidateAnalysis, analyze, bucket_order, wilson
 from tests.report.synthetic import records
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from evidence.store import query_records
-from loadgen.report import build_report
-from loadgen.report.analysis import analyze
+from report import build_report
+from report.analysis import analyze
 from tests.gateway.test_shadow import CHAT, raw_stream
 
 REQUESTS = 12

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from loadgen.report.analysis import ALL, analyze
-from loadgen.report.candidates import RULE
 from policies.compile import parse_policy
 from policies.parse import read_yaml
+from report.analysis import ALL, analyze
+from report.candidates import RULE
 from tests.report.synthetic import several
 
 
@@ -111,7 +111,7 @@ def test_one_candidate_reads_as_before_plus_the_recommendation():
 def test_a_reported_schedule_is_read_or_left_out_never_a_crash(
     schedule: Any, expected: Any
 ) -> None:
-    from loadgen.report.candidates import speculation
+    from report.candidates import speculation
 
     record = {"legs": [{"role": "primary", "backend": "p"},
                        {"role": "candidate", "backend": "c",

@@ -13,7 +13,7 @@ import pytest
 
 from evidence.store import RecordStore
 from loadgen.matrix import mark_stable
-from loadgen.report import build_report
+from report import build_report
 from specshadow.main import main
 from tests.report.synthetic import records, several
 

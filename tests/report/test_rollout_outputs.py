@@ -14,10 +14,10 @@ import aiohttp
 import pytest
 import yaml
 
-from loadgen.report import build_report
-from loadgen.report.rollout import guard_queries
 from policies.compile import parse_policy
 from policies.parse import read_yaml
+from report import build_report
+from report.rollout import guard_queries
 from tests.gateway.test_shadow import CHAT, raw_stream
 from tests.receivers.prometheus import PROMTOOL, requires_prometheus, requires_promtool
 from tests.report.synthetic import several

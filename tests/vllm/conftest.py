@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from core import jsonx
-from loadgen.vllm.server import (
+from backends.server import (
     SERVED_MODEL_NAME,
     VllmServer,
     VllmServerSpec,
@@ -31,7 +30,8 @@ from loadgen.vllm.server import (
     start_servers,
     stop_servers,
 )
-from loadgen.vllm.setup import VllmEnv, setup
+from backends.setup import VllmEnv, setup
+from core import jsonx
 
 # Short rows of two real traces, vendored with their origin and licence (ATTRIBUTION.md there).
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from backends.server import VllmServer
+from backends.setup import VllmEnv
 from loadgen.trace import bundled_trace
-from loadgen.vllm.server import VllmServer
-from loadgen.vllm.setup import VllmEnv
 from specshadow.agreement import Agreement, dataset_prompts, format_agreement, run_agreement
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]

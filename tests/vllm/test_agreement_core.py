@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from backends.setup import VllmEnv
 from core.exchange import Exchange, LegResult, ModelName, RequestId
 from core.recorder import StreamRecorder
-from loadgen.vllm.setup import VllmEnv
 from specshadow.agreement import (
     MAX_PROMPT_CHARS,
     REQUEST_ID_PREFIX,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.vllm.server import VllmServer
+from backends.server import VllmServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 

@@ -12,12 +12,12 @@ from typing import Any
 import openai
 import pytest
 
+from backends.server import VllmServer
 from core.exchange import Exchange
 from evidence.store import query_records
-from loadgen.report import build_report
-from loadgen.vllm.server import VllmServer
 from policies.compile import parse_policy
 from policies.store import PolicyStore
+from report import build_report
 from specshadow.inprocess import running_gateway
 from tests.vllm.conftest import trace_requests
 

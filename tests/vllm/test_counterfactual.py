@@ -24,13 +24,13 @@ from typing import Any
 import openai
 import pytest
 
+from backends.server import SERVED_MODEL_NAME, VllmServer, VllmServerSpec, running_servers
+from backends.setup import VllmEnv
 from core import jsonx
 from core.exchange import Exchange
 from counterfactual.matrix import ALL, build_matrix
 from evidence.sources import iter_records
 from evidence.store import query_records
-from loadgen.vllm.server import SERVED_MODEL_NAME, VllmServer, VllmServerSpec, running_servers
-from loadgen.vllm.setup import VllmEnv
 from policies.compile import parse_policy
 from policies.store import PolicyStore
 from specshadow.inprocess import running_gateway

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from backends.server import VllmServer
 from core import jsonx
-from loadgen.vllm.server import VllmServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e, pytest.mark.timeout(600)]
 

@@ -29,9 +29,9 @@ import aiohttp
 import openai
 import pytest
 
+from backends.server import VllmServer, VllmServerSpec
 from core.exchange import Exchange
 from evidence.store import query_records
-from loadgen.vllm.server import VllmServer, VllmServerSpec
 from specshadow.inprocess import running_gateway, shadow_policy
 from tests.vllm.conftest import trace_requests
 

@@ -15,8 +15,8 @@ import subprocess
 
 import pytest
 
+from backends.setup import VllmEnv
 from counterfactual.ngram import NO_DRAFT, draft_starts
-from loadgen.vllm.setup import VllmEnv
 from simulator.ngram import find_longest_matched_ngram_and_propose_tokens as port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]

@@ -19,9 +19,9 @@ import aiohttp
 import openai
 import pytest
 
+from backends.server import SERVED_MODEL_NAME, VllmServer
 from core.exchange import Exchange
 from evidence.store import query_records
-from loadgen.vllm.server import SERVED_MODEL_NAME, VllmServer
 from specshadow.inprocess import running_gateway, shadow_policy
 from tests.vllm.conftest import trace_requests
 

@@ -11,9 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from core import jsonx
-from core.procs import rss_bytes, session_pids
-from loadgen.vllm.server import (
+from backends.server import (
     SERVED_MODEL_NAME,
     VllmServer,
     VllmServerError,
@@ -22,7 +20,9 @@ from loadgen.vllm.server import (
     server_environment,
     spread_cores,
 )
-from loadgen.vllm.setup import VllmEnv
+from backends.setup import VllmEnv
+from core import jsonx
+from core.procs import rss_bytes, session_pids
 from tests.vllm.conftest import trace_requests
 
 SPEC_COUNTER = re.compile(r"^(vllm:spec_decode_\w+_total)\{[^}]*\} ([0-9.e+]+)$", re.M)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.vllm.setup import BUILD_SCRIPT, cache_root, env_dir, models_key
+from backends.setup import BUILD_SCRIPT, cache_root, env_dir, models_key
 
 VERSIONS = {"torch": "2.13.0+cpu", "transformers": "5.19.0", "tokenizers": "0.23.3"}
 

@@ -2,10 +2,10 @@
 ways, quality against the noise floor, the decision gate, resources, worst examples (pure;
 numpy only through :mod:`loadgen.speedup`).
 
-Each function reads records through :mod:`loadgen.report.records`; those about a candidate take
+Each function reads records through :mod:`report.records`; those about a candidate take
 its backend, so several candidates are reported side by side from the same exchanges. The raw
 speed-ups here pair every mirrored exchange at whatever load the candidate ran at; verdicts use
-the load-true estimates of :mod:`loadgen.report.load` instead.
+the load-true estimates of :mod:`report.load` instead.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.stats import mean, percentiles, wilson
-from loadgen.report.records import (
+from loadgen.speedup import Speedup, paired_speedup
+from report.records import (
     ALL,
     Record,
     by_role,
@@ -28,7 +29,6 @@ from loadgen.report.records import (
     num,
     text,
 )
-from loadgen.speedup import Speedup, paired_speedup
 
 LATENCY_METRICS = ("ttft_s", "tpot_s", "chunk_gap_p50_s", "e2e_s")
 DIVERGENCE_TOLERANCE = 0.02  # absolute, on top of the noise floor's own uncertainty

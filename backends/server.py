@@ -28,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
 
+from backends.setup import VllmEnv
 from core import jsonx
 from core.procs import (
     ChildProcess,
@@ -39,7 +40,6 @@ from core.procs import (
     session_pids,
     wait_http_ready,
 )
-from loadgen.vllm.setup import VllmEnv
 
 __all__ = [
     "MAX_MODEL_LEN",

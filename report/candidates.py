@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from evidence.serverinfo import method_key, parse_schedule
-from loadgen.report import load as lt
-from loadgen.report.records import ALL, Record, candidate_leg, category, leg_ok, num
-from loadgen.report.sections import Quality
 from loadgen.speedup import Speedup, paired_speedup
+from report import load as lt
+from report.records import ALL, Record, candidate_leg, category, leg_ok, num
+from report.sections import Quality
 
 Claim = Literal["lossless", "not_lossless", "unverified"]
 

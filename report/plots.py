@@ -1,7 +1,7 @@
 """Report figures: matplotlib (Agg, no pyplot global state) rendered to base64 PNG data URIs.
 
-Each function takes the :class:`~loadgen.report.analysis.Analysis` (or one candidate's
-:class:`~loadgen.report.analysis.CandidateAnalysis`) and returns a ``data:`` URI, or ``None`` when
+Each function takes the :class:`~report.analysis.Analysis` (or one candidate's
+:class:`~report.analysis.CandidateAnalysis`) and returns a ``data:`` URI, or ``None`` when
 there is nothing to draw (the report then says so in words).
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from loadgen.report.analysis import ALL, Analysis, CandidateAnalysis, bucket_order
-from loadgen.report.sections import leg_labels
+from report.analysis import ALL, Analysis, CandidateAnalysis, bucket_order
+from report.sections import leg_labels
 
 __all__ = ["figures"]
 

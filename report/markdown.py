@@ -1,15 +1,15 @@
 """The report's Markdown summary: the verdicts, the recommendation, the candidates and the few
 numbers a reviewer needs in a pull request or a ticket (pure; tables from
-:mod:`loadgen.report.render`)."""
+:mod:`report.render`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from loadgen.report.analysis import ALL, Analysis
-from loadgen.report.candidates import RULE
-from loadgen.report.load import OPEN_LOOP
-from loadgen.report.render import (
+from report.analysis import ALL, Analysis
+from report.candidates import RULE
+from report.load import OPEN_LOOP
+from report.render import (
     CAND_HEAD,
     candidate_rows,
     counterfactual_rows,

@@ -1,17 +1,17 @@
 """The release checklist and its rollback triggers, written from the measured numbers (pure).
 
-One line per recommended configuration (:mod:`loadgen.report.candidates`) and the categories it
+One line per recommended configuration (:mod:`report.candidates`) and the categories it
 serves, then each category's rollback triggers from *that* candidate's numbers, in absolute
 units for a person to read (p99 TPOT and e2e in ms, divergence, tokens per event); a trigger
 names the number it came from, so an SRE can see why a line says what it says. The guards a
-policy carries are written from the same numbers as ratios by :mod:`loadgen.report.rollout`
+policy carries are written from the same numbers as ratios by :mod:`report.rollout`
 (``rollout.yaml``), with their own rule for each threshold — the two are not the same numbers.
 """
 
 from __future__ import annotations
 
 from core.stats import mean
-from loadgen.report.analysis import ALL, Analysis, CandidateAnalysis
+from report.analysis import ALL, Analysis, CandidateAnalysis
 
 
 def _ms(v: float | None) -> str:

@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from core.stats import mean
-from loadgen.report.analysis import ALL, Analysis, CandidateAnalysis
-from loadgen.report.checklist import leg_key, p99
+from report.analysis import ALL, Analysis, CandidateAnalysis
+from report.checklist import leg_key, p99
 
 WINDOW = "5m"  # PromQL rate window of the Argo template (Flagger uses its metric interval)
 CANARY_STEPS = (0.05, 0.25, 0.5, 1.0)

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from loadgen.vllm.server import (
+from backends.server import (
     SERVED_MODEL_NAME,
     SpecConfig,
     VllmServer,
@@ -26,7 +26,7 @@ from loadgen.vllm.server import (
     start_servers,
     stop_servers,
 )
-from loadgen.vllm.setup import setup
+from backends.setup import setup
 
 log = logging.getLogger(__name__)
 

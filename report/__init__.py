@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from loadgen.report.analysis import Analysis
+    from report.analysis import Analysis
 
 __all__ = ["TITLE", "ReportPaths", "build_report"]
 
@@ -55,12 +55,12 @@ def build_report(
     from core import jsonx
     from counterfactual.cli import write_outputs
     from counterfactual.matrix import build_matrix
-    from loadgen.report.analysis import analyze
-    from loadgen.report.export import report_json
-    from loadgen.report.markdown import render_markdown
-    from loadgen.report.plots import figures
-    from loadgen.report.render import render_html
-    from loadgen.report.rollout import (
+    from report.analysis import analyze
+    from report.export import report_json
+    from report.markdown import render_markdown
+    from report.plots import figures
+    from report.render import render_html
+    from report.rollout import (
         argo_analysis_template,
         flagger_metric_templates,
         rollout_yaml,

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadgen.report.analysis import ALL, Analysis, CandidateAnalysis, Verdict
-from loadgen.report.candidates import RULE
+from report.analysis import ALL, Analysis, CandidateAnalysis, Verdict
+from report.candidates import RULE
 
 SCHEMA = "specshadow.report/1"
 

@@ -1,6 +1,6 @@
-"""Report rendering: :class:`~loadgen.report.analysis.Analysis` + figures → one self-contained
+"""Report rendering: :class:`~report.analysis.Analysis` + figures → one self-contained
 HTML page (inline CSS, images as data URIs, no scripts, no network) (pure). The Markdown summary
-(:mod:`loadgen.report.markdown`) reuses the table builders here.
+(:mod:`report.markdown`) reuses the table builders here.
 
 One candidate: verdict cards, then its sections. Several: a category × candidate verdict table
 with the pick, the candidates' identities, their head-to-head on the same requests, then each
@@ -17,11 +17,11 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
-from loadgen.report.analysis import ALL, GATE_SHARE, Analysis, CandidateAnalysis, Verdict
-from loadgen.report.candidates import RULE
-from loadgen.report.load import MIN_COVERAGE, OPEN_LOOP, PARITY_BAND, Estimate
-from loadgen.report.sections import Rate, bucket_order, leg_labels
 from loadgen.speedup import Speedup
+from report.analysis import ALL, GATE_SHARE, Analysis, CandidateAnalysis, Verdict
+from report.candidates import RULE
+from report.load import MIN_COVERAGE, OPEN_LOOP, PARITY_BAND, Estimate
+from report.sections import Rate, bucket_order, leg_labels
 
 __all__ = ["render_html"]
 

@@ -3,7 +3,7 @@
 Records: the embedded SQLite store (read through :func:`evidence.query_records`), or JSON
 lines as ``specshadow records --store PATH`` prints them (``.jsonl``), or a folder of ``.jsonl``.
 Results: JSONL, one object per line — matrix cells (``schema specshadow.matrix/1``) and/or
-per-request loadgen results; :func:`loadgen.report.analysis.analyze` tells them apart.
+per-request loadgen results; :func:`report.analysis.analyze` tells them apart.
 """
 
 from __future__ import annotations

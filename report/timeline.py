@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from loadgen.report.records import Record
+from report.records import Record
 
 
 @dataclass(frozen=True, slots=True)

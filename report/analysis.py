@@ -3,7 +3,7 @@
 
 Per candidate backend (several may be mirrored side by side) and per category: the latency of
 every leg, the raw paired speed-ups, acceptance three ways, quality against the noise floor — and
-the **load-true** speed-up at the load production runs at (:mod:`loadgen.report.load`), which is
+the **load-true** speed-up at the load production runs at (:mod:`report.load`), which is
 what the verdict uses. The verdict per category, in order:
 
 1. the candidate cannot sustain production's rate (admission drops, a queue that does not drain,
@@ -34,8 +34,9 @@ from typing import Any, Literal
 
 from core.stats import wilson
 from counterfactual.matrix import Matrix
-from loadgen.report import load as lt
-from loadgen.report.candidates import (
+from loadgen.speedup import Speedup, pairs_needed
+from report import load as lt
+from report.candidates import (
     HeadToHead,
     Lossless,
     Recommendation,
@@ -46,7 +47,7 @@ from loadgen.report.candidates import (
     recommend,
     speculation,
 )
-from loadgen.report.records import (
+from report.records import (
     ALL,
     Record,
     by_role,
@@ -57,7 +58,7 @@ from loadgen.report.records import (
     legs,
     num,
 )
-from loadgen.report.sections import (
+from report.sections import (
     Example,
     LatencyTable,
     Quality,
@@ -71,8 +72,7 @@ from loadgen.report.sections import (
     raw_speedups,
     resources,
 )
-from loadgen.report.timeline import Segment, timeline
-from loadgen.speedup import Speedup, pairs_needed
+from report.timeline import Segment, timeline
 
 __all__ = [
     "ALL",
@@ -505,7 +505,7 @@ def analyze(
 ) -> Analysis:
     """Everything the report shows, from records and optional loadgen/matrix result rows."""
     from loadgen.matrix import stable_regions
-    from loadgen.report.checklist import checklist
+    from report.checklist import checklist
 
     everything = list(records)
     # Verdicts come from shadow pairs: the primary answered, the candidate was mirrored. During a

@@ -15,8 +15,8 @@ def _run(args: argparse.Namespace) -> int:
     require("report", command="report")
     # Imported here: numpy and matplotlib load only when a report is built, not for every command.
     from evidence.sources import SourceError, read_records
-    from loadgen.report import build_report
-    from loadgen.report.inputs import read_results
+    from report import build_report
+    from report.inputs import read_results
 
     if not args.store and not args.results:
         print("specshadow report: give --store and/or --results", file=sys.stderr)

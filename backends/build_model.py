@@ -1,7 +1,7 @@
 """Build the tiny deterministic target and draft models that the real-vLLM tests and demo serve.
 
 This is a standalone script that runs *inside vLLM's own virtual environment* (it imports torch,
-transformers and tokenizers, none of which the gateway depends on); ``loadgen.vllm.setup`` runs it
+transformers and tokenizers, none of which the gateway depends on); ``backends.setup`` runs it
 and caches its output outside the repo, keyed by a hash of this file and the library versions.
 
 Nothing is downloaded. The training text is text that ships with CPython: the pydoc topic help
