@@ -93,12 +93,49 @@ class LegAcceptance:
 NO_ACCEPTANCE = LegAcceptance(None, None, None, None, None, None, None, None, None)
 
 
+# Why a speculative engine served a request with plain decoding (vLLM skips speculation for
+# requests with these sampling parameters): the candidate's speed-up and acceptance leave them out.
+SpeculationSkip = Literal["penalty", "min_p", "no_drafts"]
+
+
+@dataclass(frozen=True, slots=True)
+class LegQuality:
+    """One completed leg's output, as the quality tests see it (docs/quality.md).
+
+    Scalars a two-sample test compares across legs of the same exchange, without the text:
+    ``units`` (output tokens, or words when the stream carried no token counts), whether it
+    stopped at ``max_tokens`` (``finish_length``), ``distinct_2`` (distinct word bigrams / all),
+    ``repetition`` (share of word 4-grams seen before in the same output), ``longest_repeat``
+    (words in the longest span that occurs twice), ``refusal``, ``json_valid`` (where JSON was
+    asked, else None), ``tool_calls`` and ``tool_valid`` (every call named, its arguments a JSON
+    object; None without calls), ``citations`` (distinct ``[n]`` markers), ``similarity`` to the
+    primary's output (None on the primary). ``sketch``: the output's character 4-grams hashed into
+    signed buckets, L2-normalised — the explicit feature map of the string kernel the MMD test
+    uses; None for greedy exchanges (exact match is the sharper test there) and empty outputs.
+    """
+
+    units: int
+    finish_length: bool
+    distinct_2: float | None
+    repetition: float | None
+    longest_repeat: int
+    refusal: bool
+    json_valid: bool | None
+    tool_calls: int
+    tool_valid: bool | None
+    citations: int
+    similarity: float | None
+    sketch: tuple[float, ...] | None
+
+
 class Evidence:
     """Everything learned from one exchange; built once, read by every consumer.
 
-    ``acceptance`` has one entry per leg, in ``exchange.legs`` order. The comparison record (a
-    JSON-ready mapping, schema in docs/records.md) is built on first access of :attr:`record`:
-    consumers that never read it (metrics, guards) never pay for it.
+    ``acceptance`` and ``quality`` have one entry per leg, in ``exchange.legs`` order (``quality``
+    is None for a leg that did not complete; empty when nothing was measured).
+    ``speculation_skip``: the request's parameters make a speculative engine decode plainly.
+    The comparison record (a JSON-ready mapping, schema in docs/records.md) is built on first
+    access of :attr:`record`: consumers that never read it (metrics, guards) never pay for it.
     """
 
     __slots__ = (
@@ -110,6 +147,8 @@ class Evidence:
         "comparisons",
         "exchange",
         "greedy",
+        "quality",
+        "speculation_skip",
     )
 
     def __init__(
@@ -122,6 +161,8 @@ class Evidence:
         comparisons: tuple[Comparison, ...],
         acceptance: tuple[LegAcceptance, ...],
         record: Callable[[Evidence], Mapping[str, Any]],
+        quality: tuple[LegQuality | None, ...] = (),
+        speculation_skip: SpeculationSkip | None = None,
     ) -> None:
         self.exchange = exchange
         self.category = category
@@ -129,6 +170,8 @@ class Evidence:
         self.greedy = greedy
         self.comparisons = comparisons
         self.acceptance = acceptance
+        self.quality = quality
+        self.speculation_skip = speculation_skip
         self._record_factory = record
         self._record: Mapping[str, Any] | None = None
 

@@ -23,9 +23,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from core.classify import prompt_text
-from core.evidence import Comparison, Evidence, LegAcceptance
+from core.evidence import Comparison, Evidence, LegAcceptance, LegQuality
 from core.exchange import CaptureSpec, Exchange, LegResult
 from evidence.acceptance import concurrency_bucket, output_length_bucket
+from evidence.quality import quality_json
 from evidence.scrape import BackendSnapshot, MetricsSample
 from evidence.serverinfo import ReportedSpec, resolve
 
@@ -161,6 +162,7 @@ def leg_record(
     capture: CaptureSpec,
     facts: BackendFacts = BackendFacts(),
     primary: LegResult | None = None,
+    quality: LegQuality | None = None,
 ) -> dict[str, Any]:
     scraped, nearest = facts.scraped, facts.nearest
     reported = facts.reported(leg.backend) if facts.reported is not None else None
@@ -212,6 +214,7 @@ def leg_record(
         },
         "output": captured_text(_output_text(leg), capture),
         "parse_error": rec.parse_error if rec else None,
+        "quality": quality_json(quality),
     }
 
 
@@ -295,9 +298,15 @@ def build_record(
         "concurrency_bucket": concurrency_bucket(exchange.primary.inflight_at_dispatch),
         "request": captured_text(_request_text(exchange), capture),
         "legs": [
-            leg_record(leg, acc, capture, facts, exchange.primary)
-            for leg, acc in zip(exchange.legs, evidence.acceptance, strict=True)
+            leg_record(leg, acc, capture, facts, exchange.primary, q)
+            for leg, acc, q in zip(
+                exchange.legs,
+                evidence.acceptance,
+                evidence.quality or (None,) * len(exchange.legs),
+                strict=True,
+            )
         ],
+        "speculation_skip": evidence.speculation_skip,
         "load_parity": load_parity(candidate, exchange.primary) if candidate is not None else None,
         "comparisons": [comparison_record(c) for c in evidence.comparisons],
         "tokens": tokens_record(exchange),

@@ -34,6 +34,7 @@ from core.sinks import ThreadedSink
 from core.tasks import TaskSet
 from evidence.acceptance import leg_acceptance
 from evidence.compare import compare, is_greedy
+from evidence.quality import leg_quality, speculation_skip
 from evidence.schema import BackendFacts, build_record
 from evidence.scrape import MetricsScraper
 from evidence.serverinfo import ServerInfoProbe
@@ -52,12 +53,12 @@ def build_evidence(
     category, source = categorize(exchange.category, exchange.request_json)
     greedy = is_greedy(exchange.temperature, exchange.seed)
     comparisons: tuple[Comparison, ...] = ()
+    expects_json = (
+        request_traits(exchange.request_json).json_mode
+        if exchange.request_json is not None
+        else None
+    )
     if exchange.shadows:
-        expects_json = (
-            request_traits(exchange.request_json).json_mode
-            if exchange.request_json is not None
-            else None
-        )
         comparisons = tuple(
             compare(exchange.primary, shadow, greedy=greedy, expects_json=expects_json)
             for shadow in exchange.shadows
@@ -72,6 +73,7 @@ def build_evidence(
         )
         return build_record(evidence, capture=capture, facts=facts)
 
+    similarity = {id(s): c.similarity for s, c in zip(exchange.shadows, comparisons, strict=True)}
     return Evidence(
         exchange,
         category=category,
@@ -80,6 +82,16 @@ def build_evidence(
         comparisons=comparisons,
         acceptance=tuple(leg_acceptance(leg.recording) for leg in exchange.legs),
         record=record,
+        quality=tuple(
+            leg_quality(
+                leg,
+                expects_json=expects_json,
+                similarity=similarity.get(id(leg)),
+                sampled=not greedy,
+            )
+            for leg in exchange.legs
+        ),
+        speculation_skip=speculation_skip(exchange.request_json),
     )
 
 

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from core import jsonx
 from core.exchange import CaptureSpec, SpeculativeSpec
+from core.quality import DEFAULT_MARGINS
 from policies.compiled import (
     BackendSpec,
     BreakerSpec,
@@ -30,9 +31,11 @@ from policies.compiled import (
     GuardSpec,
     Ladder,
     LegPlan,
+    LikelihoodSpec,
     Matcher,
     MirrorSpec,
     Patterns,
+    QualitySpec,
     RolloutSpec,
     RuleSpec,
     Shaping,
@@ -206,6 +209,24 @@ def compile_policy(
         kill_switch=model.kill_switch,
         chunk_events=model.telemetry.chunk_events,
         counterfactual=_counterfactual(model, backends),
+        quality=_quality(model, backends),
+    )
+
+
+def _quality(model: PolicyModel, backends: Mapping[str, BackendSpec]) -> QualitySpec:
+    q = model.quality
+    lk = q.likelihood
+    return QualitySpec(
+        margins={**DEFAULT_MARGINS, **q.margins},
+        alpha=q.alpha,
+        likelihood=None
+        if lk is None
+        else LikelihoodSpec(
+            scorer=backends[lk.scorer],
+            share=lk.share,
+            max_in_flight=lk.max_in_flight,
+            timeout_s=lk.timeout_s,
+        ),
     )
 
 

@@ -41,6 +41,7 @@ from pydantic import (
 
 from core import jsonx
 from core.exchange import Route, ShadowRole, Verification
+from core.quality import DEFAULT_ALPHA, DEFAULT_MARGINS
 from policies.compiled import BackendKind
 
 SCHEMA_DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -603,6 +604,46 @@ class Counterfactual(_Strict):
     """Per call to the tokenizer or a drafter."""
 
 
+class Likelihood(_Strict):
+    """Target likelihood of shadow outputs: for a sampled share of exchanges with a candidate and
+    a baseline leg, after they ended and off the request path, a backend serving the target model
+    scores both outputs (one ``prompt_logprobs`` pass each over prompt + output) and the record
+    keeps each leg's mean log-likelihood per token — the sharpest test of temperature drift,
+    greedy collapse or a different model (docs/quality.md)."""
+
+    scorer: Name
+    """Backend serving the target model plainly (usually the baseline). Never the primary."""
+    share: Fraction = 0.2
+    """Share of exchanges scored (by exchange id)."""
+    max_in_flight: int = Field(default=4, ge=1, le=256)
+    """Exchanges being scored at once; past it an exchange is recorded unscored (counted), never
+    queued."""
+    timeout_s: PositiveSeconds = 10.0
+    """Per scoring call."""
+
+
+def _default_margins() -> dict[str, float]:
+    return dict(DEFAULT_MARGINS)
+
+
+class Quality(_Strict):
+    """How the report and the rollout judge quality equivalence on sampled traffic
+    (docs/quality.md): paired two-sample tests of the candidate's outputs against the baseline's,
+    exchange by exchange, and a two-one-sided-tests decision against these margins."""
+
+    margins: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=_default_margins
+    )
+    """Equivalence margin per metric (``refusal_rate``, ``json_valid_rate``, ``length_ratio``,
+    ``similarity``, ...; docs/quality.md lists them with their defaults). Keys given here
+    replace that metric's default; the others keep theirs."""
+    alpha: float = Field(default=DEFAULT_ALPHA, gt=0, le=0.2)
+    """Size of each test: the chance of calling an identical candidate ``not_equivalent`` (per
+    candidate × category, after the correction across metrics)."""
+    likelihood: Likelihood | None = None
+    """Target-likelihood scoring (see ``Likelihood``); omitted: off."""
+
+
 class PolicyModel(_Strict):
     """A specshadow policy file (``version: 1``)."""
 
@@ -638,6 +679,9 @@ class PolicyModel(_Strict):
     counterfactual: Counterfactual | None = None
     """Token ids for counterfactual scoring of every proposer and depth (see ``Counterfactual``);
     omitted: off."""
+    quality: Quality = Quality()
+    """Quality equivalence on sampled traffic: margins, test size, likelihood scoring (see
+    ``Quality``)."""
     kill_switch: bool = False
     """``true`` stops all mirroring at once (skip reason ``kill_switch``); rules stay validated and
     evaluated so dashboards show what would have been mirrored."""

@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from core.quality import DEFAULT_MARGINS
 from policies.errors import PolicyError
 from policies.headers import is_credential, is_gateway_owned
 from policies.model import Leg, PolicyModel, Rollout
@@ -86,6 +87,7 @@ def reference_problems(model: PolicyModel) -> list[str]:
             _rollout_problems("default", model.default.rollout, model.default.legs, model)
         )
     problems.extend(_counterfactual_problems(model))
+    problems.extend(_quality_problems(model))
     for j, name in enumerate(model.headers.allow):
         if is_gateway_owned(name):
             problems.append(
@@ -139,6 +141,27 @@ def _counterfactual_problems(model: PolicyModel) -> list[str]:
         elif name == model.primary:
             problems.append(
                 f"{path}: {name!r} is the primary; counterfactual calls never go to the primary"
+            )
+    return problems
+
+
+def _quality_problems(model: PolicyModel) -> list[str]:
+    q = model.quality
+    problems = [
+        f"quality.margins.{name}: unknown metric (known: {', '.join(sorted(DEFAULT_MARGINS))})"
+        for name in q.margins
+        if name not in DEFAULT_MARGINS
+    ]
+    if q.likelihood is not None:
+        name = q.likelihood.scorer
+        if name not in model.backends:
+            problems.append(
+                f"quality.likelihood.scorer: unknown backend {name!r} ({_known(model)})"
+            )
+        elif name == model.primary:
+            problems.append(
+                f"quality.likelihood.scorer: {name!r} is the primary; scoring calls never go to "
+                "the primary"
             )
     return problems
 
