@@ -32,9 +32,9 @@ QUALITY_METRICS: tuple[QualityMetric, ...] = (
     QualityMetric("distinct_2", "mean", 0.03, "distinct bigrams", ""),
     QualityMetric("repetition", "mean", 0.03, "repeated 4-grams", ""),
     QualityMetric("longest_repeat_ratio", "ratio", 0.15, "longest repeated span", "%"),
-    QualityMetric("refusal_rate", "rate", 0.01, "refusals", "pts"),
-    QualityMetric("json_valid_rate", "rate", 0.01, "valid JSON where asked", "pts"),
-    QualityMetric("tool_valid_rate", "rate", 0.01, "valid tool calls", "pts"),
+    QualityMetric("refusal_rate", "rate", 0.02, "refusals", "pts"),
+    QualityMetric("json_valid_rate", "rate", 0.02, "valid JSON where asked", "pts"),
+    QualityMetric("tool_valid_rate", "rate", 0.02, "valid tool calls", "pts"),
     QualityMetric("citation_rate", "rate", 0.03, "outputs citing sources", "pts"),
     QualityMetric("loglik", "mean", 0.1, "target log-likelihood per token (nats)", ""),
 )

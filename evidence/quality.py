@@ -12,7 +12,7 @@ policy's ``capture`` allows:
   repetition (distinct bigrams, repeated 4-grams, the longest repeated span), refusal, JSON
   validity where JSON was asked, tool-call validity, citation markers, similarity to the
   primary's output (the common reference);
-- the **sketch**: the output's character 4-grams hashed (blake2b) into ``SKETCH_DIM`` signed
+- the **sketch**: the output's 4-grams (of its UTF-8 bytes) hashed (CRC-32) into ``SKETCH_DIM`` signed
   buckets, L2-normalised. Its dot product is a normalised spectrum string kernel, so the MMD
   between candidate and baseline outputs is computed from sketches alone. 4-grams of a typical
   output number in the hundreds; collisions in 128 buckets blur the kernel, they do not bias the
@@ -29,9 +29,10 @@ plain decoding even on a speculative server (frequency / presence / repetition p
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
+import zlib
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -48,28 +49,21 @@ _WORDS = re.compile(r"\w+|[^\w\s]")
 _INVALID_MARK = parse_json("\x00")  # the parser's invalid marker
 
 
-def _bucket_table(ngrams: set[str]) -> dict[str, tuple[int, float]]:
-    out: dict[str, tuple[int, float]] = {}
-    for g in ngrams:
-        h = int.from_bytes(hashlib.blake2b(g.encode(), digest_size=8).digest(), "big")
-        out[g] = (h % SKETCH_DIM, 1.0 if (h >> 32) & 1 else -1.0)
-    return out
-
-
 def sketch(text: str) -> tuple[float, ...] | None:
-    """The normalised hashed character-4-gram vector of ``text``; None when it has no 4-gram."""
-    t = text[:MAX_SKETCH_CHARS]
-    if len(t) < SKETCH_NGRAM:
+    """The normalised hashed 4-gram vector of ``text`` (UTF-8 byte 4-grams, signed CRC-32
+    buckets: stable across processes, so sketches from every gateway replica are comparable);
+    None when it has no 4-gram."""
+    data = text[:MAX_SKETCH_CHARS].encode()
+    n = len(data) - SKETCH_NGRAM + 1
+    if n <= 0:
         return None
-    counts: dict[str, int] = {}
-    for i in range(len(t) - SKETCH_NGRAM + 1):
-        g = t[i : i + SKETCH_NGRAM]
-        counts[g] = counts.get(g, 0) + 1
-    table = _bucket_table(set(counts))
+    counts = Counter(
+        map(data.__getitem__, map(slice, range(n), range(SKETCH_NGRAM, n + SKETCH_NGRAM)))
+    )
     vec = [0.0] * SKETCH_DIM
-    for g, c in counts.items():
-        b, sign = table[g]
-        vec[b] += sign * c
+    for gram, c in counts.items():
+        h = zlib.crc32(gram)
+        vec[h % SKETCH_DIM] += c if h & 0x10000 else -c
     norm = math.sqrt(sum(v * v for v in vec))
     if norm == 0.0:
         return None

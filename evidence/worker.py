@@ -82,6 +82,7 @@ def build_evidence(
         comparisons=comparisons,
         acceptance=tuple(leg_acceptance(leg.recording) for leg in exchange.legs),
         record=record,
+        # Only mirrored exchanges are compared; the rest pay nothing for quality.
         quality=tuple(
             leg_quality(
                 leg,
@@ -90,7 +91,9 @@ def build_evidence(
                 sampled=not greedy,
             )
             for leg in exchange.legs
-        ),
+        )
+        if exchange.shadows
+        else (),
         speculation_skip=speculation_skip(exchange.request_json),
     )
 

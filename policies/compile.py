@@ -31,7 +31,6 @@ from policies.compiled import (
     GuardSpec,
     Ladder,
     LegPlan,
-    LikelihoodSpec,
     Matcher,
     MirrorSpec,
     Patterns,
@@ -209,25 +208,13 @@ def compile_policy(
         kill_switch=model.kill_switch,
         chunk_events=model.telemetry.chunk_events,
         counterfactual=_counterfactual(model, backends),
-        quality=_quality(model, backends),
+        quality=_quality(model),
     )
 
 
-def _quality(model: PolicyModel, backends: Mapping[str, BackendSpec]) -> QualitySpec:
+def _quality(model: PolicyModel) -> QualitySpec:
     q = model.quality
-    lk = q.likelihood
-    return QualitySpec(
-        margins={**DEFAULT_MARGINS, **q.margins},
-        alpha=q.alpha,
-        likelihood=None
-        if lk is None
-        else LikelihoodSpec(
-            scorer=backends[lk.scorer],
-            share=lk.share,
-            max_in_flight=lk.max_in_flight,
-            timeout_s=lk.timeout_s,
-        ),
-    )
+    return QualitySpec(margins={**DEFAULT_MARGINS, **q.margins}, alpha=q.alpha)
 
 
 def _counterfactual(

@@ -300,23 +300,12 @@ class CounterfactualSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class LikelihoodSpec:
-    """The policy's ``quality.likelihood`` section, its scorer resolved."""
-
-    scorer: BackendSpec
-    share: float
-    max_in_flight: int
-    timeout_s: float
-
-
-@dataclass(frozen=True, slots=True)
 class QualitySpec:
-    """The policy's ``quality`` section: every metric's margin (defaults filled in), the tests'
-    size, and likelihood scoring (None: off)."""
+    """The policy's ``quality`` section: every metric's margin (defaults filled in) and the
+    tests' size."""
 
     margins: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_MARGINS))
     alpha: float = DEFAULT_ALPHA
-    likelihood: LikelihoodSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,7 +330,7 @@ class CompiledPolicy:
     kill_switch: bool
     chunk_events: int = 0  # span events per leg (telemetry.chunk_events)
     counterfactual: CounterfactualSpec | None = None  # token ids for counterfactual scoring
-    quality: QualitySpec = field(default_factory=QualitySpec)  # equivalence margins, likelihood
+    quality: QualitySpec = field(default_factory=QualitySpec)  # equivalence margins and alpha
     generation: int = 0  # set by PolicyStore.replace; 0 until stored
     _no_rule: Decision = field(init=False, repr=False, compare=False)
     _candidates: dict[tuple[str, str | None], tuple[RuleSpec, ...]] = field(

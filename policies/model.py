@@ -604,24 +604,6 @@ class Counterfactual(_Strict):
     """Per call to the tokenizer or a drafter."""
 
 
-class Likelihood(_Strict):
-    """Target likelihood of shadow outputs: for a sampled share of exchanges with a candidate and
-    a baseline leg, after they ended and off the request path, a backend serving the target model
-    scores both outputs (one ``prompt_logprobs`` pass each over prompt + output) and the record
-    keeps each leg's mean log-likelihood per token — the sharpest test of temperature drift,
-    greedy collapse or a different model (docs/quality.md)."""
-
-    scorer: Name
-    """Backend serving the target model plainly (usually the baseline). Never the primary."""
-    share: Fraction = 0.2
-    """Share of exchanges scored (by exchange id)."""
-    max_in_flight: int = Field(default=4, ge=1, le=256)
-    """Exchanges being scored at once; past it an exchange is recorded unscored (counted), never
-    queued."""
-    timeout_s: PositiveSeconds = 10.0
-    """Per scoring call."""
-
-
 def _default_margins() -> dict[str, float]:
     return dict(DEFAULT_MARGINS)
 
@@ -640,8 +622,6 @@ class Quality(_Strict):
     alpha: float = Field(default=DEFAULT_ALPHA, gt=0, le=0.2)
     """Size of each test: the chance of calling an identical candidate ``not_equivalent`` (per
     candidate × category, after the correction across metrics)."""
-    likelihood: Likelihood | None = None
-    """Target-likelihood scoring (see ``Likelihood``); omitted: off."""
 
 
 class PolicyModel(_Strict):
@@ -680,8 +660,7 @@ class PolicyModel(_Strict):
     """Token ids for counterfactual scoring of every proposer and depth (see ``Counterfactual``);
     omitted: off."""
     quality: Quality = Quality()
-    """Quality equivalence on sampled traffic: margins, test size, likelihood scoring (see
-    ``Quality``)."""
+    """Quality equivalence on sampled traffic: margins and test size (see ``Quality``)."""
     kill_switch: bool = False
     """``true`` stops all mirroring at once (skip reason ``kill_switch``); rules stay validated and
     evaluated so dashboards show what would have been mirrored."""

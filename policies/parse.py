@@ -152,17 +152,6 @@ def _quality_problems(model: PolicyModel) -> list[str]:
         for name in q.margins
         if name not in DEFAULT_MARGINS
     ]
-    if q.likelihood is not None:
-        name = q.likelihood.scorer
-        if name not in model.backends:
-            problems.append(
-                f"quality.likelihood.scorer: unknown backend {name!r} ({_known(model)})"
-            )
-        elif name == model.primary:
-            problems.append(
-                f"quality.likelihood.scorer: {name!r} is the primary; scoring calls never go to "
-                "the primary"
-            )
     return problems
 
 

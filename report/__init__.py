@@ -48,6 +48,8 @@ def build_report(
     *,
     title: str = TITLE,
     sources: Sequence[str] = (),
+    margins: Mapping[str, float] | None = None,
+    alpha: float | None = None,
 ) -> ReportPaths:
     """Write ``report.html``, ``report.md`` and ``report.json`` into ``out_dir`` (created if
     missing) — and, when a configuration is recommended, ``rollout.yaml``, an Argo Rollouts
@@ -69,7 +71,14 @@ def build_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     records = records if isinstance(records, list) else list(records)
-    a = analyze(records, results)
+    from core.quality import DEFAULT_ALPHA, DEFAULT_MARGINS
+
+    a = analyze(
+        records,
+        results,
+        margins={**DEFAULT_MARGINS, **(margins or {})},
+        alpha=alpha if alpha is not None else DEFAULT_ALPHA,
+    )
     if any(r.get("tokens") for r in records):
         # The policy asked for token ids: score every proposer and depth on them.
         a.counterfactual = build_matrix(lambda: iter(records))

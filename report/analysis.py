@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from core.quality import DEFAULT_ALPHA, DEFAULT_MARGINS
 from core.stats import wilson
 from counterfactual.matrix import Matrix
 from loadgen.speedup import Speedup, pairs_needed
@@ -47,6 +48,7 @@ from report.candidates import (
     recommend,
     speculation,
 )
+from report.quality import Equivalence, equivalence
 from report.records import (
     ALL,
     Record,
@@ -122,7 +124,8 @@ class CandidateAnalysis:
     backend: str
     speedups: dict[str, dict[str, Speedup | None]]  # category → {e2e, tpot, ttft, baseline_e2e}
     acceptance: dict[str, dict[str, dict[str, list[float]]]]  # dim → key → field → values
-    quality: dict[str, Quality]
+    quality: dict[str, Quality]  # greedy exact match against the noise floor
+    equivalence: dict[str, Equivalence]  # the quality verdict (sampled tests + exact match)
     load: dict[str, lt.LoadTrue]  # category → the speed-ups at production load
     load_points: list[lt.LoadPoint]  # speed-up against load (all categories)
     crossover: lt.Crossover | None
@@ -239,6 +242,9 @@ def _exclusion(record: Record, backend: str) -> str:
         return f"primary {(prim or {}).get('outcome', 'missing')}"
     if not leg_ok(cand):
         return f"candidate {cand.get('outcome')}"
+    skip = record.get("speculation_skip")
+    if skip:
+        return f"speculation skipped by the engine ({skip}): quality only"
     parity = num(cand.get("load_parity"))
     if parity is None:
         return "no load data"
@@ -307,7 +313,7 @@ def _fix(at: lt.LoadTrue, share: float | None, replicas: int | None) -> str:
 def _verdict(
     cat: str,
     raw: Mapping[str, Speedup | None],
-    q: Quality | None,
+    eq: Equivalence | None,
     at: lt.LoadTrue | None,
     capacity: list[str],
     *,
@@ -323,6 +329,9 @@ def _verdict(
 
     if capacity:
         reasons.extend(f"cannot sustain production's rate: {c}" for c in capacity)
+        return make("do_not_adopt")
+    if eq is not None and eq.verdict == "not_equivalent":
+        reasons.append(f"quality not equivalent ({eq.decided_by}): {eq.summary()}")
         return make("do_not_adopt")
     mirrored = at.mirrored_pairs if at is not None else 0
     if at is None or mirrored < MIN_PAIRS:
@@ -361,20 +370,20 @@ def _verdict(
         f"e2e speed-up at production load {e2e.estimate:.2f}× (95 % CI {e2e.low:.2f}–"
         f"{e2e.high:.2f}, n={e2e.n})"
     )
-    if q is not None and q.worse_than_noise:
-        cand = q.candidate_divergence.value or 0.0
-        floor = q.baseline_divergence.value
-        floor_text = f"{floor:.1%}" if floor is not None else "unknown (no baseline)"
-        reasons.append(
-            f"candidate diverges from primary in {cand:.1%} of comparable exchanges; "
-            f"noise floor {floor_text}"
-        )
-        reasons.append(gain)
-        return make("do_not_adopt")
     reasons.append(gain)
-    if q is not None and q.baseline_divergence.n == 0:
-        reasons.append("no baseline leg: quality judged against exact match, not a noise floor")
+    if eq is not None and eq.partner == "primary":
+        reasons.append(
+            "no baseline leg: sampled outputs compared with the primary's, greedy ones by exact "
+            "match"
+        )
     if e2e.significant_gain:
+        if eq is None or eq.verdict != "equivalent":
+            reasons.append(
+                "quality equivalence not yet shown: "
+                + (eq.summary() if eq is not None else "no comparable exchanges")
+            )
+            return make("not_enough_data", eq.needed if eq is not None else None)
+        reasons.append(f"quality equivalent ({eq.decided_by}): {eq.summary()}")
         return make("adopt")
     if e2e.significant_loss:
         reasons.append("the candidate is slower at production's load")
@@ -400,9 +409,16 @@ def _share_and_replicas(records: Sequence[Record], backend: str) -> tuple[float 
 
 
 def analyze_candidate(
-    records: Sequence[Record], backend: str, categories: Sequence[str]
+    records: Sequence[Record],
+    backend: str,
+    categories: Sequence[str],
+    *,
+    margins: Mapping[str, float] = DEFAULT_MARGINS,
+    alpha: float = DEFAULT_ALPHA,
 ) -> CandidateAnalysis:
-    primary_pairs, baseline_pairs = _pairs(records, backend)
+    primary_pairs, baseline_pairs = _pairs(
+        [r for r in records if not r.get("speculation_skip")], backend
+    )
     production: dict[str, list[float]] = {}
     for r in records:
         x = lt.per_replica_rate(by_role(r).get("primary"))
@@ -432,8 +448,12 @@ def analyze_candidate(
         )
     capacity = _capacity(records, backend)
     problems = capacity.problems(backend)
-    raw = raw_speedups(records, backend)
+    # Requests a speculative engine decodes plainly (penalties, min_p) say nothing of speculation's
+    # speed: they stay in the quality tests, out of the speed-ups and acceptance (counted).
+    speed = [r for r in records if not r.get("speculation_skip")]
+    raw = raw_speedups(speed, backend)
     qual = quality(records, backend)
+    eqv = equivalence(records, backend, qual, margins=margins, alpha=alpha)
     share, replicas = _share_and_replicas(records, backend)
     exclusions: dict[str, Counter[str]] = {}
     for r in records:
@@ -442,7 +462,7 @@ def analyze_candidate(
             exclusions.setdefault(cat, Counter())[reason] += 1
     verdicts = [
         _verdict(
-            cat, raw.get(cat, {}), qual.get(cat), load.get(cat), problems,
+            cat, raw.get(cat, {}), eqv.get(cat), load.get(cat), problems,
             share=share, replicas=replicas,
         )
         for cat in [*categories, ALL]
@@ -456,8 +476,9 @@ def analyze_candidate(
     return CandidateAnalysis(
         backend=backend,
         speedups=raw,
-        acceptance=acceptance(records, backend),
+        acceptance=acceptance(speed, backend),
         quality=qual,
+        equivalence=eqv,
         load=load,
         load_points=points,
         crossover=cross,
@@ -502,6 +523,9 @@ def _notes(records: Sequence[Record], served_by_candidate: int = 0) -> list[str]
 def analyze(
     records: Iterable[Mapping[str, Any]],
     results: Iterable[Mapping[str, Any]] | None = None,
+    *,
+    margins: Mapping[str, float] = DEFAULT_MARGINS,
+    alpha: float = DEFAULT_ALPHA,
 ) -> Analysis:
     """Everything the report shows, from records and optional loadgen/matrix result rows."""
     from loadgen.matrix import stable_regions
@@ -526,7 +550,9 @@ def analyze(
         errors=errors,
         gate=gate(recs),
         resources=resources(recs, matrix),
-        candidates={b: analyze_candidate(recs, b, cats) for b in backends},
+        candidates={
+            b: analyze_candidate(recs, b, cats, margins=margins, alpha=alpha) for b in backends
+        },
         checklist=[],
         notes=_notes(recs, len(everything) - len(recs)) if everything else [],
         matrix=matrix,

@@ -27,8 +27,19 @@ def _run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, SourceError) as exc:
         print(f"specshadow report: {exc}", file=sys.stderr)
         return 2
+    margins, alpha = None, None
+    if args.policy:
+        from policies.compile import load_policy
+        from policies.errors import PolicyError
+
+        try:
+            quality = load_policy(args.policy).quality
+        except (OSError, PolicyError) as exc:
+            print(f"specshadow report: {exc}", file=sys.stderr)
+            return 2
+        margins, alpha = quality.margins, quality.alpha
     sources = [f"store {path}" for path in args.store] + [f"results {p}" for p in args.results]
-    paths = build_report(records, results, args.out, sources=sources)
+    paths = build_report(records, results, args.out, sources=sources, margins=margins, alpha=alpha)
     a = paths.analysis
     indent = "  " if a.several else ""
     for c in a.candidates.values():
@@ -63,4 +74,10 @@ def register(subparsers: Any) -> None:
         "--results", action="append", default=[], help="loadgen/matrix results JSONL (repeatable)"
     )
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument(
+        "--policy",
+        metavar="FILE",
+        help="the gateway's policy file: its quality section's margins and alpha judge "
+        "equivalence (default: the built-in margins, docs/quality.md)",
+    )
     p.set_defaults(func=_run)

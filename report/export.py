@@ -42,6 +42,7 @@ def _verdict(v: Verdict, c: CandidateAnalysis) -> dict[str, Any]:
         },
         "coverage": at.coverage if at is not None else None,
         "exclusions": dict(c.exclusions.get(v.category, {})),
+        "quality": eq.to_json() if (eq := c.equivalence.get(v.category)) is not None else None,
     }
 
 

@@ -11,8 +11,10 @@ from report.candidates import RULE
 from report.load import OPEN_LOOP
 from report.render import (
     CAND_HEAD,
+    EQUIVALENCE_HEAD,
     candidate_rows,
     counterfactual_rows,
+    equivalence_rows,
     est,
     gate_text,
     head_to_head_rows,
@@ -94,6 +96,11 @@ def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
     lines += ["## Decision gate", "", gate, ""]
     lines += _load(a)
     for c in a.candidates.values():
+        eq_rows = equivalence_rows(c, a.categories)
+        if eq_rows:
+            of = f" — {c.label}" if a.several else ""
+            lines += [f"## Quality equivalence{of}", ""]
+            lines += _table(EQUIVALENCE_HEAD, eq_rows)
         rows = [row[:4] for row in quality_rows(c, a.categories)]
         if rows:
             of = f" — {c.label}" if a.several else ""

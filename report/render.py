@@ -256,6 +256,27 @@ def _acceptance_rows(c: CandidateAnalysis) -> list[list[str]]:
     return rows
 
 
+EQUIVALENCE_HEAD = ["category", "verdict", "decided by", "sampled exchanges", "more needed", "MMD² (p)", "tests and effects"]  # fmt: skip
+
+
+def equivalence_rows(c: CandidateAnalysis, categories: Sequence[str]) -> list[list[str]]:
+    """One row per category: the quality verdict, what decided it, the effects with intervals."""
+    rows = []
+    for cat in [*categories, ALL]:
+        eq = c.equivalence.get(cat)
+        if eq is None:
+            continue
+        mmd = "—" if eq.mmd is None else f"{eq.mmd.statistic:.4f} ({eq.mmd.p_value:.3f})"
+        effects = "; ".join(
+            t.text() + ("" if t.inside else " — outside") for t in eq.metrics.values()
+        )
+        rows.append([
+            cat, eq.verdict, eq.decided_by or "—", str(eq.n),
+            "—" if eq.needed is None else str(eq.needed), mmd, effects or eq.summary(),
+        ])  # fmt: skip
+    return rows
+
+
 def quality_rows(c: CandidateAnalysis, categories: Sequence[str]) -> list[list[str]]:
     rows = []
     for cat in [*categories, ALL]:
@@ -432,7 +453,13 @@ def _candidate_sections(
         "They are different quantities.</p>",
         _figure(figs.get(f"acceptance:{c.backend}"), "Candidate tokens per event (boxes) and mean acceptance length (diamonds)", "No candidate acceptance data."),
         _table(["group", "n", "tokens/event", "mean acceptance length", "draft acceptance rate", "coverage"], _acceptance_rows(c)),
-        f"<h2>Quality: equivalence against the noise floor{of}</h2>",
+        f"<h2>Quality: equivalence on sampled traffic{of}</h2>",
+        '<p class="muted">Candidate and baseline (or, without one, the primary) answer the same prompts independently: a lossless candidate is exchangeable with it. '
+        "Paired sign-flip permutation tests per metric and an MMD test on the outputs (string kernel), Holm-corrected; "
+        "<b>equivalent</b> when every metric's 90 % interval lies inside its margin (TOST at 5 %), <b>not_equivalent</b> when a test rejects beyond the margin. "
+        "Greedy exchanges are judged by exact match below.</p>",
+        _table(EQUIVALENCE_HEAD, equivalence_rows(c, a.categories)),
+        f"<h2>Quality: greedy exact match against the noise floor{of}</h2>",
         '<p class="muted">A candidate divergence rate means something only next to the baseline\'s (two plain copies of the primary also diverge: batching, kernels, numerics).</p>',
         _figure(figs.get(f"quality:{c.backend}"), "Share of exchanges not exactly equal to the primary, with Wilson 95 % CI", "No comparisons recorded."),
         _table(["category", "candidate diverges", "baseline diverges (noise)", "vs noise", "flagged (greedy)", "JSON valid", "JSON equal", "tool calls equal", "one-sided refusals", "similarity p50"], quality_rows(c, a.categories)),

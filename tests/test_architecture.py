@@ -24,7 +24,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "gateway": frozenset({"core", "policies", "otel"}),
     "counterfactual": frozenset({"core", "evidence"}),
     "loadgen": frozenset({"core", "evidence", "counterfactual"}),
-    "report": frozenset({"core", "evidence", "counterfactual", "loadgen"}),
+    "report": frozenset({"core", "policies", "evidence", "counterfactual", "loadgen"}),
     "backends": frozenset({"core"}),
     "specshadow": frozenset(
         {

@@ -415,3 +415,18 @@ def test_schema_documents_every_field() -> None:
         if not spec.get("description")
     ]
     assert undocumented == []
+
+
+def test_quality_margins_override_the_defaults_and_unknown_metrics_name_their_path() -> None:
+    from core.quality import DEFAULT_MARGINS
+
+    compiled = parse_policy(with_change("quality.margins", {"refusal_rate": 0.01}), source="t")
+    assert compiled.quality.margins["refusal_rate"] == 0.01
+    assert compiled.quality.margins["length_ratio"] == DEFAULT_MARGINS["length_ratio"]
+    assert parse_policy(copy.deepcopy(BASE), source="t").quality.margins == DEFAULT_MARGINS
+    (problem,) = problems_of(with_change("quality.margins", {"refusals": 0.01}))
+    assert problem.startswith("quality.margins.refusals: unknown metric (known: ")
+    assert any(
+        p.startswith("quality.margins.refusal_rate")
+        for p in problems_of(with_change("quality.margins", {"refusal_rate": 2}))
+    )
