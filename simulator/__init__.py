@@ -12,10 +12,15 @@ and per chunk exactly the ids that chunk's text carries; shapes in :mod:`simulat
 ``drafting="replay"`` drafts with vLLM's own n-gram proposer (or a simulated drafter) over them,
 accepting what equals the output — ground truth for counterfactual replays.
 
+``sampling=True`` draws plain-text answers from a known per-prompt token distribution
+(:mod:`simulator.sampling`: the exact probabilities, lossless speculative sampling, and lossy
+modes that reproduce real speculative-decoding bugs), so quality-equivalence tests between two
+servers can be held to a known truth.
+
 Layout: pure cores ``config`` (settings, faults), ``textgen`` (tokens, JSON), ``tokens`` (ids,
 chat template), ``ngram`` (vLLM's proposer, ported), ``drafter`` (the simulated draft model),
-``acceptance`` (step model drawn or replayed, expected rates), ``request`` (parsing,
-validation), ``plan`` (the answer),
+``acceptance`` (step model drawn or replayed, expected rates), ``sampling`` (sampled
+answers and their ground truth), ``request`` (parsing, validation), ``plan`` (the answer),
 ``render`` (vLLM-shaped bodies); I/O shell ``app`` (aiohttp, ``run_simulator``) with ``metrics``
 and ``state``; ``cli`` (``specshadow simulate``).
 """

@@ -2,7 +2,9 @@
 
 Two ways to decide the steps: drawn from per-position probabilities (:func:`plan_steps`,
 ``drafting="probabilistic"``) or replayed from a real proposer over token ids
-(:func:`replay_steps`, ``drafting="replay"``).
+(:func:`replay_steps`, ``drafting="replay"``). A sampled answer (``SimConfig.sampling``) with
+drawn drafts takes its steps from real speculative sampling instead
+(:func:`simulator.sampling.generate`), under the same step contract.
 
 **Drawn** (seeded). A request's output of ``n`` tokens is produced by steps: the prefill step emits the first token
 (vLLM drafts nothing before the first token exists), then each decode step either has no draft

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from simulator.app import run_simulator
-from simulator.config import Acceptance, SimConfig, parse_faults
+from simulator.config import SAMPLING_DEFECTS, Acceptance, SimConfig, parse_faults
 
 
 def _acceptance(text: str) -> Acceptance:
@@ -65,6 +65,12 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         always_metrics=args.always_metrics,
         stamp_events=not args.no_stamps,
         faults=parse_faults(args.fault),
+        sampling=args.sampling,
+        sampling_defect=args.sampling_defect,
+        logit_noise_sigma=args.logit_noise_sigma,
+        model_salt=args.model_salt,
+        defect_strength=args.defect_strength,
+        draft_logit_sigma=args.draft_logit_sigma,
     )
 
 
@@ -181,5 +187,37 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-stamps", action="store_true", help="omit ': sent_ns=' SSE comments")
     p.add_argument(
         "--fault", default="", help="default faults, e.g. 'status=503' (x-sim-fault syntax)"
+    )
+    p.add_argument(
+        "--sampling",
+        action="store_true",
+        help="draw text answers from a known per-prompt model (temperature, top_p, seed apply)",
+    )
+    p.add_argument(
+        "--sampling-defect",
+        choices=SAMPLING_DEFECTS,
+        default="none",
+        help="a lossy sampling mode reproducing a speculative-decoding bug (needs --sampling)",
+    )
+    p.add_argument(
+        "--logit-noise-sigma",
+        type=float,
+        default=0.0,
+        help="logit_noise: std of the Gaussian noise added to every logit",
+    )
+    p.add_argument(
+        "--model-salt", default="target", help="names the sampling model (another: another model)"
+    )
+    p.add_argument(
+        "--defect-strength",
+        type=float,
+        default=1.0,
+        help="different_model: weight of the other model's logits, 0 < w <= 1",
+    )
+    p.add_argument(
+        "--draft-logit-sigma",
+        type=float,
+        default=0.7,
+        help="speculative sampling: std of the drafter's fixed logit perturbation (0: exact)",
     )
     p.set_defaults(func=_run)

@@ -6,6 +6,7 @@ config also holds the ground truth's parameters (see :func:`simulator.acceptance
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -14,6 +15,16 @@ from typing import Literal
 Mode = Literal["plain", "speculative"]
 Batching = Literal["independent", "continuous"]
 Drafting = Literal["probabilistic", "replay"]
+SamplingDefect = Literal[
+    "none", "greedy_collapse", "draft_temperature_ignored", "different_model", "logit_noise"
+]
+SAMPLING_DEFECTS: tuple[str, ...] = (
+    "none",
+    "greedy_collapse",
+    "draft_temperature_ignored",
+    "different_model",
+    "logit_noise",
+)
 Acceptance = float | tuple[float, ...]
 
 # Header that injects faults into one request (same syntax as ``SimConfig.faults``).
@@ -154,6 +165,38 @@ class SimConfig:
     ``num_speculative_tokens``, ``prompt_lookup_min`` / ``prompt_lookup_max`` (n-gram) and
     ``rejection_sample_method`` (``synthetic`` declares a lossy
     verification — pair it with ``divergence_at`` for outputs that show it).
+
+    Sampling (``sampling=True``; :mod:`simulator.sampling` is the ground truth): plain-text
+    answers (not structured outputs, not tool calls, which stay deterministic) are drawn token by
+    token from a known per-prompt Markov model named by ``model_salt`` (another salt is another
+    model), EOS between ``min_output_tokens`` and ``max_output_tokens``. The request's
+    ``temperature`` (absent: 1.0, as in vLLM and the OpenAI API) and ``top_p`` (absent: 1.0)
+    apply; ``temperature: 0`` is greedy, the model's argmax, so greedy answers are the same on
+    every server with the same model and in both modes. A request ``seed`` makes the draw
+    reproducible, else every request draws fresh entropy (two servers answering the same prompt
+    draw independently). ``copy`` does not apply to sampled text. Reported logprobs are the
+    model's raw ones (temperature 1, no truncation: vLLM's ``raw_logprobs``). In speculative mode
+    the steps of a sampled answer come from real speculative sampling (lossless) with a drafter
+    whose logits are the model's plus a fixed perturbation of std ``draft_logit_sigma`` (0: the
+    drafter is the model, every draft accepted), not from ``acceptance``; ``coverage`` still
+    decides which steps draft. With ``drafting="replay"`` the answer is drawn plainly and the
+    steps replayed over it (accepting a one-hot draft iff it equals the drawn token *is*
+    speculative sampling for one-hot drafts).
+
+    ``sampling_defect`` (needs ``sampling``) reproduces real speculative-decoding bugs:
+    ``greedy_collapse`` commits the argmax whatever the temperature (an EAGLE verify path that
+    commits argmax); ``draft_temperature_ignored`` (speculative, drawn drafts) draws drafts at
+    temperature 1 while acceptance uses the request's temperature — biased; ``different_model``
+    samples from ``√(1 − w²) × target + w × another model``, ``w = defect_strength`` in (0, 1];
+    ``logit_noise`` adds fresh Gaussian noise of std ``logit_noise_sigma`` (> 0) to the target's
+    logits at every position before sampling (a numerics bug), greedy requests included.
+
+    Requests vLLM will not speculate on (``vllm/v1/spec_decode/utils.py``,
+    ``is_spec_decode_unsupported``): in speculative mode a request with ``frequency_penalty`` ≠ 0,
+    ``presence_penalty`` ≠ 0, ``repetition_penalty`` ≠ 1 or ``min_p`` > 0 is served with plain
+    decoding — one token per step, no drafts in its ``metrics`` nor in ``vllm:spec_decode_*`` —
+    with or without ``sampling``; the penalties themselves do not change the answer. (Some vLLM
+    versions also exclude requests with ``logprobs``; the simulator does not.)
     """
 
     model: str = "sim-model"
@@ -195,6 +238,12 @@ class SimConfig:
     category_copy: Mapping[str, float] = field(default_factory=dict)
     rejection_sample_method: str = "standard"
     server_info: bool = True
+    sampling: bool = False
+    model_salt: str = "target"
+    sampling_defect: SamplingDefect = "none"
+    logit_noise_sigma: float = 0.0
+    defect_strength: float = 1.0
+    draft_logit_sigma: float = 0.7
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens
@@ -239,6 +288,7 @@ class SimConfig:
             for cat, p in {"": default, **table}.items():
                 if not 0.0 <= p <= 1.0:
                     raise ValueError(f"{name}{f'[{cat!r}]' if cat else ''}: expected 0..1, got {p}")
+        self._check_sampling()
         # Read-only copies: the config is shared by every request of a server.
         object.__setattr__(
             self, "category_acceptance", MappingProxyType(dict(self.category_acceptance))
@@ -251,6 +301,30 @@ class SimConfig:
             self, "category_drafter_match", MappingProxyType(dict(self.category_drafter_match))
         )
         object.__setattr__(self, "aliases", tuple(self.aliases))
+
+    def _check_sampling(self) -> None:
+        defect = self.sampling_defect
+        if defect not in SAMPLING_DEFECTS:
+            raise ValueError(f"sampling_defect: expected one of {SAMPLING_DEFECTS}, got {defect!r}")
+        if defect != "none" and not self.sampling:
+            raise ValueError(f"sampling_defect={defect!r} needs sampling=True")
+        if defect == "draft_temperature_ignored" and (
+            not self.speculative or self.drafting != "probabilistic"
+        ):
+            raise ValueError(
+                "sampling_defect='draft_temperature_ignored' needs mode='speculative' with "
+                "drafting='probabilistic' (it is a drafter's bug)"
+            )
+        if not self.model_salt:
+            raise ValueError("model_salt: expected a non-empty string")
+        if not (self.logit_noise_sigma >= 0.0 and math.isfinite(self.logit_noise_sigma)):
+            raise ValueError(f"logit_noise_sigma: expected >= 0, got {self.logit_noise_sigma}")
+        if defect == "logit_noise" and self.logit_noise_sigma == 0.0:
+            raise ValueError("sampling_defect='logit_noise' needs logit_noise_sigma > 0")
+        if not 0.0 < self.defect_strength <= 1.0:
+            raise ValueError(f"defect_strength: expected 0 < w <= 1, got {self.defect_strength}")
+        if not (self.draft_logit_sigma >= 0.0 and math.isfinite(self.draft_logit_sigma)):
+            raise ValueError(f"draft_logit_sigma: expected >= 0, got {self.draft_logit_sigma}")
 
     @property
     def served_names(self) -> tuple[str, ...]:

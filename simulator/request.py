@@ -19,11 +19,19 @@ the same prompt (:func:`parse_tokenize` reads that endpoint's bodies).
 ``return_token_ids`` (vLLM ≥ 0.10.2; a boolean, ``null`` meaning false, anything else a 400) asks
 chat and completions answers to carry the prompt's ids and the generated ids;
 :mod:`simulator.render` documents where they go.
+
+Sampling parameters: ``temperature``, ``top_p`` and ``seed`` are read for sampled answers
+(``SimConfig.sampling``), and ``frequency_penalty``, ``presence_penalty``,
+``repetition_penalty`` and ``min_p`` decide ``spec_decode_unsupported`` (vLLM serves such a
+request without speculation). A sampling server validates them as vLLM does (400 for a negative
+temperature, ``top_p`` outside (0, 1], a seed that is not a 64-bit integer, penalties out of
+range); any other server ignores malformed values, answering exactly as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,6 +40,7 @@ from simulator.config import SimConfig
 from simulator.tokens import chat_ids, content_pieces, decode_piece, text_ids, text_pieces
 
 Route = Literal["chat", "completions", "responses"]
+_SAMPLING_EPS = 1e-5  # vLLM's: a min_p at or below it is off
 
 
 class SimRequestError(Exception):
@@ -73,10 +82,18 @@ class SimRequest:
     prompt_token_ids: bool = False  # a completions prompt given as token ids
     prompt_logprobs: int | None = None
     return_token_ids: bool = False  # vLLM's ``return_token_ids`` (chat and completions only)
+    temperature: float | None = None  # absent: vLLM's default, 1.0 (:attr:`effective_temperature`)
+    top_p: float = 1.0
+    seed: int | None = None
+    spec_decode_unsupported: bool = False  # penalties or min_p: vLLM serves it without drafts
 
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def effective_temperature(self) -> float:
+        return 1.0 if self.temperature is None else self.temperature
 
 
 def _int_field(body: Mapping[str, Any], key: str, *, minimum: int) -> int | None:
@@ -86,6 +103,69 @@ def _int_field(body: Mapping[str, Any], key: str, *, minimum: int) -> int | None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise SimRequestError(400, f"{key} must be an integer >= {minimum}", param=key)
     return value
+
+
+def _number(
+    body: Mapping[str, Any], key: str, strict: bool, ok: Callable[[float], bool], rule: str
+) -> float | None:
+    """A float field; a bad one is a 400 when ``strict``, else ignored (``None``)."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond any double
+            number = math.inf
+        if math.isfinite(number) and ok(number):
+            return number
+    if strict:
+        raise SimRequestError(400, f"{key} must be {rule}, got {value!r}", param=key)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _SamplingParams:
+    temperature: float | None
+    top_p: float
+    seed: int | None
+    spec_decode_unsupported: bool
+
+
+def _penalty_ok(value: float) -> bool:
+    return -2.0 <= value <= 2.0
+
+
+def _sampling_params(body: Mapping[str, Any], strict: bool) -> _SamplingParams:
+    """``temperature``, ``top_p``, ``seed`` and whether vLLM would speculate (see
+    ``SimConfig``). Validated like vLLM when ``strict`` (a sampling server); otherwise bad
+    values are ignored, so a server that does not sample answers exactly as before."""
+    temperature = _number(body, "temperature", strict, lambda v: v >= 0.0, "a number >= 0")
+    top_p = _number(body, "top_p", strict, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
+    raw_seed = body.get("seed")
+    seed: int | None = None
+    if raw_seed is not None:
+        if (
+            isinstance(raw_seed, int)
+            and not isinstance(raw_seed, bool)
+            and -(2**63) <= raw_seed < 2**63
+        ):
+            seed = raw_seed
+        elif strict:
+            raise SimRequestError(
+                400, f"seed must be a 64-bit integer, got {raw_seed!r}", param="seed"
+            )
+    frequency = _number(body, "frequency_penalty", strict, _penalty_ok, "in [-2, 2]")
+    presence = _number(body, "presence_penalty", strict, _penalty_ok, "in [-2, 2]")
+    repetition = _number(body, "repetition_penalty", strict, lambda v: v > 0.0, "a number > 0")
+    min_p = _number(body, "min_p", strict, lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
+    unsupported = (
+        (frequency or 0.0) != 0.0
+        or (presence or 0.0) != 0.0
+        or (repetition if repetition is not None else 1.0) != 1.0
+        or (min_p or 0.0) > _SAMPLING_EPS
+    )
+    return _SamplingParams(temperature, 1.0 if top_p is None else top_p, seed, unsupported)
 
 
 def _pick_tool(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -269,6 +349,7 @@ def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
         logprobs = top_or_none is not None
         top = top_or_none or 0
         prompt_logprobs = _int_field(body, "prompt_logprobs", minimum=0)
+    sampling = _sampling_params(body, config.sampling)
     return SimRequest(
         route=route,
         model=model,
@@ -289,6 +370,10 @@ def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
         prompt_token_ids=as_ids,
         prompt_logprobs=prompt_logprobs,
         return_token_ids=bool(return_token_ids),
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        spec_decode_unsupported=sampling.spec_decode_unsupported,
     )
 
 

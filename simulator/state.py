@@ -58,6 +58,7 @@ class RequestRecord:
     finished_ns: int | None = None
     step_ns: list[int] = field(default_factory=list)  # when each step's tokens were emitted
     events: list[SentEvent] = field(default_factory=list)
+    sampling: dict[str, Any] | None = None  # a sampled answer's parameters (SampledWith)
 
     @classmethod
     def from_plan(
@@ -87,6 +88,7 @@ class RequestRecord:
             per_step_accepted=tuple(s.accepted for s in plan.steps),
             faults=faults,
             arrival_ns=arrival_ns,
+            sampling=plan.sampling.to_json() if plan.sampling is not None else None,
         )
 
     @property
@@ -114,7 +116,7 @@ class RequestRecord:
         return [e.sent_ns for e in self.events]
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "request_id": self.request_id,
             "route": self.route,
             "model": self.model,
@@ -146,6 +148,9 @@ class RequestRecord:
                 {"kind": e.kind, "sent_ns": e.sent_ns, "tokens": e.tokens} for e in self.events
             ],
         }
+        if self.sampling is not None:  # only on a sampling server: other records are unchanged
+            out["sampling"] = self.sampling
+        return out
 
 
 class SimState:
