@@ -104,11 +104,9 @@ def records(n: int, candidate: Model, baseline: Model, seed: int) -> list[dict[s
     return out
 
 
-def verdict(
-    n: int, candidate: Model, seed: int, baseline: Model = Model(), **margins: float
-) -> Any:
-    pairs = collect(records(n, candidate, baseline, seed), "cand")["all"]
-    return judge(pairs, None, seed=seed, margins={**DEFAULT_MARGINS, **margins})
+def verdict(n: int, candidate: Model, seed: int, margins: dict[str, float] | None = None) -> Any:
+    pairs = collect(records(n, candidate, Model(), seed), "cand")["all"]
+    return judge(pairs, None, seed=seed, margins={**DEFAULT_MARGINS, **(margins or {})})
 
 
 def test_holm_steps_down_and_stops_at_the_first_acceptance() -> None:
@@ -153,12 +151,12 @@ def test_a_different_candidate_is_called_not_equivalent(
 def test_equivalence_is_reached_with_enough_exchanges_and_says_how_many_before() -> None:
     """Small samples say not_enough_data with a count; that count (roughly) suffices."""
     loose = {"refusal_rate": 0.06, "length_ratio": 0.08, "longest_repeat_ratio": 0.3}
-    small = verdict(40, Model(), seed=3, **loose)
+    small = verdict(40, Model(), 3, loose)
     assert small.verdict == "not_enough_data" and small.needed is not None and small.needed > 0
     target = small.n + small.needed
     assert target < 400, small.reasons
     reached = sum(
-        verdict(target, Model(), seed, **loose).verdict == "equivalent" for seed in range(100, 110)
+        verdict(target, Model(), seed, loose).verdict == "equivalent" for seed in range(100, 110)
     )
     assert reached >= 6, (target, reached)  # 80 % power stated; 6/10 leaves binomial slack
 
