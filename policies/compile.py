@@ -378,6 +378,7 @@ def _rollout(rollout: Rollout | None, plans: Sequence[LegPlan]) -> RolloutSpec |
             g.divergence_rate_max,
             g.tokens_per_event_min,
             g.kv_usage_max,
+            g.sampled_divergence_max,
         ),
         fingerprint=hashlib.sha256(block).hexdigest()[:16],
     )

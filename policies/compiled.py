@@ -193,6 +193,7 @@ class GuardSpec:
     divergence_rate_max: float | None = 0.05
     tokens_per_event_min: float | None = 1.2
     kv_usage_max: float | None = 0.95
+    sampled_divergence_max: float | None = 0.0
 
 
 @dataclass(frozen=True, slots=True)

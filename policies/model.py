@@ -327,36 +327,49 @@ Fraction = Annotated[float, Field(ge=0, le=1)]
 
 
 class Guards(_Strict):
-    """What rolls a canary back, evaluated live in the gateway over a rolling window of the rule's
-    exchanges that have a candidate leg (served or shadow). A guard may fire only once it has
-    ``min_samples`` observations on each side it compares; each uses a one-sided bound at
-    ``confidence`` (docs/rollout.md says which and why). ``null`` turns a guard off."""
+    """What rolls a canary back, evaluated live in the gateway after every exchange of the rule
+    that has a candidate leg (served or shadow). Each statistical guard is an anytime-valid
+    sequential test (a betting e-process, Ville's inequality): however long the rollout runs and
+    however often it is looked at, a candidate within every threshold is rolled back with
+    probability at most ``1 − confidence`` (docs/rollout.md says which test, what it assumes and
+    how fast each one fires). ``null`` turns a guard off."""
 
     min_samples: int = Field(default=20, ge=5, le=100_000)
-    """Observations a guard needs before it may fire (per side it compares)."""
+    """Observations a guard must have tested before it may fire."""
     window: int = Field(default=200, ge=10, le=100_000)
-    """Rolling window: the last N exchanges of the rule with a candidate leg."""
+    """Forgetting horizon: no decision uses evidence older than a guard's last N observations (a
+    fresh test starts every N/2 of them and runs for N). Too small a window can keep a guard from
+    ever gathering enough evidence to fire; ``/admin/rollout`` shows ``needs``."""
     confidence: float = Field(default=0.99, ge=0.8, le=0.9999)
-    """Confidence of each guard's one-sided bound. Guards are re-evaluated after every exchange,
-    so a high value keeps false alarms rare."""
+    """1 − the probability that a candidate within every threshold is ever rolled back by a
+    guard, over the whole rollout (split evenly over the enabled guards, spent over the restarts
+    of each)."""
     e2e_p99_ratio_max: Annotated[float, Field(ge=1)] | None = 1.5
-    """Fires when the candidate's p99 e2e — its lower confidence bound, an order statistic —
-    exceeds this multiple of the primary's p99 e2e in the same window."""
+    """Fires when the candidate's p99 e2e exceeds this multiple of the primary's p99 e2e: tested
+    on pairs of the two legs, as "the candidate exceeds this multiple of the primary's recent p99
+    more often than the primary exceeds its p99"."""
     tpot_p99_ratio_max: Annotated[float, Field(ge=1)] | None = 1.5
     """The same for p99 time per output token."""
     error_rate_delta_max: Fraction | None = 0.02
-    """Fires when the candidate's error rate (Wilson lower bound) exceeds the primary's by more
-    than this. A failover to the primary counts as a candidate error."""
+    """Fires when the candidate's error rate exceeds the primary's by more than this (tested on
+    pairs of the two legs). A failover to the primary counts as a candidate error."""
     divergence_rate_max: Fraction | None = 0.05
-    """Fires when the candidate's greedy divergence from the primary (Wilson lower bound)
-    exceeds the noise floor — the baseline leg's divergence in the window, 0 without one — by
-    more than this."""
+    """Fires when the candidate's greedy divergence from the primary exceeds the noise floor by
+    more than this — the floor is the baseline leg's divergence on the same exchange, 0 on an
+    exchange without one."""
     tokens_per_event_min: Annotated[float, Field(ge=1)] | None = 1.2
-    """Fires when the candidate's mean tokens per event (upper confidence bound) falls below
-    this: acceptance collapsed, speculation is no longer buying anything."""
+    """Fires when the candidate's mean tokens per event falls below this (each request counted up
+    to twice this value): acceptance collapsed, speculation is no longer buying anything."""
     kv_usage_max: Annotated[float, Field(gt=0, le=1)] | None = 0.95
     """Fires when the candidate's scraped KV-cache usage stays at or above this for its last
-    three scrapes (needs a metrics URL)."""
+    three scrapes (needs a metrics URL). A sustained gauge, not a statistical test."""
+    sampled_divergence_max: Annotated[float, Field(ge=0, le=4)] | None = 0.0
+    """Sampled traffic (temperature > 0): fires when the candidate's outputs come from a different
+    distribution than a baseline leg's (a plain copy of production) on the same requests — by a
+    string-kernel MMD² above this, pooled with the outputs' lengths and repetition. ``0`` (the
+    default) tests that the two outputs are exchangeable, what a lossless candidate promises; a
+    margin tolerates a difference but makes the test much slower. Needs a baseline leg: without
+    one the guard is ``unavailable``."""
 
 
 class Hold(_Strict):
