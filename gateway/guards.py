@@ -1,54 +1,107 @@
 """Rollout guards: is the candidate still safe to serve? (pure; the controller calls it).
 
-Each guard looks at a rolling window of the rule's exchanges that had a candidate leg — served to
-the client or mirrored — and compares the candidate with the primary legs of the same window.
-The rule is a **fixed window with a one-sided confidence bound**, re-evaluated after every
-exchange, chosen over a sequential test (SPRT) because every bound here is exact or
-distribution-free for the statistic the operator wrote down, the window forgets an old episode
-by itself, and the number of bad observations that trips a guard at a given window size is a
-closed form the operator can read in ``/admin/rollout`` (``needs``). Re-evaluation means many
-looks at overlapping data, so the default confidence is 0.99, not 0.95.
+Every exchange of a rolling-out rule that had a candidate leg — served to the client or
+mirrored — becomes one :class:`Observation` (:func:`observe`). A :class:`GuardBank` feeds each
+observation to every enabled guard and is asked, after each one, whether a guard has breached.
+Because it is asked after *every* exchange for as long as the rule rolls out, each statistical
+guard is an **anytime-valid** test (:mod:`gateway.sequential`): a betting e-process — restarted
+when a healthy stretch has handicapped it or when its evidence is older than ``window`` and no
+longer growing, the ``j``-th one held to ``1/α_j`` with ``α_j = α_g / (j (j + 1))`` — breach at
+the first e-value that reaches its threshold. ``α = 1 − confidence`` is split evenly over the
+enabled statistical guards (``α_g = α / K``), so
 
-- ``e2e_p99_ratio`` / ``tpot_p99_ratio``: the candidate's p99 *lower* bound — the order
-  statistic ``x(r)`` with the largest ``r`` such that ``P(Binomial(n, 0.99) ≥ r) ≥ confidence``,
-  valid for any distribution — against ``max`` × the primary's p99 point estimate. A candidate
-  that turns uniformly slower trips it after ``n − r + 1`` slow observations.
-- ``error_rate_delta``: the candidate's error rate, Wilson lower bound, minus the primary's
-  error rate; a failover counts as a candidate error.
-- ``divergence_rate``: the candidate's greedy divergence from the primary, Wilson lower bound,
-  minus the noise floor (the baseline leg's divergence rate in the window, 0 without one).
-- ``tokens_per_event``: the candidate's mean tokens per event, upper bound (mean +
-  z·s/√n), against ``min`` — acceptance collapse.
-- ``kv_usage``: the candidate's scraped KV-cache usage, fires when its last three scrapes are all
-  at or above ``max`` (sustained, not a spike).
+    P(a candidate within every threshold is ever rolled back by a guard) ≤ 1 − confidence
 
-:func:`observe` turns one finished exchange into the guards' :class:`Observation`.
+over an arbitrarily long canary, with every exchange looked at — provided, for each guard, the
+null inequality below holds for every observation (given the past) while the candidate is within
+that guard's threshold. ``window`` is the forgetting horizon: evidence older than ``window`` of
+the guard's observations that has stopped growing is dropped. ``min_samples``: a guard does not
+breach before it has tested that many observations (it is ``waiting``), which only removes
+rejections.
 
-A guard is ``waiting`` until it has ``min_samples`` observations on each side it compares,
-``unavailable`` when a full window brought none at all (e.g. no streamed candidate leg, or no
-metrics URL), ``ok`` or ``breach``.
+Each guard's ``x`` (positive: evidence against the candidate), its null and its bound:
+
+- ``e2e_p99_ratio`` / ``tpot_p99_ratio`` (``max`` = r): on each pair — the candidate's and the
+  primary's latency of one exchange when it has both (a canary: nearly always), else a value
+  with the newest unpaired one of the other side —
+  ``x = 1{c > r·ρ} − 1{p > ρ}``, ``ρ`` the primary's p99 over the previous ``window`` pairs.
+  Null: ``P(c > r·ρ) ≤ P(p > ρ)`` at the thresholds ``ρ`` used — at ``ρ`` = the primary's p99
+  exactly this is "the candidate's p99 ≤ r × the primary's". It holds for any candidate whose
+  latency over ``r`` is no heavier-tailed than the primary's, in particular an identical one or
+  one up to ``r`` times slower, and on pairs from one exchange under any load pattern (both legs
+  see the same load); a pair from two exchanges assumes the latencies' law did not change between
+  them. ``x ≥ −1``. (In ``live`` pairs come only from the ``reference_ratio`` share mirrored to
+  the primary: the comparative guards are that much slower there.)
+- ``error_rate_delta`` (``max`` = δ): ``x = err_c − err_p − δ`` on pairs as above (a failover
+  counts as a candidate error). Null: the candidate's error probability exceeds the primary's
+  by at most δ. ``x ≥ −1 − δ``.
+- ``divergence_rate`` (``max`` = δ): on greedy comparable exchanges, ``x = div_c − div_b − δ``
+  where the exchange also has a baseline comparison (its noise floor), else ``x = div_c − δ``
+  (floor 0). Null: the candidate diverges from the primary at most δ more often than a plain
+  copy does on the same exchanges. ``x ≥ −1 − δ``.
+- ``tokens_per_event`` (``min`` = m): ``x = m − min(tpe, 2m)`` per streamed candidate leg.
+  Null: the mean of the per-request tokens per event, each counted up to ``2m``, is ≥ m. (A mean
+  over an unbounded range cannot be tested at all — one request that arrives in one event can
+  hide any collapse — so each request counts at most ``2m``; that changes nothing unless
+  collapsed requests are mixed with ones above ``2m``.) ``x ≥ −m``.
+- ``sampled_divergence`` (``max`` = δ): on consecutive disjoint pairs ``(i, j)`` of sampled
+  exchanges with a completed candidate leg (served or mirrored) and a completed baseline leg,
+  both sketched,
+  ``h = k(cᵢ,cⱼ) + k(bᵢ,bⱼ) − k(cᵢ,bⱼ) − k(bᵢ,cⱼ)``, ``k`` the dot product of sketches (a string
+  kernel): its mean is the MMD² between the candidate's and the baseline's output distributions
+  (averaged over prompts), ``|h| ≤ 4``. Pooled (weights 4:1:1:1:1) with two-sided tests of the
+  normalised length difference ``(u_c − u_b)/(u_c + u_b)`` and of the repetition difference. With
+  ``δ = 0`` (default) the null is **exchangeability**: the candidate's and the baseline's outputs
+  for one request are two independent draws from one distribution, what a lossless candidate
+  promises; swapping them flips the sign of every statistic, so each is symmetric about 0 and
+  its clipped, self-scaled value ``clip(s / scale, −1, 1)`` has mean 0 whatever its scale
+  (predictable) — full-strength bets. With ``δ > 0`` the null is ``MMD² ≤ δ`` (and each scalar's
+  mean difference ≤ √δ, its MMD² for a linear kernel), tested on ``h − δ ≥ −4 − δ``: valid, and
+  far weaker (the bets are limited by ``h``'s worst case). Without a baseline leg there is no
+  reference for a sampled output: the guard is ``unavailable`` and says a baseline leg is needed.
+- ``kv_usage``: not a statistical test — a sustained gauge. Fires when the candidate's last
+  three scraped KV-cache usages are all ≥ ``max``; outside the α above.
+
+What a state reports (``GuardState``; ``/admin/rollout``): ``value`` the statistic as the
+operator reads it (point estimate over the rule's last ``window`` observations), ``bound`` the
+e-value of the running e-process (1 = no evidence; its threshold ``1/α_j`` is in ``detail``), ``needs`` how many worst-case observations in a row would trip it now (None
+where there is no single worst case: ``sampled_divergence``, ``kv_usage`` its 3 scrapes).
+A guard is ``waiting`` until it has tested ``min_samples`` observations, ``unavailable`` when the
+rule's last ``window`` observations brought it none (no streamed candidate leg, no metrics URL,
+no baseline leg for sampled traffic), else ``ok`` or ``breach``.
+
+:func:`observe` turns one finished exchange into an :class:`Observation` (cheap: it runs on the
+evidence worker's thread); :func:`evaluate` replays a sequence of them into a fresh bank.
 """
 
 from __future__ import annotations
 
 import math
+import operator
+from bisect import bisect_left, insort
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from statistics import NormalDist, fmean, stdev
-from typing import Literal
+from typing import Literal, TypeVar
 
-from core.evidence import Evidence
+from core.evidence import Evidence, LegQuality
 from core.exchange import Exchange, LegResult, Role
-from core.stats import percentile_sorted, wilson
+from core.stats import percentile_sorted
+from gateway.sequential import SequentialTest
 from policies.compiled import GuardSpec
 
 GuardName = Literal[
     "e2e_p99_ratio", "tpot_p99_ratio", "error_rate_delta", "divergence_rate",
-    "tokens_per_event", "kv_usage",
+    "tokens_per_event", "sampled_divergence", "kv_usage",
 ]  # fmt: skip
 GuardStatus = Literal["ok", "breach", "waiting", "unavailable"]
 KV_SUSTAINED = 3  # consecutive scrapes
+REFERENCE_MIN = 5  # paired primary values before the p99 guards test (ρ needs some)
+TPE_CAP = 2.0  # tokens per event count up to this multiple of the minimum
+SCALE_MEMORY = 20  # pairs the sampled guard's scales remember
+SAMPLED_SHRINK = 1.0  # its bets stake on a recent mean one standard error above 0 (a null at 0)
+NEEDS_MAX = 10_000  # worst-case observations simulated for ``needs`` at most
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +118,11 @@ class Observation:
     candidate_tokens_per_event: float | None
     diverged: bool | None  # candidate vs primary, greedy and comparable
     baseline_diverged: bool | None  # baseline vs primary: the noise floor
+    sampled: bool = False  # a sampled (not greedy) exchange
+    # Sampled exchanges only: the candidate's and the first baseline leg's output, where that
+    # leg completed with a sketch (``LegQuality.sketch``).
+    candidate_output: LegQuality | None = None
+    baseline_output: LegQuality | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +130,11 @@ class GuardState:
     name: GuardName
     status: GuardStatus
     value: float | None  # the statistic as the operator reads it
-    bound: float | None  # the confidence bound the decision used
+    bound: float | None  # the e-value of the test (kv_usage: the lowest recent scrape)
     threshold: float
     samples: int  # candidate observations
     reference_samples: int | None  # primary (or baseline) observations; None: no reference
-    needs: int | None  # bad observations that would trip it at this window size
+    needs: int | None  # worst-case observations in a row that would trip it now
     detail: str
 
     def to_json(self) -> dict[str, object]:
@@ -93,171 +151,401 @@ class GuardState:
         }
 
 
-def z_value(confidence: float) -> float:
-    return NormalDist().inv_cdf(confidence)
+class _Pairs:
+    """Pairs a candidate value with a reference value: the two of one exchange when it has both,
+    else the newest unpaired value of the other side (values from exchanges close in time; each
+    used once; at most ``maxlen`` kept waiting, the oldest dropped). Which values pair depends
+    only on which exchanges had which legs, never on the values."""
+
+    __slots__ = ("c", "r")
+
+    def __init__(self, maxlen: int) -> None:
+        self.c: deque[float] = deque(maxlen=maxlen)
+        self.r: deque[float] = deque(maxlen=maxlen)
+
+    def add(self, c: float | None, r: float | None) -> tuple[float, float] | None:
+        if c is not None and r is not None:
+            return c, r
+        if c is not None:
+            if self.r:
+                return c, self.r.pop()
+            self.c.append(c)
+        elif r is not None:
+            if self.c:
+                return self.c.pop(), r
+            self.r.append(r)
+        return None
 
 
-def wilson_lower(k: int, n: int, z: float) -> float:
-    """The Wilson score interval's lower end (0 when n = 0)."""
-    interval = wilson(k, n, z)
-    return interval[0] if interval is not None else 0.0
+class _Guard:
+    """One statistical guard: its test, the observations it tested, its worst-case ``x``."""
+
+    name: GuardName
+    threshold: float
+    test: SequentialTest
+    bad: float | None = None  # the worst-case x, for ``needs``
+    what = ""
+
+    def __init__(self, alpha: float, spec: GuardSpec) -> None:
+        self.alpha = alpha
+        self.spec = spec
+        self.tested = 0
+
+    def update(self, o: Observation) -> None:
+        raise NotImplementedError
+
+    def _step(self, xs: Sequence[float | None]) -> None:
+        self.test.step(xs)
+        self.tested += 1
+
+    def rejects(self) -> bool:
+        return self.tested >= self.spec.min_samples and self.test.rejected
+
+    def summary(self, window: Sequence[Observation]) -> tuple[float | None, int, int | None]:
+        """``(value, samples, reference_samples)`` over the rule's recent observations."""
+        raise NotImplementedError
+
+    def unavailable_detail(self, window: Sequence[Observation]) -> str:
+        return self.what
+
+    def needs(self) -> int | None:
+        if self.bad is None or self.bad <= 0:
+            return None
+        test, tested = self.test.copy(), self.tested
+        for k in range(NEEDS_MAX + 1):
+            if tested >= self.spec.min_samples and test.rejected:
+                return k
+            test.step((self.bad,))
+            tested += 1
+        return None
+
+    def state(self, window: Sequence[Observation], with_needs: bool) -> GuardState:
+        value, samples, reference = self.summary(window)
+        e, threshold = self.test.evidence()
+        detail = (
+            f"{self.what}; e-value {e:.3g}, trips at {threshold:.3g} "
+            f"(anytime-valid, α {self.alpha:.2g} for this guard)"
+        )
+        status: GuardStatus
+        if self.rejects():
+            status = "breach"
+        elif samples == 0 and (reference or 0) == 0 and len(window) >= self.spec.min_samples:
+            status, detail = "unavailable", self.unavailable_detail(window)
+        elif self.tested < self.spec.min_samples:
+            status = "waiting"
+            detail = f"{self.what}; {self.tested} of {self.spec.min_samples} observations tested"
+        else:
+            status = "ok"
+        return GuardState(
+            self.name, status, value, e, self.threshold, samples, reference,
+            self.needs() if with_needs else None, detail,
+        )  # fmt: skip
 
 
-def _log_binom_pmf(k: int, n: int, p: float) -> float:
-    return (
-        math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
-        + k * math.log(p) + (n - k) * math.log1p(-p)
-    )  # fmt: skip
+class _QuantileRatio(_Guard):
+    """``x = 1{c > r·ρ} − 1{p > ρ}`` on pairs, ``ρ`` the paired primary's recent p99."""
+
+    bad = 1.0
+
+    def __init__(
+        self, name: GuardName, limit: float, c: str, p: str, alpha: float, spec: GuardSpec
+    ) -> None:
+        super().__init__(alpha, spec)
+        self.name, self.threshold, self.c, self.p = name, limit, c, p
+        self.test = SequentialTest(alpha, spec.window, (-1.0,))
+        self.pairs = _Pairs(spec.window)
+        self.ref_sorted: list[float] = []
+        self.ref_fifo: deque[float] = deque()
+        self.what = f"p99 candidate ÷ p99 primary ({p.split('_')[1]})"
+
+    def update(self, o: Observation) -> None:
+        pair = self.pairs.add(getattr(o, self.c), getattr(o, self.p))
+        if pair is None:
+            return
+        c, p = pair
+        ref = self.ref_sorted
+        n = len(ref)
+        if n >= REFERENCE_MIN:  # ρ: the p99 of the reference, as percentile_sorted has it
+            rank = (n - 1) * 0.99
+            lo = int(rank)
+            rho = ref[lo] + (ref[min(lo + 1, n - 1)] - ref[lo]) * (rank - lo)
+            self.test.step(((c > self.threshold * rho) - (p > rho),))
+            self.tested += 1
+        insort(ref, p)
+        self.ref_fifo.append(p)
+        if n >= self.spec.window:
+            del ref[bisect_left(ref, self.ref_fifo.popleft())]
+
+    def summary(self, window: Sequence[Observation]) -> tuple[float | None, int, int | None]:
+        cand = sorted(v for o in window if (v := getattr(o, self.c)) is not None)
+        prim = sorted(v for o in window if (v := getattr(o, self.p)) is not None)
+        value = None
+        if cand and prim:
+            reference = percentile_sorted(prim, 99.0) or 0.0
+            top = percentile_sorted(cand, 99.0) or 0.0
+            value = top / reference if reference > 0 else math.inf
+        return value, len(cand), len(prim)
 
 
-@lru_cache(maxsize=4096)
-def quantile_lower_rank(n: int, q: float, confidence: float) -> int:
-    """The largest ``r`` (1-based) with ``P(Binomial(n, q) ≥ r) ≥ confidence``, 0 if none: then
-    ``x(r)`` of a sorted sample is a distribution-free lower bound of the ``q`` quantile."""
-    tail = 0.0  # P(B >= r), accumulated from r = n downwards
-    for r in range(n, 0, -1):
-        tail += math.exp(_log_binom_pmf(r, n, q))
-        if tail >= confidence:
-            return r
-    return 0
+class _ErrorRate(_Guard):
+    """``x = err_c − err_p − δ`` on pairs."""
+
+    name: GuardName = "error_rate_delta"
+    what = "candidate error rate − primary error rate"
+
+    def __init__(self, limit: float, alpha: float, spec: GuardSpec) -> None:
+        super().__init__(alpha, spec)
+        self.threshold = limit
+        self.bad = 1.0 - limit
+        self.test = SequentialTest(alpha, spec.window, (-1.0 - limit,))
+        self.pairs = _Pairs(spec.window)
+
+    def update(self, o: Observation) -> None:
+        c = None if o.candidate_ok is None else float(not o.candidate_ok)
+        p = None if o.primary_ok is None else float(not o.primary_ok)
+        pair = self.pairs.add(c, p)
+        if pair is not None:
+            self._step((pair[0] - pair[1] - self.threshold,))
+
+    def summary(self, window: Sequence[Observation]) -> tuple[float | None, int, int | None]:
+        cand = [o.candidate_ok for o in window if o.candidate_ok is not None]
+        prim = [o.primary_ok for o in window if o.primary_ok is not None]
+        value = None
+        if cand:
+            value = cand.count(False) / len(cand) - (prim.count(False) / len(prim) if prim else 0.0)
+        return value, len(cand), len(prim)
 
 
-def _wilson_needs(n: int, reference: float, threshold: float, z: float) -> int | None:
-    """Bad observations among ``n`` that lift the Wilson lower bound over ``reference + threshold``."""
-    for k in range(n + 1):
-        if wilson_lower(k, n, z) - reference > threshold:
-            return k
-    return None
+class _Divergence(_Guard):
+    """``x = div_c − div_b − δ`` (the exchange's own noise floor), ``div_c − δ`` without one."""
+
+    name: GuardName = "divergence_rate"
+
+    def __init__(self, limit: float, alpha: float, spec: GuardSpec) -> None:
+        super().__init__(alpha, spec)
+        self.threshold = limit
+        self.bad = 1.0 - limit
+        self.test = SequentialTest(alpha, spec.window, (-1.0 - limit,))
+
+    def update(self, o: Observation) -> None:
+        if o.diverged is None:
+            return
+        floor = float(o.baseline_diverged) if o.baseline_diverged is not None else 0.0
+        self._step((float(o.diverged) - floor - self.threshold,))
+
+    def summary(self, window: Sequence[Observation]) -> tuple[float | None, int, int | None]:
+        div = [o.diverged for o in window if o.diverged is not None]
+        base = [o.baseline_diverged for o in window if o.baseline_diverged is not None]
+        floor = base.count(True) / len(base) if base else 0.0
+        self.what = (
+            f"candidate greedy divergence − noise floor {floor:.1%} "
+            f"({len(base)} baseline comparisons)"
+        )
+        return (div.count(True) / len(div) - floor if div else None), len(div), None
 
 
-def _status(
-    samples: int, reference: int | None, spec: GuardSpec, window_len: int
-) -> GuardStatus | None:
-    """``waiting``/``unavailable`` before a guard may decide, None when it may."""
-    if samples == 0 and (reference or 0) == 0 and window_len >= spec.min_samples:
-        return "unavailable"
-    if samples < spec.min_samples or (reference is not None and reference < spec.min_samples):
-        return "waiting"
-    return None
+class _TokensPerEvent(_Guard):
+    """``x = m − min(tpe, 2m)`` per streamed candidate leg."""
+
+    name: GuardName = "tokens_per_event"
+
+    def __init__(self, limit: float, alpha: float, spec: GuardSpec) -> None:
+        super().__init__(alpha, spec)
+        self.threshold = limit
+        self.cap = TPE_CAP * limit
+        self.bad = limit - 1.0  # a request with no draft accepted: one token per event
+        self.test = SequentialTest(alpha, spec.window, (limit - self.cap,))
+        self.what = (
+            f"mean tokens per event of the candidate's streamed legs (each up to {self.cap:g})"
+        )
+
+    def update(self, o: Observation) -> None:
+        v = o.candidate_tokens_per_event
+        if v is not None:
+            self._step((self.threshold - min(v, self.cap),))
+
+    def summary(self, window: Sequence[Observation]) -> tuple[float | None, int, int | None]:
+        tpe = [v for o in window if (v := o.candidate_tokens_per_event) is not None]
+        return (math.fsum(tpe) / len(tpe) if tpe else None), len(tpe), None
 
 
-def _ratio_guard(
-    name: GuardName,
-    candidate: list[float],
-    primary: list[float],
-    limit: float,
-    spec: GuardSpec,
-    window_len: int,
-) -> GuardState:
-    candidate.sort()
-    primary.sort()
-    early = _status(len(candidate), len(primary), spec, window_len)
-    if early is not None:  # min_samples >= 5: past here both sides have observations
-        return GuardState(name, early, None, None, limit, len(candidate), len(primary), None,
-                          "p99 candidate ÷ p99 primary")  # fmt: skip
-    reference = percentile_sorted(primary, 99.0) or 0.0
-    value = (percentile_sorted(candidate, 99.0) or 0.0) / reference if reference > 0 else math.inf
-    r = quantile_lower_rank(len(candidate), 0.99, spec.confidence)
-    lower = candidate[r - 1] if r else None
-    bound = lower / reference if lower is not None and reference > 0 else None
-    breach = bound is not None and bound > limit
-    needs = len(candidate) - r + 1 if r else None
+def _length_difference(c: LegQuality, b: LegQuality) -> float:
+    total = c.units + b.units
+    return (c.units - b.units) / total if total > 0 else 0.0
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    vs = [v for v in values if v is not None]
+    return sum(vs) / len(vs) if vs else None
+
+
+class _Scale:
+    """A predictable scale for a symmetric statistic: 2 × its recent mean absolute value."""
+
+    __slots__ = ("mean_abs", "n")
+
+    def __init__(self, prior: float) -> None:
+        self.mean_abs, self.n = prior, 0
+
+    def clip(self, s: float) -> float:
+        x = max(-1.0, min(1.0, s / (2.0 * self.mean_abs)))
+        self.n += 1
+        self.mean_abs += (abs(s) - self.mean_abs) / min(self.n + 1, SCALE_MEMORY)
+        self.mean_abs = max(self.mean_abs, 1e-6)
+        return x
+
+
+class _SampledDivergence(_Guard):
+    """The candidate's sampled outputs against the baseline's: string-kernel MMD², length and
+    repetition, on pairs of exchanges (see the module doc)."""
+
+    name: GuardName = "sampled_divergence"
+    what = "MMD² of the candidate's and the baseline's sampled outputs (string kernel)"
+
+    def __init__(self, limit: float, alpha: float, spec: GuardSpec) -> None:
+        super().__init__(alpha, spec)
+        self.threshold = limit
+        self.symmetric = limit == 0.0
+        self.root = math.sqrt(limit)
+        scalar_min = -1.0 - self.root
+        x_mins = (-1.0,) * 5 if self.symmetric else (-4.0 - limit,) + (scalar_min,) * 4
+        self.test = SequentialTest(
+            alpha, spec.window, x_mins, weights=(4, 1, 1, 1, 1), shrink=SAMPLED_SHRINK
+        )
+        self.scales = (_Scale(0.25), _Scale(0.25), _Scale(0.25))
+        self.pending: tuple[LegQuality, LegQuality, tuple[float, ...]] | None = None
+        self.recent: deque[float] = deque(maxlen=spec.window)
+
+    def update(self, o: Observation) -> None:
+        c, b = o.candidate_output, o.baseline_output
+        if not o.sampled or c is None or b is None or c.sketch is None or b.sketch is None:
+            return
+        if len(c.sketch) != len(b.sketch):
+            return
+        # h = k(cᵢ,cⱼ) + k(bᵢ,bⱼ) − k(cᵢ,bⱼ) − k(bᵢ,cⱼ) = ⟨φ(cᵢ) − φ(bᵢ), φ(cⱼ) − φ(bⱼ)⟩
+        diff = tuple(map(operator.sub, c.sketch, b.sketch))
+        if self.pending is None or len(self.pending[2]) != len(diff):
+            self.pending = (c, b, diff)
+            return
+        (ci, bi, di), self.pending = self.pending, None
+        h = max(-4.0, min(4.0, sum(map(operator.mul, di, diff))))
+        self.recent.append(h)
+        length = (_length_difference(ci, bi) + _length_difference(c, b)) / 2
+        rep = _mean([
+            None if x.repetition is None or y.repetition is None else x.repetition - y.repetition
+            for x, y in ((ci, bi), (c, b))
+        ])  # fmt: skip
+        if self.symmetric:
+            hx = self.scales[0].clip(h)
+            lx = self.scales[1].clip(length)
+            rx = None if rep is None else self.scales[2].clip(rep)
+            self._step((hx, lx, -lx, rx, None if rx is None else -rx))
+        else:
+            r = self.root
+            self._step((
+                h - self.threshold, length - r, -length - r,
+                None if rep is None else rep - r, None if rep is None else -rep - r,
+            ))  # fmt: skip
+
+    def summary(self, window: Sequence[Observation]) -> tuple[float | None, int, int | None]:
+        n = sum(
+            1
+            for o in window
+            if o.sampled and o.candidate_output is not None and o.baseline_output is not None
+        )
+        value = sum(self.recent) / len(self.recent) if self.recent else None
+        return value, n, n
+
+    def unavailable_detail(self, window: Sequence[Observation]) -> str:
+        if any(o.sampled and o.candidate_output is not None for o in window):
+            return (
+                "sampled traffic without a baseline leg: this test compares the candidate's "
+                "sampled outputs with a baseline leg's (a plain copy of production) on the same "
+                "exchanges — add one to the rule"
+            )
+        return "no sampled exchanges with both outputs (greedy traffic is for divergence_rate)"
+
+
+class GuardBank:
+    """Every enabled guard of one rule over one rollout episode (see the module doc).
+
+    :meth:`update` takes each observation (cheap: a few arithmetic steps per guard);
+    :meth:`breached` says whether a guard has breached; :meth:`states` describes them all.
+    """
+
+    def __init__(self, spec: GuardSpec) -> None:
+        self.spec = spec
+        self.window: deque[Observation] = deque(maxlen=spec.window)
+        candidates: tuple[tuple[GuardName, float | None, str, str], ...] = (
+            ("e2e_p99_ratio", spec.e2e_p99_ratio_max, "candidate_e2e", "primary_e2e"),
+            ("tpot_p99_ratio", spec.tpot_p99_ratio_max, "candidate_tpot", "primary_tpot"),
+        )
+        ratios = [(n, limit, c, p) for n, limit, c, p in candidates if limit is not None]
+        others: list[
+            tuple[float, type[_ErrorRate | _Divergence | _TokensPerEvent | _SampledDivergence]]
+        ] = [
+            (limit, cls)
+            for limit, cls in (
+                (spec.error_rate_delta_max, _ErrorRate),
+                (spec.divergence_rate_max, _Divergence),
+                (spec.tokens_per_event_min, _TokensPerEvent),
+                (spec.sampled_divergence_max, _SampledDivergence),
+            )
+            if limit is not None
+        ]
+        self.alpha = (1.0 - spec.confidence) / max(1, len(ratios) + len(others))
+        self.guards: list[_Guard] = [
+            _QuantileRatio(name, limit, c, p, self.alpha, spec) for name, limit, c, p in ratios
+        ]
+        self.guards += [cls(limit, self.alpha, spec) for limit, cls in others]
+
+    def update(self, o: Observation) -> None:
+        self.window.append(o)
+        for g in self.guards:
+            g.update(o)
+
+    def breached(self) -> GuardName | None:
+        """The first statistical guard in breach, if any (what :meth:`states` would say)."""
+        return next((g.name for g in self.guards if g.rejects()), None)
+
+    def states(self, kv_recent: Sequence[float] = (), *, needs: bool = False) -> list[GuardState]:
+        """Every enabled guard's state; ``needs`` computed only when asked (it simulates)."""
+        out = [g.state(self.window, needs) for g in self.guards]
+        if self.spec.kv_usage_max is not None:
+            out.append(kv_state(self.spec.kv_usage_max, kv_recent))
+        return out
+
+
+def kv_state(limit: float, kv_recent: Sequence[float]) -> GuardState:
+    """The KV-cache gauge rule: breach when the last 3 scrapes are all ≥ ``limit``."""
+    recent = list(kv_recent)[-KV_SUSTAINED:]
+    if not recent:
+        return GuardState("kv_usage", "unavailable", None, None, limit, 0, None, None,
+                          "no KV-cache gauge scraped from the candidate")  # fmt: skip
+    sustained = len(recent) == KV_SUSTAINED and min(recent) >= limit
     return GuardState(
-        name, "breach" if breach else "ok", value, bound, limit, len(candidate), len(primary),
-        needs, f"lower bound of the candidate's p99 (order statistic {r} of {len(candidate)}) ÷ primary p99",
-    )  # fmt: skip
-
-
-def _rate_guard(
-    name: GuardName,
-    bad: int,
-    n: int,
-    reference_rate: float,
-    reference_n: int | None,
-    limit: float,
-    spec: GuardSpec,
-    window_len: int,
-    what: str,
-) -> GuardState:
-    early = _status(n, reference_n, spec, window_len)
-    if early is not None:
-        return GuardState(name, early, None, None, limit, n, reference_n, None, what)
-    z = z_value(spec.confidence)
-    value = bad / n - reference_rate
-    bound = wilson_lower(bad, n, z) - reference_rate
-    return GuardState(
-        name, "breach" if bound > limit else "ok", value, bound, limit, n, reference_n,
-        _wilson_needs(n, reference_rate, limit, z), what,
+        "kv_usage", "breach" if sustained else "ok", recent[-1], min(recent), limit, len(recent),
+        None, KV_SUSTAINED,
+        f"lowest of the last {KV_SUSTAINED} scrapes of the candidate's KV-cache usage "
+        "(a sustained gauge, not a statistical test)",
     )  # fmt: skip
 
 
 def evaluate(
-    spec: GuardSpec, window: Sequence[Observation], kv_recent: Sequence[float] = ()
+    spec: GuardSpec, observations: Sequence[Observation], kv_recent: Sequence[float] = ()
 ) -> list[GuardState]:
-    """Every enabled guard's state over ``window`` (see the module doc)."""
-    out: list[GuardState] = []
-    size = len(window)
-    for name, limit, c_attr, p_attr in (
-        ("e2e_p99_ratio", spec.e2e_p99_ratio_max, "candidate_e2e", "primary_e2e"),
-        ("tpot_p99_ratio", spec.tpot_p99_ratio_max, "candidate_tpot", "primary_tpot"),
-    ):
-        if limit is None:
-            continue
-        cand = [v for o in window if (v := getattr(o, c_attr)) is not None]
-        prim = [v for o in window if (v := getattr(o, p_attr)) is not None]
-        out.append(_ratio_guard(name, cand, prim, limit, spec, size))  # type: ignore[arg-type]
-    if spec.error_rate_delta_max is not None:
-        cand_ok = [o.candidate_ok for o in window if o.candidate_ok is not None]
-        prim_ok = [o.primary_ok for o in window if o.primary_ok is not None]
-        prim_rate = (prim_ok.count(False) / len(prim_ok)) if prim_ok else 0.0
-        out.append(_rate_guard(
-            "error_rate_delta", cand_ok.count(False), len(cand_ok), prim_rate, len(prim_ok),
-            spec.error_rate_delta_max, spec, size,
-            "candidate error rate (Wilson lower bound) − primary error rate",
-        ))  # fmt: skip
-    if spec.divergence_rate_max is not None:
-        div = [o.diverged for o in window if o.diverged is not None]
-        base = [o.baseline_diverged for o in window if o.baseline_diverged is not None]
-        floor = base.count(True) / len(base) if base else 0.0
-        out.append(_rate_guard(
-            "divergence_rate", div.count(True), len(div), floor, None,
-            spec.divergence_rate_max, spec, size,
-            f"candidate divergence (Wilson lower bound) − noise floor {floor:.1%} "
-            f"({len(base)} baseline comparisons)",
-        ))  # fmt: skip
-    if spec.tokens_per_event_min is not None:
-        tpe = [v for o in window if (v := o.candidate_tokens_per_event) is not None]
-        early = _status(len(tpe), None, spec, size)
-        if early is not None:
-            out.append(GuardState("tokens_per_event", early, None, None, spec.tokens_per_event_min,
-                                  len(tpe), None, None, "mean tokens per event (upper bound)"))  # fmt: skip
-        else:
-            mean = fmean(tpe)
-            upper = mean + z_value(spec.confidence) * stdev(tpe) / math.sqrt(len(tpe))
-            out.append(GuardState(
-                "tokens_per_event", "breach" if upper < spec.tokens_per_event_min else "ok",
-                mean, upper, spec.tokens_per_event_min, len(tpe), None, None,
-                "mean tokens per event of the candidate's streamed legs, upper bound",
-            ))  # fmt: skip
-    if spec.kv_usage_max is not None:
-        recent = list(kv_recent)[-KV_SUSTAINED:]
-        if not recent:
-            out.append(GuardState("kv_usage", "unavailable", None, None, spec.kv_usage_max, 0, None,
-                                  None, "no KV-cache gauge scraped from the candidate"))  # fmt: skip
-        else:
-            sustained = len(recent) == KV_SUSTAINED and min(recent) >= spec.kv_usage_max
-            out.append(GuardState(
-                "kv_usage", "breach" if sustained else "ok", recent[-1], min(recent),
-                spec.kv_usage_max, len(recent), None, KV_SUSTAINED,
-                f"lowest of the last {KV_SUSTAINED} scrapes of the candidate's KV-cache usage",
-            ))  # fmt: skip
-    return out
+    """Every guard's state after ``observations``, in order, fed to a fresh bank (``needs``
+    included)."""
+    bank = GuardBank(spec)
+    for o in observations:
+        bank.update(o)
+    return bank.states(kv_recent, needs=True)
 
 
-def _leg(exchange: Exchange, role: str, backend: str | None = None) -> LegResult | None:
-    for leg in exchange.legs:
+def _leg(exchange: Exchange, role: str, backend: str | None = None) -> int | None:
+    for i, leg in enumerate(exchange.legs):
         if leg.role == role and (backend is None or leg.backend == backend):
-            return leg
+            return i
     return None
 
 
@@ -269,13 +557,22 @@ def _ok(leg: LegResult) -> bool:
     )
 
 
+def _at(items: Sequence[T], i: int | None) -> T | None:
+    return items[i] if i is not None and i < len(items) else None
+
+
+_UNJUDGED = ("cancelled", "deadline", "client_disconnected")
+
+
 def observe(evidence: Evidence, candidate_backend: str) -> Observation | None:
     """The guards' view of one exchange; None when it had no candidate leg at all."""
     exchange = evidence.exchange
-    cand = _leg(exchange, "candidate", candidate_backend)
-    if cand is None:
+    ci = _leg(exchange, "candidate", candidate_backend)
+    if ci is None:
         return None
-    prim = _leg(exchange, "primary")
+    cand = exchange.legs[ci]
+    pi = _leg(exchange, "primary")
+    prim = _at(exchange.legs, pi)
     cand_rec = cand.recording if _ok(cand) else None
     prim_rec = prim.recording if prim is not None and _ok(prim) else None
     tpe = None
@@ -294,14 +591,22 @@ def observe(evidence: Evidence, candidate_backend: str) -> Observation | None:
             diverged = not c.exact_match
         elif pair == {"primary", "baseline"}:
             baseline = not c.exact_match
+    cand_out = base_out = None
+    if not evidence.greedy and evidence.quality:
+        cand_out = _at(evidence.quality, ci)
+        if cand_out is not None and cand_out.sketch is not None:
+            base_out = next(
+                (
+                    q
+                    for leg, q in zip(exchange.legs, evidence.quality, strict=False)
+                    if leg.role == "baseline" and q is not None and q.sketch is not None
+                ),
+                None,
+            )
     return Observation(
         served_by=exchange.served_by,
-        candidate_ok=_ok(cand)
-        if cand.outcome not in ("cancelled", "deadline", "client_disconnected")
-        else None,
-        primary_ok=_ok(prim)
-        if prim is not None and prim.outcome not in ("cancelled", "deadline", "client_disconnected")
-        else None,
+        candidate_ok=_ok(cand) if cand.outcome not in _UNJUDGED else None,
+        primary_ok=_ok(prim) if prim is not None and prim.outcome not in _UNJUDGED else None,
         candidate_e2e=cand_rec.timings.e2e_s if cand_rec is not None else None,
         candidate_tpot=cand_rec.timings.tpot_s if cand_rec is not None else None,
         primary_e2e=prim_rec.timings.e2e_s if prim_rec is not None else None,
@@ -309,4 +614,7 @@ def observe(evidence: Evidence, candidate_backend: str) -> Observation | None:
         candidate_tokens_per_event=tpe,
         diverged=diverged,
         baseline_diverged=baseline,
+        sampled=not evidence.greedy,
+        candidate_output=cand_out,
+        baseline_output=base_out,
     )

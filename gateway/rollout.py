@@ -13,8 +13,11 @@ rolled it back — persisted in a JSON state file so a restart or a reload never
   ``reference_ratio``. The kill switch sends everything back to the primary.
 - **Guards** (:meth:`RolloutController.handle`, an evidence consumer on the worker thread):
   every finished exchange of a rolling-out rule becomes one :class:`~gateway.guards.Observation`
-  in the rule's rolling window; :func:`gateway.guards.evaluate` judges it. In ``canary`` or
-  ``live`` a breach rolls the rule back to ``shadow`` at once, sticky.
+  fed to the rule's :class:`~gateway.guards.GuardBank` — anytime-valid sequential tests, so
+  judging after every exchange does not inflate false rollbacks (the bank's module doc states
+  the guarantee). In ``canary`` or ``live`` a breach rolls the rule back to ``shadow`` at once,
+  sticky. A new episode (a changed rollout block, an operator's promotion, other guard
+  settings) starts a fresh bank: evidence never carries over.
 - **Promotion**: with ``steps``, a canary step that held ``hold.min_requests`` candidate answers
   and ``hold.min_s`` seconds with every guard ``ok`` (``unavailable`` ones do not block) moves to
   the next; after the last comes ``live``. Operators promote and roll back through
@@ -38,7 +41,6 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,7 +48,7 @@ from typing import Any
 
 from core.evidence import Evidence
 from core.exchange import Exchange
-from gateway.guards import GuardState, Observation, evaluate, observe
+from gateway.guards import GuardBank, GuardState, observe
 from gateway.rollout_state import Actor, RuleState, Transition, load_state, save_state
 from policies.compiled import (
     CompiledPolicy,
@@ -74,10 +76,11 @@ class ServePlan:
 
 @dataclass(slots=True)
 class _Live:
-    """In-memory per rule: the guard window and the latest guard states."""
+    """In-memory per rule: the guards' tests, the latest states and KV-cache scrapes."""
 
-    window: deque[Observation]
+    bank: GuardBank
     guards: list[GuardState] = field(default_factory=list)
+    kv: tuple[float, ...] = ()
 
 
 def serve_ratio(spec: RolloutSpec, state: RuleState) -> float:
@@ -220,11 +223,12 @@ class RolloutController:
             return
         with self._lock:
             live = self._live.get(rule.name)
-            if live is None or live.window.maxlen != spec.guards.window:
-                live = self._live[rule.name] = _Live(deque(maxlen=spec.guards.window))
-            live.window.append(observation)
+            if live is None or live.bank.spec != spec.guards:
+                live = self._live[rule.name] = _Live(GuardBank(spec.guards))
+            live.bank.update(observation)
             kv = self.kv_recent(spec.candidate.backend.name) if self.kv_recent is not None else ()
-            live.guards = evaluate(spec.guards, live.window, kv)
+            live.kv = tuple(kv)
+            live.guards = live.bank.states(live.kv)
             state = self._states.get(rule.name)
             if state is None:
                 return
@@ -402,8 +406,10 @@ class RolloutController:
                     "rolled_back": state.rolled_back,
                     "served_at_step": state.served_at_step,
                     "since_unix": state.since_unix,
-                    "window": len(live.window) if live is not None else 0,
-                    "guards": [g.to_json() for g in live.guards] if live is not None else [],
+                    "window": len(live.bank.window) if live is not None else 0,
+                    "guards": [g.to_json() for g in live.bank.states(live.kv, needs=True)]
+                    if live is not None
+                    else [],
                     "last_transition": state.last.to_json() if state.last is not None else None,
                 }
             return {
@@ -416,5 +422,10 @@ class RolloutController:
 
 def _breach_text(g: GuardState) -> str:
     value = f"{g.value:.3g}" if g.value is not None else "?"
+    if g.name == "kv_usage":
+        return f"guard kv_usage: {value} sustained at or above {g.threshold:g}"
     bound = f"{g.bound:.3g}" if g.bound is not None else "?"
-    return f"guard {g.name}: {value} (bound {bound}) against {g.threshold:g}, n={g.samples}"
+    return (
+        f"guard {g.name}: {value} against {g.threshold:g}, e-value {bound} (anytime-valid), "
+        f"n={g.samples}"
+    )
