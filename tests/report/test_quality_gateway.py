@@ -70,7 +70,7 @@ async def test_lossless_kept_greedy_collapse_and_another_model_not_equivalent(
     ):
 
         async def one(i: int) -> None:
-            sampling = {"temperature": 0.8} if i % 2 else {}  # or the API's default, 1
+            sampling: dict[str, Any] = {"temperature": 0.8} if i % 2 else {}  # or default 1
             await client.chat.completions.create(
                 model="sim-model",
                 messages=[{"role": "user", "content": f"Tell me about topic number {i}."}],
