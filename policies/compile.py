@@ -31,6 +31,7 @@ from policies.compiled import (
     GuardSpec,
     Ladder,
     LegPlan,
+    LikelihoodSpec,
     Matcher,
     MirrorSpec,
     Patterns,
@@ -200,7 +201,7 @@ def compile_policy(
             model.shaping.include_metrics,
             model.shaping.override_seed,
             model.shaping.override_temperature,
-            token_ids=model.counterfactual is not None,
+            token_ids=model.counterfactual is not None or model.quality.likelihood is not None,
         ),
         header_allow=frozenset(model.headers.allow),
         allow_credentials=model.headers.allow_credentials_to_shadows,
@@ -208,13 +209,26 @@ def compile_policy(
         kill_switch=model.kill_switch,
         chunk_events=model.telemetry.chunk_events,
         counterfactual=_counterfactual(model, backends),
-        quality=_quality(model),
+        quality=_quality(model, backends),
     )
 
 
-def _quality(model: PolicyModel) -> QualitySpec:
+def _quality(model: PolicyModel, backends: Mapping[str, BackendSpec]) -> QualitySpec:
     q = model.quality
-    return QualitySpec(margins={**DEFAULT_MARGINS, **q.margins}, alpha=q.alpha)
+    lk = q.likelihood
+    likelihood = (
+        None
+        if lk is None
+        else LikelihoodSpec(
+            scorer=backends[lk.scorer],
+            share=lk.share,
+            max_in_flight=lk.max_in_flight,
+            timeout_s=lk.timeout_s,
+        )
+    )
+    return QualitySpec(
+        margins={**DEFAULT_MARGINS, **q.margins}, alpha=q.alpha, likelihood=likelihood
+    )
 
 
 def _counterfactual(

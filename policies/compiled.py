@@ -284,8 +284,9 @@ class Shaping:
     include_metrics: bool
     override_seed: int | None
     override_temperature: float | None
-    # vLLM's return_token_ids on shadow legs: on while the policy scores counterfactuals, so the
-    # records get the ids the engine generated instead of a re-tokenization of the text.
+    # vLLM's return_token_ids on shadow legs: on while the policy scores counterfactuals or
+    # likelihoods, so the records and the scorer get the ids the engine generated instead of a
+    # re-tokenization of the text.
     token_ids: bool = False
 
 
@@ -301,12 +302,23 @@ class CounterfactualSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class LikelihoodSpec:
+    """The policy's ``quality.likelihood`` section, its scorer resolved."""
+
+    scorer: BackendSpec
+    share: float
+    max_in_flight: int
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class QualitySpec:
     """The policy's ``quality`` section: every metric's margin (defaults filled in) and the
     tests' size."""
 
     margins: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_MARGINS))
     alpha: float = DEFAULT_ALPHA
+    likelihood: LikelihoodSpec | None = None  # target-likelihood scoring; None: off
 
 
 @dataclass(frozen=True, slots=True)

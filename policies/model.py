@@ -617,6 +617,30 @@ class Counterfactual(_Strict):
     """Per call to the tokenizer or a drafter."""
 
 
+class Likelihood(_Strict):
+    """Target-likelihood scoring (docs/quality.md): for a sampled share of sampled (not greedy)
+    exchanges with a baseline leg and at least one candidate leg, after they ended and off the
+    request path, each of those shadow legs' outputs is scored under the target model on a
+    scorer backend — one ``/v1/completions`` pass with ``prompt_logprobs`` over the prompt's ids
+    and the output's — and its mean log-probability per token is kept in the record, for the
+    report's ``loglik`` metric. The sharpest detector of temperature drift, greedy collapse and
+    a different model; it costs one prompt-processing pass per scored leg on the scorer."""
+
+    scorer: Name
+    """Backend serving the target model plainly, with vLLM's ``POST /tokenize`` (the target's
+    tokenizer and chat template) and ``prompt_logprobs``; usually the baseline. Never the
+    primary."""
+    share: Fraction = 0.2
+    """Share of eligible exchanges scored (by exchange id, so replicas agree)."""
+    max_in_flight: int = Field(default=4, ge=1, le=256)
+    """Exchanges being scored at once; past it an exchange is recorded without a likelihood
+    (counted as ``specshadow_telemetry_dropped_total{signal="likelihood", reason="budget"}``),
+    never queued."""
+    timeout_s: PositiveSeconds = 10.0
+    """Per call to the scorer; a call that fails or times out records the exchange without a
+    likelihood (``reason="error"``)."""
+
+
 def _default_margins() -> dict[str, float]:
     return dict(DEFAULT_MARGINS)
 
@@ -635,6 +659,9 @@ class Quality(_Strict):
     alpha: float = Field(default=DEFAULT_ALPHA, gt=0, le=0.2)
     """Size of each test: the chance of calling an identical candidate ``not_equivalent`` (per
     candidate × category, after the correction across metrics)."""
+    likelihood: Likelihood | None = None
+    """Target-likelihood scoring of shadow legs for the ``loglik`` metric (see ``Likelihood``);
+    omitted: off."""
 
 
 class PolicyModel(_Strict):

@@ -152,6 +152,17 @@ def _quality_problems(model: PolicyModel) -> list[str]:
         for name in q.margins
         if name not in DEFAULT_MARGINS
     ]
+    lk = q.likelihood
+    if lk is not None:
+        if lk.scorer not in model.backends:
+            problems.append(
+                f"quality.likelihood.scorer: unknown backend {lk.scorer!r} ({_known(model)})"
+            )
+        elif lk.scorer == model.primary:
+            problems.append(
+                f"quality.likelihood.scorer: {lk.scorer!r} is the primary; "
+                "scoring calls never go to the primary"
+            )
     return problems
 
 
