@@ -34,6 +34,7 @@ from simulator.sampling import (
     raw_logprob,
     request_rng,
 )
+from simulator.scoring import scored_prompt_logprobs
 from simulator.textgen import (
     copying_tokens,
     digest,
@@ -88,7 +89,9 @@ class Plan:
     prompt_tokens: int
     prompt_hash: str
     tool_name: str | None
-    prompt_logprobs: list[Any] | None = None  # completions with prompt_logprobs (the drafter's)
+    # completions with prompt_logprobs: the drafter's, and on a sampling server the model's own
+    # at a chat prompt's output positions (simulator.scoring)
+    prompt_logprobs: list[Any] | None = None
     sampling: SampledWith | None = None  # a sampled answer: what it was drawn with
 
     @property
@@ -235,6 +238,9 @@ def plan_completion(config: SimConfig, request: SimRequest, category: str) -> Pl
         teacher = prompt_logprobs(
             request.prompt_ids, config.drafter_match_for(category), request.prompt_logprobs
         )
+        if config.sampling and request.prompt_token_ids:
+            # A chat prompt + an answer (a likelihood scorer): the model's own logprobs there.
+            teacher = scored_prompt_logprobs(config, request.prompt_ids, teacher) or teacher
     return Plan(
         category=category,
         mode=config.mode,

@@ -312,15 +312,7 @@ def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
         prompt_ids = chat_ids(messages, tools=tools if isinstance(tools, list) else None)
         source = content_pieces(messages)
         user_messages = sum(1 for m in messages if m.get("role") == "user")
-        canonical = jsonx.dumps(
-            {
-                "messages": messages,
-                "tool": tool,
-                "json_schema": json_schema,
-                "json_mode": json_mode,
-            },
-            sort_keys=True,
-        )
+        canonical = chat_canonical(messages, tool, json_schema, json_mode)
         logprobs = bool(body.get("logprobs", False))
         top = _int_field(body, "top_logprobs", minimum=0) or 0
     else:
@@ -374,6 +366,19 @@ def parse_request(route: Route, raw: bytes, config: SimConfig) -> SimRequest:
         top_p=sampling.top_p,
         seed=sampling.seed,
         spec_decode_unsupported=sampling.spec_decode_unsupported,
+    )
+
+
+def chat_canonical(
+    messages: Any,
+    tool: Mapping[str, Any] | None,
+    json_schema: Mapping[str, Any] | None,
+    json_mode: bool,
+) -> bytes:
+    """The canonical bytes of a chat (or Responses) request: what its answer is a function of."""
+    return jsonx.dumps(
+        {"messages": messages, "tool": tool, "json_schema": json_schema, "json_mode": json_mode},
+        sort_keys=True,
     )
 
 
