@@ -146,6 +146,26 @@ class TokenIds:
 
 
 @dataclass(frozen=True, slots=True)
+class LegLikelihood:
+    """One leg's output scored under the target: the mean log-probability of its output tokens
+    (nats per token), how many, and where its ids came from — ``engine`` (the leg's own
+    generated ids) or ``tokenize`` (its text re-tokenized by the scorer)."""
+
+    mean_logprob: float
+    tokens: int
+    source: Literal["engine", "tokenize"]
+
+
+@dataclass(frozen=True, slots=True)
+class Likelihood:
+    """Target-likelihood scores of an exchange's shadow legs, fetched after it ended:
+    ``scorer`` (the backend that scored them), ``legs`` by backend."""
+
+    scorer: str
+    legs: Mapping[str, LegLikelihood]
+
+
+@dataclass(frozen=True, slots=True)
 class Exchange:
     """A finished client request with every leg's result."""
 
@@ -187,6 +207,9 @@ class Exchange:
     failover: str | None = None
     # Counterfactual scoring: token ids added off the request path (evidence.tokens), or None.
     tokens: TokenIds | None = None
+    # Target-likelihood scores of the shadow legs, added off the request path
+    # (evidence.likelihood), or None.
+    likelihood: Likelihood | None = None
 
     @property
     def legs(self) -> tuple[LegResult, ...]:

@@ -310,6 +310,22 @@ def build_record(
         "load_parity": load_parity(candidate, exchange.primary) if candidate is not None else None,
         "comparisons": [comparison_record(c) for c in evidence.comparisons],
         "tokens": tokens_record(exchange),
+        "likelihood": likelihood_record(exchange),
+    }
+
+
+def likelihood_record(exchange: Exchange) -> dict[str, Any] | None:
+    """The record's ``likelihood``: the shadow legs' outputs scored under the target, when the
+    likelihood scorer added them (``report.quality`` reads ``legs.<backend>.mean_logprob``)."""
+    lk = exchange.likelihood
+    if lk is None:
+        return None
+    return {
+        "scorer": lk.scorer,
+        "legs": {
+            name: {"mean_logprob": leg.mean_logprob, "tokens": leg.tokens, "source": leg.source}
+            for name, leg in lk.legs.items()
+        },
     }
 
 

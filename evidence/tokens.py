@@ -15,6 +15,12 @@ text the primary did generated the same ids), and re-tokenized text only otherwi
 exchange is handed on without tokens and counted (``dropped``), never queued; a failed or slow
 call (``timeout_s``) hands it on without tokens too (``failed``).
 
+The same tap scores target likelihoods (:mod:`evidence.likelihood`, the policy's
+``quality.likelihood``) for its own share of sampled exchanges with a baseline and a candidate
+leg, under its own ``max_in_flight`` and ``timeout_s``, dropped and counted apart
+(``on_likelihood_drop``); either runs without the other, and an exchange in both shares is
+handed on once, when both are done.
+
 Re-tokenizing the output text can differ from the ids the engine generated (a BPE tokenizer has
 several spellings of some strings); the record keeps the leg's reported token count beside the
 ids so the difference is visible (docs/counterfactual.md).
@@ -33,8 +39,9 @@ from typing import Any
 import aiohttp
 
 from core import jsonx
-from core.exchange import Exchange, ExchangeSink, LegResult, ManagedSink, TokenIds
+from core.exchange import Exchange, ExchangeSink, LegResult, Likelihood, ManagedSink, TokenIds
 from core.tasks import TaskSet
+from evidence.likelihood import LikelihoodPlan, score, scored_legs
 
 __all__ = ["TokenEndpoint", "TokenPlan", "TokenTap", "logprob_ids", "prediction_ids", "selected"]
 
@@ -60,11 +67,12 @@ class TokenPlan:
     timeout_s: float = 10.0
 
 
-def selected(exchange_id: str, share: float) -> bool:
-    """Whether an exchange is in the tokenized share: a hash of its id, so replicas agree."""
+def selected(exchange_id: str, share: float, *, person: bytes = b"cf-share") -> bool:
+    """Whether an exchange is in the tokenized share: a hash of its id, so replicas agree
+    (``person`` salts it: the likelihood's share is drawn independently)."""
     if share >= 1.0:
         return True
-    digest = hashlib.blake2b(exchange_id.encode(), digest_size=8, person=b"cf-share").digest()
+    digest = hashlib.blake2b(exchange_id.encode(), digest_size=8, person=person).digest()
     return int.from_bytes(digest, "big") / 2**64 < share
 
 
@@ -160,7 +168,8 @@ def _managed(sink: ExchangeSink) -> ManagedSink | None:
 
 
 class TokenTap:
-    """A sink in front of ``downstream`` that attaches token ids to a sampled share (see module)."""
+    """A sink in front of ``downstream`` that attaches token ids to a sampled share, and target
+    likelihoods to another (see module)."""
 
     def __init__(
         self,
@@ -168,61 +177,141 @@ class TokenTap:
         plan: Callable[[], TokenPlan | None],
         *,
         on_drop: Callable[[str], None] | None = None,
+        likelihood: Callable[[], LikelihoodPlan | None] | None = None,
+        on_likelihood_drop: Callable[[str], None] | None = None,
     ) -> None:
         """``on_drop(reason)``: one exchange recorded without tokens, ``budget`` (too many in
-        flight) or ``error`` (a call failed or timed out)."""
+        flight) or ``error`` (a call failed or timed out). ``likelihood``: the current
+        likelihood plan (None: off); ``on_likelihood_drop(reason)``: the same for the
+        likelihood, with its own budget."""
         self._downstream = downstream
         self._plan = plan
         self._on_drop = on_drop
+        self._likelihood_plan = likelihood
+        self._on_likelihood_drop = on_likelihood_drop
         self._tasks = TaskSet()
         self._session: aiohttp.ClientSession | None = None
         self._in_flight = 0
+        self._scoring = 0
         self.tokenized = 0
         self.dropped = 0
         self.failed = 0
+        self.scored = 0
+        self.likelihood_dropped = 0
+        self.likelihood_failed = 0
 
     @property
     def downstream(self) -> ExchangeSink:
         return self._downstream
 
-    def submit(self, exchange: Exchange) -> None:
+    def _wants_tokens(self, exchange: Exchange) -> TokenPlan | None:
         plan = self._plan()
         if (
             plan is None
-            or self._session is None
             or not selected(exchange.exchange_id, plan.share)
             or _production_leg(exchange) is None
-            or _prompt_request(exchange) is None
         ):
-            self._downstream.submit(exchange)
-            return
+            return None
         if self._in_flight >= plan.max_in_flight:
             self.dropped += 1
             self._report("budget")
+            return None
+        return plan
+
+    def _wants_likelihood(self, exchange: Exchange) -> LikelihoodPlan | None:
+        plan = self._likelihood_plan() if self._likelihood_plan is not None else None
+        if (
+            plan is None
+            or not selected(exchange.exchange_id, plan.share, person=b"lk-share")
+            or scored_legs(exchange) is None
+        ):
+            return None
+        if self._scoring >= plan.max_in_flight:
+            self.likelihood_dropped += 1
+            self._report_likelihood("budget")
+            return None
+        return plan
+
+    def submit(self, exchange: Exchange) -> None:
+        if self._session is None or _prompt_request(exchange) is None:
             self._downstream.submit(exchange)
             return
-        self._in_flight += 1
-        _task = self._tasks.spawn(self._tap(exchange, plan), name=f"tokens:{exchange.exchange_id}")
+        plan, lplan = self._wants_tokens(exchange), self._wants_likelihood(exchange)
+        if plan is None and lplan is None:
+            self._downstream.submit(exchange)
+            return
+        if plan is not None:
+            self._in_flight += 1
+        if lplan is not None:
+            self._scoring += 1
+        _task = self._tasks.spawn(
+            self._tap(exchange, plan, lplan), name=f"tokens:{exchange.exchange_id}"
+        )
 
-    async def _tap(self, exchange: Exchange, plan: TokenPlan) -> None:
-        tokens: TokenIds | None = None
+    async def _tap(
+        self, exchange: Exchange, plan: TokenPlan | None, lplan: LikelihoodPlan | None
+    ) -> None:
         try:
-            tokens = await self._fetch(exchange, plan)
+            tokens, likelihood = await asyncio.gather(
+                self._tokens(exchange, plan), self._likelihood(exchange, lplan)
+            )
+        except asyncio.CancelledError:
+            # Shut down past the drain: the exchange still reaches its record, without tokens
+            # or likelihood.
+            if plan is not None:
+                self._report("error")
+            if lplan is not None:
+                self._report_likelihood("error")
+            self._downstream.submit(exchange)
+            raise
+        if tokens is not None:
+            self.tokenized += 1
+            exchange = dataclasses.replace(exchange, tokens=tokens)
+        if likelihood is not None:
+            self.scored += 1
+            exchange = dataclasses.replace(exchange, likelihood=likelihood)
+        self._downstream.submit(exchange)
+
+    async def _tokens(self, exchange: Exchange, plan: TokenPlan | None) -> TokenIds | None:
+        if plan is None:
+            return None
+        try:
+            return await self._fetch(exchange, plan)
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             self.failed += 1
             self._report("error")
             log.debug("tokens for %s: %s", exchange.exchange_id, exc)
-        except asyncio.CancelledError:
-            # Shut down past the drain: the exchange still reaches its record, without tokens.
-            self._report("error")
-            self._downstream.submit(exchange)
-            raise
+            return None
         finally:
             self._in_flight -= 1
-        if tokens is not None:
-            self.tokenized += 1
-            exchange = dataclasses.replace(exchange, tokens=tokens)
-        self._downstream.submit(exchange)
+
+    async def _likelihood(
+        self, exchange: Exchange, plan: LikelihoodPlan | None
+    ) -> Likelihood | None:
+        if plan is None:
+            return None
+        prompt_body = _prompt_request(exchange)
+        try:
+            assert prompt_body is not None
+            return await score(self._post, plan, exchange, prompt_body, _generated_ids(exchange))
+        except (
+            aiohttp.ClientError,
+            TimeoutError,
+            ValueError,
+            KeyError,
+            TypeError,
+            IndexError,
+        ) as exc:
+            self.likelihood_failed += 1
+            self._report_likelihood("error")
+            log.debug("likelihood for %s: %s", exchange.exchange_id, exc)
+            return None
+        finally:
+            self._scoring -= 1
+
+    def _report_likelihood(self, reason: str) -> None:
+        if self._on_likelihood_drop is not None:
+            self._on_likelihood_drop(reason)
 
     def _report(self, reason: str) -> None:
         if self._on_drop is not None:

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from core.evidence import EvidenceConsumer
 from core.exchange import ExchangeSink
+from evidence.likelihood import LikelihoodPlan
 from evidence.scrape import MetricsScraper
 from evidence.serverinfo import INFO_PATHS, InfoTarget, ServerInfoProbe
 from evidence.store import RecordWriter
@@ -61,6 +62,20 @@ def token_plan(policy: CompiledPolicy) -> TokenPlan | None:
     )
 
 
+def likelihood_plan(policy: CompiledPolicy) -> LikelihoodPlan | None:
+    """The likelihood scorer's plan from the policy's ``quality.likelihood`` (None: off)."""
+    lk = policy.quality.likelihood
+    if lk is None:
+        return None
+    return LikelihoodPlan(
+        scorer_name=lk.scorer.name,
+        scorer_url=lk.scorer.url,
+        share=lk.share,
+        max_in_flight=lk.max_in_flight,
+        timeout_s=lk.timeout_s,
+    )
+
+
 class _PlanOf:
     """The current policy's token plan, recomputed only when the policy generation changes."""
 
@@ -68,12 +83,21 @@ class _PlanOf:
         self._store = store
         self._generation = -1
         self._plan: TokenPlan | None = None
+        self._likelihood: LikelihoodPlan | None = None
 
-    def __call__(self) -> TokenPlan | None:
+    def _refresh(self) -> None:
         current = self._store.current
         if current.generation != self._generation:
-            self._plan, self._generation = token_plan(current), current.generation
+            self._plan, self._likelihood = token_plan(current), likelihood_plan(current)
+            self._generation = current.generation
+
+    def __call__(self) -> TokenPlan | None:
+        self._refresh()
         return self._plan
+
+    def likelihood(self) -> LikelihoodPlan | None:
+        self._refresh()
+        return self._likelihood
 
 
 def evidence_worker(
@@ -120,11 +144,16 @@ def build_app(
     worker = evidence_worker(settings, store, tel, consumers=[rollout, *consumers])
     if worker.scraper is not None:
         rollout.kv_recent = worker.scraper.recent_kv
-    # The token tap hands every exchange on to the worker (a sampled share after tokenizing).
+    # The token tap hands every exchange on to the worker (a sampled share after tokenizing,
+    # another after scoring the shadow legs' likelihoods under the target).
+    plans = _PlanOf(store)
     tap = TokenTap(
         worker,
-        _PlanOf(store),
+        plans,
         # Visible as specshadow.telemetry.dropped{signal=tokens, reason=budget|error}.
         on_drop=lambda reason: tel.count_telemetry_dropped("tokens", reason, 1),
+        likelihood=plans.likelihood,
+        # Visible as specshadow.telemetry.dropped{signal=likelihood, reason=budget|error}.
+        on_likelihood_drop=lambda reason: tel.count_telemetry_dropped("likelihood", reason, 1),
     )
     return create_app(settings, sinks=[tap, *sinks], policy=store, telemetry=tel, rollout=rollout)
