@@ -82,6 +82,9 @@ class VllmServerSpec:
     # worker of *every* server on a machine on the same first core — two servers side by side
     # then take turns on one core, and a mirror's two legs slow each other down.
     cores: str | None = None
+    # Which weights to serve: the target, or the draft model served plainly as if it were the
+    # target (under the same served name) — a "different model" for the quality checks.
+    weights: Literal["target", "draft"] = "target"
 
 
 def speculative_config(spec: VllmServerSpec, draft_dir: Path) -> dict[str, object] | None:
@@ -102,7 +105,7 @@ def server_command(spec: VllmServerSpec, env: VllmEnv, port: int) -> list[str]:
     """The argv that starts ``spec`` on ``port`` with ``env``'s Python."""
     cmd = [
         str(env.python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(env.target_dir),
+        "--model", str(env.draft_dir if spec.weights == "draft" else env.target_dir),
         "--served-model-name", SERVED_MODEL_NAME,
         "--host", "127.0.0.1",
         "--port", str(port),

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core.exchange import Exchange, LegLikelihood, LegResult, Likelihood
@@ -42,13 +42,22 @@ __all__ = [
 Post = Callable[[str, Mapping[str, Any], float], Awaitable[Any]]
 
 
+# Backend kinds that answer vLLM's /tokenize and prompt_logprobs (the default scorer's test).
+SCORING_KINDS = frozenset({"vllm", "sim"})
+
+
 @dataclass(frozen=True, slots=True)
 class LikelihoodPlan:
-    """Where and how much to score (the policy's ``quality.likelihood`` section)."""
+    """Where and how much to score (the policy's ``quality.likelihood`` section).
 
-    scorer_name: str
-    scorer_url: str  # base URL, no ``/v1``
-    share: float = 0.2
+    ``scorer_name`` / ``scorer_url`` None: each exchange's baseline leg scores it, when its
+    backend is in ``baseline_scorers`` (name → base URL); otherwise the exchange goes unscored.
+    """
+
+    scorer_name: str | None
+    scorer_url: str | None  # base URL, no ``/v1``
+    baseline_scorers: Mapping[str, str] = field(default_factory=dict)
+    share: float = 0.5
     max_in_flight: int = 4
     timeout_s: float = 10.0
 
@@ -59,6 +68,11 @@ def _plain_text(leg: LegResult) -> bool:
         return False
     choice = rec.choices[0]
     return bool(choice.text) and not choice.tool_calls and not choice.refusal
+
+
+def scorable(plan: LikelihoodPlan, legs: Sequence[LegResult]) -> bool:
+    """A scorer exists for these legs (a fixed one, or the baseline's backend can score)."""
+    return plan.scorer_name is not None or legs[0].backend in plan.baseline_scorers
 
 
 def scored_legs(exchange: Exchange) -> tuple[LegResult, ...] | None:
@@ -122,9 +136,15 @@ async def score(
     legs = scored_legs(exchange)
     if legs is None:
         return None
-    base, timeout = plan.scorer_url, plan.timeout_s
+    scorer_name, base = plan.scorer_name, plan.scorer_url
+    if scorer_name is None or base is None:
+        scorer_name = legs[0].backend  # the baseline leg
+        base = plan.baseline_scorers.get(scorer_name)
+        if base is None:
+            return None
+    timeout = plan.timeout_s
     model = (
-        next((s.upstream_model for s in exchange.legs if s.backend == plan.scorer_name), None)
+        next((s.upstream_model for s in exchange.legs if s.backend == scorer_name), None)
         or exchange.requested_model
     )
     extra: dict[str, Any] = {"model": model} if model else {}
@@ -156,7 +176,7 @@ async def score(
         )
         lps = output_logprobs(answer["choices"][0].get("prompt_logprobs"), len(prompt), ids)
         if lps is None:
-            raise ValueError(f"{plan.scorer_name}: no prompt_logprobs for the output positions")
+            raise ValueError(f"{scorer_name}: no prompt_logprobs for the output positions")
         return leg.backend, LegLikelihood(sum(lps) / len(lps), len(lps), source)
 
     tasks = [asyncio.ensure_future(one(leg)) for leg in legs]
@@ -167,4 +187,4 @@ async def score(
             task.cancel()
         raise
     out = {name: leg for name, leg in scored if leg is not None}
-    return Likelihood(scorer=plan.scorer_name, legs=out) if out else None
+    return Likelihood(scorer=scorer_name, legs=out) if out else None

@@ -41,7 +41,7 @@ import aiohttp
 from core import jsonx
 from core.exchange import Exchange, ExchangeSink, LegResult, Likelihood, ManagedSink, TokenIds
 from core.tasks import TaskSet
-from evidence.likelihood import LikelihoodPlan, score, scored_legs
+from evidence.likelihood import LikelihoodPlan, scorable, score, scored_legs
 
 __all__ = ["TokenEndpoint", "TokenPlan", "TokenTap", "logprob_ids", "prediction_ids", "selected"]
 
@@ -220,11 +220,10 @@ class TokenTap:
 
     def _wants_likelihood(self, exchange: Exchange) -> LikelihoodPlan | None:
         plan = self._likelihood_plan() if self._likelihood_plan is not None else None
-        if (
-            plan is None
-            or not selected(exchange.exchange_id, plan.share, person=b"lk-share")
-            or scored_legs(exchange) is None
-        ):
+        if plan is None or not selected(exchange.exchange_id, plan.share, person=b"lk-share"):
+            return None
+        legs = scored_legs(exchange)
+        if legs is None or not scorable(plan, legs):
             return None
         if self._scoring >= plan.max_in_flight:
             self.likelihood_dropped += 1

@@ -201,7 +201,14 @@ def compile_policy(
             model.shaping.include_metrics,
             model.shaping.override_seed,
             model.shaping.override_temperature,
-            token_ids=model.counterfactual is not None or model.quality.likelihood is not None,
+            # Engine ids for the records and the scorer, asked of shadow legs only when a section
+            # that needs them was written (default-on likelihood scores tokenized text instead:
+            # not every shadow speaks vLLM's return_token_ids).
+            token_ids=model.counterfactual is not None
+            or (
+                "likelihood" in model.quality.model_fields_set
+                and model.quality.likelihood is not None
+            ),
         ),
         header_allow=frozenset(model.headers.allow),
         allow_credentials=model.headers.allow_credentials_to_shadows,
@@ -220,7 +227,7 @@ def _quality(model: PolicyModel, backends: Mapping[str, BackendSpec]) -> Quality
         None
         if lk is None
         else LikelihoodSpec(
-            scorer=backends[lk.scorer],
+            scorer=backends[lk.scorer] if lk.scorer is not None else None,
             share=lk.share,
             max_in_flight=lk.max_in_flight,
             timeout_s=lk.timeout_s,

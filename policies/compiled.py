@@ -303,9 +303,10 @@ class CounterfactualSpec:
 
 @dataclass(frozen=True, slots=True)
 class LikelihoodSpec:
-    """The policy's ``quality.likelihood`` section, its scorer resolved."""
+    """The policy's ``quality.likelihood`` section, its scorer resolved (None: each exchange's
+    baseline leg)."""
 
-    scorer: BackendSpec
+    scorer: BackendSpec | None
     share: float
     max_in_flight: int
     timeout_s: float

@@ -626,11 +626,12 @@ class Likelihood(_Strict):
     report's ``loglik`` metric. The sharpest detector of temperature drift, greedy collapse and
     a different model; it costs one prompt-processing pass per scored leg on the scorer."""
 
-    scorer: Name
+    scorer: Name | None = None
     """Backend serving the target model plainly, with vLLM's ``POST /tokenize`` (the target's
-    tokenizer and chat template) and ``prompt_logprobs``; usually the baseline. Never the
-    primary."""
-    share: Fraction = 0.2
+    tokenizer and chat template) and ``prompt_logprobs``. Never the primary. Omitted: each
+    exchange's own baseline leg scores it — when that backend is of kind ``vllm`` or ``sim``
+    (other kinds cannot score, and their exchanges go unscored)."""
+    share: Fraction = 0.5
     """Share of eligible exchanges scored (by exchange id, so replicas agree)."""
     max_in_flight: int = Field(default=4, ge=1, le=256)
     """Exchanges being scored at once; past it an exchange is recorded without a likelihood
@@ -659,9 +660,10 @@ class Quality(_Strict):
     alpha: float = Field(default=DEFAULT_ALPHA, gt=0, le=0.2)
     """Size of each test: the chance of calling an identical candidate ``not_equivalent`` (per
     candidate × category, after the correction across metrics)."""
-    likelihood: Likelihood | None = None
-    """Target-likelihood scoring of shadow legs for the ``loglik`` metric (see ``Likelihood``);
-    omitted: off."""
+    likelihood: Likelihood | None = Field(default_factory=Likelihood)
+    """Target-likelihood scoring of shadow legs for the ``loglik`` metric (see ``Likelihood``).
+    On by default, scored by each exchange's baseline leg, for half of the eligible exchanges;
+    ``null`` turns it off."""
 
 
 class PolicyModel(_Strict):

@@ -153,7 +153,7 @@ def _quality_problems(model: PolicyModel) -> list[str]:
         if name not in DEFAULT_MARGINS
     ]
     lk = q.likelihood
-    if lk is not None:
+    if lk is not None and lk.scorer is not None:
         if lk.scorer not in model.backends:
             problems.append(
                 f"quality.likelihood.scorer: unknown backend {lk.scorer!r} ({_known(model)})"

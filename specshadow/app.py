@@ -18,7 +18,7 @@ from aiohttp import web
 
 from core.evidence import EvidenceConsumer
 from core.exchange import ExchangeSink
-from evidence.likelihood import LikelihoodPlan
+from evidence.likelihood import SCORING_KINDS, LikelihoodPlan
 from evidence.scrape import MetricsScraper
 from evidence.serverinfo import INFO_PATHS, InfoTarget, ServerInfoProbe
 from evidence.store import RecordWriter
@@ -67,6 +67,21 @@ def likelihood_plan(policy: CompiledPolicy) -> LikelihoodPlan | None:
     lk = policy.quality.likelihood
     if lk is None:
         return None
+    if lk.scorer is None:
+        # Each exchange's own baseline scores it, where that backend can (vLLM's API).
+        scorers = {
+            name: b.url
+            for name, b in policy.backends.items()
+            if b.kind in SCORING_KINDS and (policy.primary is None or name != policy.primary.name)
+        }
+        return LikelihoodPlan(
+            scorer_name=None,
+            scorer_url=None,
+            baseline_scorers=scorers,
+            share=lk.share,
+            max_in_flight=lk.max_in_flight,
+            timeout_s=lk.timeout_s,
+        )
     return LikelihoodPlan(
         scorer_name=lk.scorer.name,
         scorer_url=lk.scorer.url,

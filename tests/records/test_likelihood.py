@@ -324,7 +324,6 @@ async def test_a_scorer_that_hangs_past_shutdown_loses_no_record(
         ({"scorer": "cand", "share": 1.5}, "quality.likelihood.share"),
         ({"scorer": "cand", "max_in_flight": 0}, "quality.likelihood.max_in_flight"),
         ({"scorer": "cand", "timeout_s": 0}, "quality.likelihood.timeout_s"),
-        ({"share": 0.5}, "quality.likelihood.scorer"),
         ({"scorer": "cand", "bogus": 1}, "quality.likelihood.bogus"),
     ],
 )
@@ -356,6 +355,31 @@ def test_the_compiled_policy_asks_shadows_for_their_ids_while_scoring() -> None:
     }
     compiled = parse_policy(raw, source="test")
     lk = compiled.quality.likelihood
-    assert lk is not None and lk.scorer.name == "cand"
-    assert (lk.share, lk.max_in_flight, lk.timeout_s) == (0.2, 4, 10.0)
+    assert lk is not None and lk.scorer is not None and lk.scorer.name == "cand"
+    assert (lk.share, lk.max_in_flight, lk.timeout_s) == (0.5, 4, 10.0)
     assert compiled.shaping.token_ids and compiled.counterfactual is None
+
+
+def test_scoring_is_on_by_default_by_each_baseline_and_null_turns_it_off() -> None:
+    """No ``quality`` section: each exchange's baseline leg scores it (kinds that speak vLLM's
+    API only), and shadows are not asked for ids they may not know how to send."""
+    from specshadow.app import likelihood_plan
+
+    raw: dict[str, Any] = {
+        "version": 1,
+        "backends": {
+            "prim": {"url": "http://a:1", "kind": "vllm"},
+            "base": {"url": "http://b:1", "kind": "vllm"},
+            "oai": {"url": "http://c:1", "kind": "openai"},
+        },
+        "primary": "prim",
+    }
+    compiled = parse_policy(raw, source="test")
+    lk = compiled.quality.likelihood
+    assert lk is not None and lk.scorer is None and lk.share == 0.5
+    assert not compiled.shaping.token_ids
+    plan = likelihood_plan(compiled)
+    assert plan is not None and plan.scorer_name is None
+    assert dict(plan.baseline_scorers) == {"base": "http://b:1"}  # never the primary
+    off = parse_policy({**raw, "quality": {"likelihood": None}}, source="test")
+    assert off.quality.likelihood is None and likelihood_plan(off) is None
