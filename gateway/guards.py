@@ -23,7 +23,7 @@ Each guard's ``x`` (positive: evidence against the candidate), its null and its 
 
 - ``e2e_p99_ratio`` / ``tpot_p99_ratio`` (``max`` = r): on each pair — the candidate's and the
   primary's latency of one exchange when it has both (a canary: nearly always), else a value
-  with the newest unpaired one of the other side —
+  with the newest one of the other side still waiting for a partner —
   ``x = 1{c > r·ρ} − 1{p > ρ}``, ``ρ`` the primary's p99 over the previous ``window`` pairs.
   Null: ``P(c > r·ρ) ≤ P(p > ρ)`` at the thresholds ``ρ`` used — at ``ρ`` = the primary's p99
   exactly this is "the candidate's p99 ≤ r × the primary's". It holds for any candidate whose
@@ -46,19 +46,31 @@ Each guard's ``x`` (positive: evidence against the candidate), its null and its 
   collapsed requests are mixed with ones above ``2m``.) ``x ≥ −m``.
 - ``sampled_divergence`` (``max`` = δ): on consecutive disjoint pairs ``(i, j)`` of sampled
   exchanges with a completed candidate leg (served or mirrored) and a completed baseline leg,
-  both sketched,
-  ``h = k(cᵢ,cⱼ) + k(bᵢ,bⱼ) − k(cᵢ,bⱼ) − k(bᵢ,cⱼ)``, ``k`` the dot product of sketches (a string
-  kernel): its mean is the MMD² between the candidate's and the baseline's output distributions
-  (averaged over prompts), ``|h| ≤ 4``. Pooled (weights 4:1:1:1:1) with two-sided tests of the
-  normalised length difference ``(u_c − u_b)/(u_c + u_b)`` and of the repetition difference. With
-  ``δ = 0`` (default) the null is **exchangeability**: the candidate's and the baseline's outputs
-  for one request are two independent draws from one distribution, what a lossless candidate
-  promises; swapping them flips the sign of every statistic, so each is symmetric about 0 and
-  its clipped, self-scaled value ``clip(s / scale, −1, 1)`` has mean 0 whatever its scale
-  (predictable) — full-strength bets. With ``δ > 0`` the null is ``MMD² ≤ δ`` (and each scalar's
-  mean difference ≤ √δ, its MMD² for a linear kernel), tested on ``h − δ ≥ −4 − δ``: valid, and
-  far weaker (the bets are limited by ``h``'s worst case). Without a baseline leg there is no
-  reference for a sampled output: the guard is ``unavailable`` and says a baseline leg is needed.
+  both sketched, ``k`` the dot product of sketches (a string kernel), mixed (weights 2:3:1:1:1:1:1):
+
+  - ``h = k(cᵢ,cⱼ) + k(bᵢ,bⱼ) − k(cᵢ,bⱼ) − k(bᵢ,cⱼ)``, whose mean is the MMD² between the
+    candidate's and the baseline's output distributions averaged over prompts (``|h| ≤ 4``) —
+    a shift in what is said across requests;
+  - ``g = k(b, p) − k(c, p)`` on each exchange that also has the primary's output ``p`` (mean of
+    the pair's): the candidate is farther from (or closer to) production's answer to the same
+    request than the plain copy is (``|g| ≤ 2``). The primary is production, a third draw from
+    the same distribution, so ``c`` and ``b`` stay exchangeable given it — and this sees a
+    per-request change that averages out over prompts (another model with the same word
+    statistics), which ``h`` cannot;
+  - the normalised length difference ``(u_c − u_b)/(u_c + u_b)`` and the repetition difference,
+    each two-sided.
+
+  With ``δ = 0`` (default) the null is **exchangeability**: the candidate's and the baseline's
+  outputs for one request are two independent draws from one distribution, what a lossless
+  candidate promises. Swapping them flips the sign of every statistic (of ``h`` by swapping in
+  one exchange, of the others by swapping in both), so each is symmetric about 0 and its
+  clipped, self-scaled value ``clip(s / scale, −1, 1)`` (the scale from past pairs) has mean 0 —
+  full-strength bets, staked only on a recent mean one standard error above 0 (the null sits at
+  0). With ``δ > 0`` the null is ``MMD² ≤ δ`` and every other statistic's mean within ``±√δ``
+  (the MMD of a one-dimensional feature is its mean difference; ``|E g|`` is at most the
+  per-request MMD), tested on ``h − δ ≥ −4 − δ`` etc.: valid, and far weaker (the bets are limited
+  by ``h``'s worst case). Without a baseline leg there is no reference for a sampled output: the
+  guard is ``unavailable`` and says a baseline leg is needed.
 - ``kv_usage``: not a statistical test — a sustained gauge. Fires when the candidate's last
   three scraped KV-cache usages are all ≥ ``max``; outside the α above.
 
@@ -100,6 +112,8 @@ REFERENCE_MIN = 5  # paired primary values before the p99 guards test (ρ needs 
 TPE_CAP = 2.0  # tokens per event count up to this multiple of the minimum
 SCALE_MEMORY = 20  # pairs the sampled guard's scales remember
 SAMPLED_SHRINK = 1.0  # its bets stake on a recent mean one standard error above 0 (a null at 0)
+# The sampled guard's mixture: MMD² h, similarity gap g (farther, closer), length ±, repetition ±
+SAMPLED_WEIGHTS = (2.0, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0)
 NEEDS_MAX = 10_000  # worst-case observations simulated for ``needs`` at most
 T = TypeVar("T")
 
@@ -119,10 +133,11 @@ class Observation:
     diverged: bool | None  # candidate vs primary, greedy and comparable
     baseline_diverged: bool | None  # baseline vs primary: the noise floor
     sampled: bool = False  # a sampled (not greedy) exchange
-    # Sampled exchanges only: the candidate's and the first baseline leg's output, where that
-    # leg completed with a sketch (``LegQuality.sketch``).
+    # Sampled exchanges only: the candidate's, the first baseline leg's and the primary's
+    # output, where that leg completed with a sketch (``LegQuality.sketch``).
     candidate_output: LegQuality | None = None
     baseline_output: LegQuality | None = None
+    primary_output: LegQuality | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,14 +384,38 @@ class _TokensPerEvent(_Guard):
         return (math.fsum(tpe) / len(tpe) if tpe else None), len(tpe), None
 
 
-def _length_difference(c: LegQuality, b: LegQuality) -> float:
-    total = c.units + b.units
-    return (c.units - b.units) / total if total > 0 else 0.0
+def _length_difference(o: Observation) -> float | None:
+    c, b = o.candidate_output, o.baseline_output
+    if c is None or b is None or c.units + b.units <= 0:
+        return None
+    return (c.units - b.units) / (c.units + b.units)
+
+
+def _repetition_difference(o: Observation) -> float | None:
+    c, b = o.candidate_output, o.baseline_output
+    if c is None or b is None or c.repetition is None or b.repetition is None:
+        return None
+    return c.repetition - b.repetition
+
+
+def _closer(o: Observation, baseline_minus_candidate: tuple[float, ...]) -> float | None:
+    p = o.primary_output
+    if p is None or p.sketch is None or len(p.sketch) != len(baseline_minus_candidate):
+        return None
+    return float(sum(map(operator.mul, baseline_minus_candidate, p.sketch)))
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
     vs = [v for v in values if v is not None]
     return sum(vs) / len(vs) if vs else None
+
+
+def _neg(x: float | None) -> float | None:
+    return None if x is None else -x
+
+
+def _less(x: float | None, margin: float) -> float | None:
+    return None if x is None else x - margin
 
 
 class _Scale:
@@ -396,8 +435,8 @@ class _Scale:
 
 
 class _SampledDivergence(_Guard):
-    """The candidate's sampled outputs against the baseline's: string-kernel MMD², length and
-    repetition, on pairs of exchanges (see the module doc)."""
+    """The candidate's sampled outputs against the baseline's: string-kernel MMD², similarity to
+    the primary's output, length and repetition, on pairs of exchanges (see the module doc)."""
 
     name: GuardName = "sampled_divergence"
     what = "MMD² of the candidate's and the baseline's sampled outputs (string kernel)"
@@ -406,15 +445,18 @@ class _SampledDivergence(_Guard):
         super().__init__(alpha, spec)
         self.threshold = limit
         self.symmetric = limit == 0.0
-        self.root = math.sqrt(limit)
-        scalar_min = -1.0 - self.root
-        x_mins = (-1.0,) * 5 if self.symmetric else (-4.0 - limit,) + (scalar_min,) * 4
+        self.root = r = math.sqrt(limit)
+        # h, g+, g−, length±, repetition±
+        x_mins: tuple[float, ...] = (-1.0,) * 7
+        if not self.symmetric:
+            x_mins = (-4.0 - limit, -2.0 - r, -2.0 - r) + (-1.0 - r,) * 4
         self.test = SequentialTest(
-            alpha, spec.window, x_mins, weights=(4, 1, 1, 1, 1), shrink=SAMPLED_SHRINK
+            alpha, spec.window, x_mins, weights=SAMPLED_WEIGHTS, shrink=SAMPLED_SHRINK
         )
-        self.scales = (_Scale(0.25), _Scale(0.25), _Scale(0.25))
-        self.pending: tuple[LegQuality, LegQuality, tuple[float, ...]] | None = None
+        self.scales = tuple(_Scale(0.25) for _ in range(4))
+        self.pending: tuple[Observation, tuple[float, ...]] | None = None
         self.recent: deque[float] = deque(maxlen=spec.window)
+        self.gaps: deque[float] = deque(maxlen=spec.window)
 
     def update(self, o: Observation) -> None:
         c, b = o.candidate_output, o.baseline_output
@@ -423,28 +465,31 @@ class _SampledDivergence(_Guard):
         if len(c.sketch) != len(b.sketch):
             return
         # h = k(cᵢ,cⱼ) + k(bᵢ,bⱼ) − k(cᵢ,bⱼ) − k(bᵢ,cⱼ) = ⟨φ(cᵢ) − φ(bᵢ), φ(cⱼ) − φ(bⱼ)⟩
-        diff = tuple(map(operator.sub, c.sketch, b.sketch))
-        if self.pending is None or len(self.pending[2]) != len(diff):
-            self.pending = (c, b, diff)
+        diff = tuple(map(operator.sub, b.sketch, c.sketch))
+        if self.pending is None or len(self.pending[1]) != len(diff):
+            self.pending = (o, diff)
             return
-        (ci, bi, di), self.pending = self.pending, None
-        h = max(-4.0, min(4.0, sum(map(operator.mul, di, diff))))
+        (first, first_diff), self.pending = self.pending, None
+        h = max(-4.0, min(4.0, sum(map(operator.mul, first_diff, diff))))
         self.recent.append(h)
-        length = (_length_difference(ci, bi) + _length_difference(c, b)) / 2
-        rep = _mean([
-            None if x.repetition is None or y.repetition is None else x.repetition - y.repetition
-            for x, y in ((ci, bi), (c, b))
-        ])  # fmt: skip
+        pair = (first, o)
+        # g = k(b, p) − k(c, p) = ⟨φ(b) − φ(c), φ(p)⟩: farther from production than the copy
+        sim = _mean([_closer(x, d) for x, d in ((first, first_diff), (o, diff))])
+        if sim is not None:
+            self.gaps.append(sim)
+        length = _mean([_length_difference(x) for x in pair])
+        rep = _mean([_repetition_difference(x) for x in pair])
         if self.symmetric:
             hx = self.scales[0].clip(h)
-            lx = self.scales[1].clip(length)
-            rx = None if rep is None else self.scales[2].clip(rep)
-            self._step((hx, lx, -lx, rx, None if rx is None else -rx))
+            gx = None if sim is None else self.scales[1].clip(sim)
+            lx = None if length is None else self.scales[2].clip(length)
+            rx = None if rep is None else self.scales[3].clip(rep)
+            self._step((hx, gx, _neg(gx), lx, _neg(lx), rx, _neg(rx)))
         else:
             r = self.root
             self._step((
-                h - self.threshold, length - r, -length - r,
-                None if rep is None else rep - r, None if rep is None else -rep - r,
+                h - self.threshold, _less(sim, r), _less(_neg(sim), r),
+                _less(length, r), _less(_neg(length), r), _less(rep, r), _less(_neg(rep), r),
             ))  # fmt: skip
 
     def summary(self, window: Sequence[Observation]) -> tuple[float | None, int, int | None]:
@@ -454,6 +499,11 @@ class _SampledDivergence(_Guard):
             if o.sampled and o.candidate_output is not None and o.baseline_output is not None
         )
         value = sum(self.recent) / len(self.recent) if self.recent else None
+        gap = f"{sum(self.gaps) / len(self.gaps):+.3f}" if self.gaps else "n/a"
+        self.what = (
+            "MMD² of the candidate's and the baseline's sampled outputs (string kernel; "
+            f"similarity gap to production's answers {gap}, lengths, repetition)"
+        )
         return value, n, n
 
     def unavailable_detail(self, window: Sequence[Observation]) -> str:
@@ -591,7 +641,7 @@ def observe(evidence: Evidence, candidate_backend: str) -> Observation | None:
             diverged = not c.exact_match
         elif pair == {"primary", "baseline"}:
             baseline = not c.exact_match
-    cand_out = base_out = None
+    cand_out = base_out = prim_out = None
     if not evidence.greedy and evidence.quality:
         cand_out = _at(evidence.quality, ci)
         if cand_out is not None and cand_out.sketch is not None:
@@ -603,6 +653,7 @@ def observe(evidence: Evidence, candidate_backend: str) -> Observation | None:
                 ),
                 None,
             )
+            prim_out = _at(evidence.quality, pi)
     return Observation(
         served_by=exchange.served_by,
         candidate_ok=_ok(cand) if cand.outcome not in _UNJUDGED else None,
@@ -617,4 +668,5 @@ def observe(evidence: Evidence, candidate_backend: str) -> Observation | None:
         sampled=not evidence.greedy,
         candidate_output=cand_out,
         baseline_output=base_out,
+        primary_output=prim_out if prim_out is not None and prim_out.sketch is not None else None,
     )
