@@ -337,9 +337,10 @@ class Guards(_Strict):
     min_samples: int = Field(default=20, ge=5, le=100_000)
     """Observations a guard must have tested before it may fire."""
     window: int = Field(default=200, ge=10, le=100_000)
-    """Forgetting horizon: no decision uses evidence older than a guard's last N observations (a
-    fresh test starts every N/2 of them and runs for N). Too small a window can keep a guard from
-    ever gathering enough evidence to fire; ``/admin/rollout`` shows ``needs``."""
+    """Forgetting horizon, in a guard's observations: once its test is N old, evidence against
+    the candidate that has stopped growing over the last N/2 is dropped (the test restarts);
+    evidence that keeps growing is kept. Also the span of the ``value`` shown and of the primary
+    p99 the latency guards compare with."""
     confidence: float = Field(default=0.99, ge=0.8, le=0.9999)
     """1 − the probability that a candidate within every threshold is ever rolled back by a
     guard, over the whole rollout (split evenly over the enabled guards, spent over the restarts
@@ -366,7 +367,8 @@ class Guards(_Strict):
     sampled_divergence_max: Annotated[float, Field(ge=0, le=4)] | None = 0.0
     """Sampled traffic (temperature > 0): fires when the candidate's outputs come from a different
     distribution than a baseline leg's (a plain copy of production) on the same requests — by a
-    string-kernel MMD² above this, pooled with the outputs' lengths and repetition. ``0`` (the
+    string-kernel MMD² above this, pooled with how close each is to production's answer to the
+    same request, and with the outputs' lengths and repetition. ``0`` (the
     default) tests that the two outputs are exchangeable, what a lossless candidate promises; a
     margin tolerates a difference but makes the test much slower. Needs a baseline leg: without
     one the guard is ``unavailable``."""
