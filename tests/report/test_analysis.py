@@ -134,3 +134,33 @@ def test_helpers_wilson_and_bucket_order():
         "x",
     ]
     assert math.isinf(bucket_order("x")[0])
+
+
+def test_requests_that_skip_speculation_leave_the_speedup_and_are_counted() -> None:
+    """vLLM decodes penalty / min_p requests plainly: they are slow on the candidate for a
+    reason that is not speculation's, and must not drag its speed-up down."""
+    fast = records(speedups={"chat": 1.5}, n=60, noise=0.01, seed=11)
+    slow = records(speedups={"chat": 0.5}, n=60, noise=0.01, seed=12)
+    skipped = [
+        {**r, "exchange_id": f"skip-{i}", "speculation_skip": "penalty"} for i, r in enumerate(slow)
+    ]
+    a = analyze(fast + skipped)
+    c = only(a)
+    (v,) = [v for v in c.verdicts if v.category == "chat"]
+    assert v.e2e is not None and v.e2e.point > 1.3, v.e2e
+    assert c.exclusions["chat"]["speculation skipped by the engine (penalty): quality only"] == 60
+    mixed = only(analyze(fast + slow))
+    (w,) = [v for v in mixed.verdicts if v.category == "chat"]
+    assert w.e2e is not None and w.e2e.point < v.e2e.point  # the same records, counted: slower
+
+
+def test_report_json_carries_a_quality_object_beside_every_verdict() -> None:
+    from report.export import report_json
+
+    js = report_json(analyze(records(speedups={"chat": 1.5, "code": 1.2}, n=30, seed=13)))
+    for obj in (js["overall"], *js["categories"].values()):
+        q = obj["quality"]
+        assert q["verdict"] in ("equivalent", "not_equivalent", "not_enough_data")
+        assert {"decided_by", "n", "needed", "metrics", "mmd"} <= set(q)
+    (cand,) = js["candidates"].values()
+    assert cand["overall"]["quality"]["verdict"] == js["overall"]["quality"]["verdict"]
