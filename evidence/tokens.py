@@ -45,6 +45,10 @@ from evidence.likelihood import LikelihoodPlan, scorable, score, scored_legs
 
 __all__ = ["TokenEndpoint", "TokenPlan", "TokenTap", "logprob_ids", "prediction_ids", "selected"]
 
+# What a failed tokenizer, drafter or scorer call raises: a transport error, a timeout, or an
+# answer not shaped as vLLM's (the call's result is then dropped and counted, never raised).
+CALL_ERRORS = (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, IndexError)
+
 log = logging.getLogger(__name__)
 
 
@@ -293,14 +297,7 @@ class TokenTap:
         try:
             assert prompt_body is not None
             return await score(self._post, plan, exchange, prompt_body, _generated_ids(exchange))
-        except (
-            aiohttp.ClientError,
-            TimeoutError,
-            ValueError,
-            KeyError,
-            TypeError,
-            IndexError,
-        ) as exc:
+        except CALL_ERRORS as exc:
             self.likelihood_failed += 1
             self._report_likelihood("error")
             log.debug("likelihood for %s: %s", exchange.exchange_id, exc)
@@ -412,14 +409,7 @@ class TokenTap:
             return prediction_ids(
                 answer["choices"][0].get("prompt_logprobs"), len(prompt), len(output)
             )
-        except (
-            aiohttp.ClientError,
-            TimeoutError,
-            ValueError,
-            KeyError,
-            TypeError,
-            IndexError,
-        ) as exc:
+        except CALL_ERRORS as exc:
             log.debug("drafter %s: %s", drafter.name, exc)
             return None
 
