@@ -35,6 +35,7 @@ Greedy exchanges keep the exact-match path (divergence against the baseline's no
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -50,6 +51,7 @@ from report.sections import Quality
 QualityVerdict = Literal["equivalent", "not_equivalent", "not_enough_data"]
 MIN_EXCHANGES = 20  # below this no verdict but not_enough_data (the tests' asymptotics)
 PERMUTATIONS = 2000
+MAX_PAIRS = 5000  # per group: the tests' sample (see _Pairs)
 POWER = 0.8
 
 
@@ -348,12 +350,41 @@ def _loglik(record: Record, backend: str) -> float | None:
     return num(entry.get("mean_logprob")) if isinstance(entry, Mapping) else None
 
 
+Row = tuple[dict[str, tuple[float, float]], "np.ndarray | None"]
+
+
 @dataclass(slots=True)
 class _Pairs:
+    """One group's paired exchanges: ``n`` seen, and a uniform sample of at most
+    :data:`MAX_PAIRS` of them (reservoir sampling, seeded) that the tests run on — memory and the
+    permutations stay bounded at any record count; a uniform sample keeps exchangeability, so the
+    tests stay exact (their power is that of ``MAX_PAIRS`` exchanges)."""
+
     partner: Literal["baseline", "primary"] | None = None
     n: int = 0
-    values: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    sketches: list[np.ndarray] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+    def add(self, row: Row) -> None:
+        self.n += 1
+        if len(self.rows) < MAX_PAIRS:
+            self.rows.append(row)
+        else:
+            j = self.rng.randrange(self.n)
+            if j < MAX_PAIRS:
+                self.rows[j] = row
+
+    @property
+    def values(self) -> dict[str, list[tuple[float, float]]]:
+        out: dict[str, list[tuple[float, float]]] = {}
+        for row, _ in self.rows:
+            for name, v in row.items():
+                out.setdefault(name, []).append(v)
+        return out
+
+    @property
+    def sketches(self) -> list[np.ndarray]:
+        return [d for _, d in self.rows if d is not None]
 
 
 def _pair(
@@ -410,13 +441,9 @@ def collect(records: Sequence[Record], backend: str | None) -> dict[str, _Pairs]
             if slot.partner == "baseline" and partner == "primary":
                 continue
             if slot.partner == "primary" and partner == "baseline":
-                slot.n, slot.values, slot.sketches = 0, {}, []
+                slot.n, slot.rows = 0, []
             slot.partner = partner
-            slot.n += 1
-            for name, v in row.items():
-                slot.values.setdefault(name, []).append(v)
-            if diff is not None:
-                slot.sketches.append(diff)
+            slot.add((row, diff))
     return out
 
 
@@ -436,8 +463,9 @@ def judge(
     mmd: Mmd | None = None
     n = pairs.n if pairs is not None else 0
     if pairs is not None and n >= 2:
+        values = pairs.values
         for m in QUALITY_METRICS:
-            vals = pairs.values.get(m.name)
+            vals = values.get(m.name)
             if not vals or len(vals) < 2:
                 continue
             arr = np.asarray(vals, dtype=float)

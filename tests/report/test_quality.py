@@ -169,3 +169,27 @@ def test_metric_fields_are_those_report_json_promises() -> None:
         assert {"candidate", "baseline", "difference", "low", "high", "margin"} <= set(m)
         assert m["low"] <= m["high"]
     assert js["mmd"]["p_value"] <= 1 and js["mmd"]["statistic"] is not None
+
+
+def test_memory_is_bounded_the_tests_run_on_a_uniform_sample() -> None:
+    from report.quality import MAX_PAIRS
+
+    q = quality_of("a plain answer of a few words.", None) | {"sketch": None}
+    leg = {"outcome": "completed", "quality": q}
+    recs = [
+        {
+            "exchange_id": str(i),
+            "greedy": False,
+            "category": "chat",
+            "legs": [
+                {**leg, "role": "primary", "backend": "prod"},
+                {**leg, "role": "candidate", "backend": "cand", "quality": {**q, "units": i}},
+                {**leg, "role": "baseline", "backend": "base"},
+            ],
+        }
+        for i in range(MAX_PAIRS + 2000)
+    ]
+    pairs = collect(recs, "cand")["all"]
+    assert pairs.n == MAX_PAIRS + 2000 and len(pairs.rows) == MAX_PAIRS
+    kept = [c for c, _ in pairs.values["length_ratio"]]
+    assert max(kept) >= MAX_PAIRS  # later exchanges do enter the sample
