@@ -75,9 +75,11 @@ async def test_the_fitted_step_model_recovers_the_engines_constants(
     assert model is not None and model.identified, model
     # The slope is the engine's per-slot cost; the floor is the engine's plus what serving a step
     # costs on the socket (timings are read at the gateway), so it is at least ``step_s``. On a
-    # loaded 2-core machine serving costs grow with the batch too: the constants are held loosely,
-    # the prediction — what the model is for — tightly.
-    assert 0.5 * SLOT_S <= model.slot_s <= 2 * SLOT_S, model
+    # loaded 2-core machine serving costs grow with the batch too, and the candidate's extra
+    # serving cost per sequence (the proposer's share) is fitted beside the slope, so the slope
+    # takes less of it: the constants are held loosely, the prediction — what the model is for —
+    # tightly.
+    assert 0.3 * SLOT_S <= model.slot_s <= 2 * SLOT_S, model
     assert STEP_S <= model.base_s <= 6 * STEP_S, model
     # The prediction for the live configuration against the TPOT ratio measured on the pairs.
     (live,) = m.live
