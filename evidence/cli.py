@@ -1,7 +1,11 @@
-"""``specshadow records --store PATH [--store PATH …] [--since ISO | --last 1h] [--category C] [--limit N]``.
+"""``specshadow records --store S [--store S …] [--since ISO | --last 1h] [--category C] [--limit N]``
+and ``specshadow records copy --from S --to S2 [--since ISO] [--until ISO]``.
 
-Prints the store's comparison records as JSON lines (one record per line, oldest first), for
-scripts and other tools; the schema is in docs/records.md. ``--limit N`` keeps the newest N.
+The first prints the stores' comparison records as JSON lines (one record per line, oldest
+first), for scripts and other tools; the schema is in docs/records.md. ``--limit N`` keeps the
+newest N. The second moves records between any two stores (SQLite, chDB, ClickHouse; records
+JSONL and collector files as sources), streamed in batches. A store is a path or a URL
+(:mod:`evidence.stores`).
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from core import jsonx
+from evidence.clickhouse import ClickHouseError
 from evidence.sources import JSON_SUFFIXES, SourceError, read_records
 from evidence.store import query_records
+from evidence.stores import StoreURLError, copy_records, is_url, parse_store
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -49,10 +55,11 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--store",
         action="append",
-        required=True,
-        metavar="PATH",
-        help="a record store (SQLite), records JSONL, or a collector's OTLP JSON file; repeatable "
-        "(one per gateway replica): records are deduplicated by exchange id",
+        default=[],
+        metavar="STORE",
+        help="a record store (a SQLite path, chdb:///dir or clickhouse://host:port/db), records "
+        "JSONL, or a collector's OTLP JSON file; repeatable (one per gateway replica): records "
+        "are deduplicated by exchange id",
     )
     when = p.add_mutually_exclusive_group()
     when.add_argument(
@@ -65,14 +72,44 @@ def register(subparsers: Any) -> None:
     p.add_argument("--category", default=None, help="only this category")
     p.add_argument("--limit", type=int, default=None, help="at most N records (the newest)")
     p.set_defaults(func=run)
+    actions = p.add_subparsers(dest="action", metavar="{copy}")
+    c: argparse.ArgumentParser = actions.add_parser(
+        "copy", help="copy records from one store (or records/collector files) into another"
+    )
+    c.add_argument("--from", dest="source", required=True, metavar="STORE")
+    c.add_argument("--to", dest="target", required=True, metavar="STORE")
+    c.add_argument("--since", type=parse_time_unix_ns, default=None, help="ISO 8601 time")
+    c.add_argument("--until", type=parse_time_unix_ns, default=None, help="ISO 8601 time")
+    c.set_defaults(func=run_copy)
+
+
+def run_copy(args: argparse.Namespace) -> int:
+    try:
+        n = copy_records(
+            args.source, args.target, since_unix_ns=args.since, until_unix_ns=args.until
+        )
+    except (SourceError, StoreURLError, ClickHouseError, OSError) as exc:
+        print(f"specshadow records copy: {exc}", file=sys.stderr)
+        return 1
+    print(f"copied {n} records to {parse_store(args.target).label()}", file=sys.stderr)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.store:
+        print(
+            "specshadow records: give --store (or: records copy --from S --to S2)", file=sys.stderr
+        )
+        return 2
     since = args.since
     if args.last is not None:
         since = time.time_ns() - int(args.last * 1e9)
     try:
-        if len(args.store) == 1 and Path(args.store[0]).suffix not in JSON_SUFFIXES:
+        if (
+            len(args.store) == 1
+            and not is_url(args.store[0])
+            and Path(args.store[0]).suffix not in JSON_SUFFIXES
+        ):
             # One store: the filters run as SQL, on its indexes.
             records: Iterable[dict[str, Any]] = query_records(
                 args.store[0],
@@ -82,7 +119,13 @@ def run(args: argparse.Namespace) -> int:
                 limit=args.limit,
             )
         else:
-            records = select(read_records(args.store), since, args.until, args.category, args.limit)
+            records = select(
+                read_records(args.store, since_unix_ns=since, until_unix_ns=args.until),
+                since,
+                args.until,
+                args.category,
+                args.limit,
+            )
         out = sys.stdout.buffer
         for record in records:
             out.write(jsonx.dumps(record) + b"\n")

@@ -3,7 +3,8 @@
 A fleet of N gateway replicas keeps N embedded stores, or exports every record as an OTLP log
 record to a collector. :func:`read_records` takes any mix of:
 
-- an embedded SQLite store (``serve --store``);
+- a record store by path or URL (:mod:`evidence.stores`): SQLite, ``chdb:///dir``,
+  ``clickhouse://host:port/db``;
 - a JSON Lines file of records (what ``specshadow records`` prints), or a folder of them;
 - a JSON Lines file the OpenTelemetry Collector's ``file`` exporter wrote (``format: json``): one
   OTLP/JSON ``{"resourceLogs": [...]}`` object per line, records as the ``specshadow.record`` log
@@ -24,6 +25,7 @@ from typing import Any
 
 from core import jsonx
 from evidence.store import query_records
+from evidence.stores import StoreURLError, is_url, parse_store, read_store
 
 RECORD_EVENT = "specshadow.record"  # the event name of a record's log record (otel.semconv)
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -33,11 +35,16 @@ class SourceError(ValueError):
     """A source that is not a store, a records file or a collector file (message names it)."""
 
 
-def read_records(sources: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """Every record in ``sources``, deduplicated by exchange id, oldest first."""
+def read_records(
+    sources: Sequence[str | Path],
+    *,
+    since_unix_ns: int | None = None,
+    until_unix_ns: int | None = None,
+) -> list[dict[str, Any]]:
+    """Every record in ``sources`` (in the window), deduplicated by exchange id, oldest first."""
     seen: dict[str, dict[str, Any]] = {}
     for source in sources:
-        for record in records_in(source):
+        for record in records_in(source, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns):
             exchange_id = str(record.get("exchange_id", ""))
             if exchange_id and exchange_id not in seen:
                 seen[exchange_id] = record
@@ -46,7 +53,12 @@ def read_records(sources: Sequence[str | Path]) -> list[dict[str, Any]]:
     )
 
 
-def iter_records(sources: Sequence[str | Path]) -> Iterator[dict[str, Any]]:
+def iter_records(
+    sources: Sequence[str | Path],
+    *,
+    since_unix_ns: int | None = None,
+    until_unix_ns: int | None = None,
+) -> Iterator[dict[str, Any]]:
     """Every record in ``sources``, deduplicated by exchange id, streamed in source order.
 
     Holds only the exchange ids seen, not the records: for aggregates over large stores, where
@@ -54,29 +66,57 @@ def iter_records(sources: Sequence[str | Path]) -> Iterator[dict[str, Any]]:
     """
     seen: set[str] = set()
     for source in sources:
-        for record in records_in(source):
+        for record in records_in(source, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns):
             exchange_id = str(record.get("exchange_id", ""))
             if exchange_id and exchange_id not in seen:
                 seen.add(exchange_id)
                 yield record
 
 
-def records_in(source: str | Path) -> Iterator[dict[str, Any]]:
-    """The records of one source, as stored (not deduplicated)."""
-    path = Path(source)
-    if path.is_dir():
-        for child in sorted(p for p in path.iterdir() if p.suffix in JSON_SUFFIXES):
-            yield from _json_lines(child)
+def records_in(
+    source: str | Path,
+    *,
+    since_unix_ns: int | None = None,
+    until_unix_ns: int | None = None,
+) -> Iterator[dict[str, Any]]:
+    """The records of one source in the window ``[since, until)``, as stored (not deduplicated).
+
+    Stores filter in their engine; files are filtered as they are read.
+    """
+    if isinstance(source, str) and is_url(source) and not source.startswith("sqlite://"):
+        try:
+            yield from read_store(source, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns)
+        except FileNotFoundError as exc:
+            raise SourceError(f"{source}: no such store") from exc
+        except StoreURLError as exc:
+            raise SourceError(str(exc)) from exc
+        return
+    path = Path(parse_store(str(source)).path)
+    if path.is_dir() or path.suffix in JSON_SUFFIXES:
+        if not path.exists():
+            raise SourceError(f"{path}: no such store or file")
+        for record in _files(path):
+            t = record.get("started_unix_ns")
+            t = t if isinstance(t, int) else 0
+            if (since_unix_ns is None or t >= since_unix_ns) and (
+                until_unix_ns is None or t < until_unix_ns
+            ):
+                yield record
         return
     if not path.exists():
         raise SourceError(f"{path}: no such store or file")
-    if path.suffix in JSON_SUFFIXES:
-        yield from _json_lines(path)
-        return
     try:
-        yield from query_records(path)
+        yield from query_records(path, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns)
     except sqlite3.DatabaseError as exc:
         raise SourceError(f"{path}: not a record store ({exc}), nor a .jsonl file") from exc
+
+
+def _files(path: Path) -> Iterator[dict[str, Any]]:
+    if path.is_dir():
+        for child in sorted(p for p in path.iterdir() if p.suffix in JSON_SUFFIXES):
+            yield from _json_lines(child)
+    else:
+        yield from _json_lines(path)
 
 
 def _json_lines(path: Path) -> Iterator[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""``specshadow report --store PATH --out DIR [--results FILE]``: build the adoption report."""
+"""``specshadow report --store S --out DIR [--results FILE] [--since T] [--until T]``: build the
+adoption report."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 from typing import Any
 
 from core.extras import require
+from evidence.cli import parse_time_unix_ns
 
 __all__ = ["register"]
 
@@ -22,7 +24,11 @@ def _run(args: argparse.Namespace) -> int:
         print("specshadow report: give --store and/or --results", file=sys.stderr)
         return 2
     try:
-        records = read_records(args.store) if args.store else []
+        records = (
+            read_records(args.store, since_unix_ns=args.since, until_unix_ns=args.until)
+            if args.store
+            else []
+        )
         results = [r for path in args.results for r in read_results(path)]
     except (OSError, ValueError, SourceError) as exc:
         print(f"specshadow report: {exc}", file=sys.stderr)
@@ -67,8 +73,21 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="PATH",
-        help="record store (SQLite), records JSONL, or a collector's OTLP JSON file; repeatable "
-        "(one per gateway replica; deduplicated by exchange id)",
+        help="record store (a SQLite path, chdb:///dir or clickhouse://host:port/db), records "
+        "JSONL, or a collector's OTLP JSON file; repeatable (one per gateway replica; "
+        "deduplicated by exchange id)",
+    )
+    p.add_argument(
+        "--since",
+        type=parse_time_unix_ns,
+        default=None,
+        help="only exchanges that started at or after this ISO 8601 time (UTC if no zone)",
+    )
+    p.add_argument(
+        "--until",
+        type=parse_time_unix_ns,
+        default=None,
+        help="only exchanges that started before this ISO 8601 time",
     )
     p.add_argument(
         "--results", action="append", default=[], help="loadgen/matrix results JSONL (repeatable)"

@@ -18,10 +18,11 @@ from aiohttp import web
 
 from core.evidence import EvidenceConsumer
 from core.exchange import ExchangeSink
+from evidence.clickhouse import ClickHouseWriter
 from evidence.likelihood import SCORING_KINDS, LikelihoodPlan
 from evidence.scrape import MetricsScraper
 from evidence.serverinfo import INFO_PATHS, InfoTarget, ServerInfoProbe
-from evidence.store import RecordWriter
+from evidence.stores import open_writer
 from evidence.tokens import TokenEndpoint, TokenPlan, TokenTap
 from evidence.worker import EvidenceWorker
 from gateway.app import create_app, open_policy
@@ -125,7 +126,12 @@ def evidence_worker(
     """The evidence pipeline for ``settings``: telemetry, the store (``--store``), ``consumers``."""
     first: list[EvidenceConsumer] = []
     if settings.store_path:
-        first.append(RecordWriter(settings.store_path))  # opened now: a bad path fails fast
+        writer = open_writer(settings.store_path)  # opened now: a bad store fails fast
+        if isinstance(writer, ClickHouseWriter):  # drops and failed inserts are telemetry
+            writer.on_loss = lambda reason, n: telemetry.count_telemetry_dropped(
+                "records", reason, n
+            )
+        first.append(writer)
     targets = scrape_targets(policy.current)
     scraper = MetricsScraper(targets, settings.scrape_interval_s) if targets else None
     info = info_targets(policy.current)

@@ -1,0 +1,242 @@
+"""Record stores named by URL: what ``serve --store``, ``records``, ``report`` and
+``records copy`` accept.
+
+- ``PATH`` (or ``sqlite:///PATH``): the embedded SQLite store (:mod:`evidence.store`), the
+  default for one machine;
+- ``chdb:///DIR``: chDB, ClickHouse embedded in the process, its data in ``DIR``;
+- ``clickhouse://[USER[:PASSWORD]@]HOST[:PORT]/DB``: a ClickHouse server's HTTP interface (port
+  8123 by default); the password may instead come from ``SPECSHADOW_CLICKHOUSE_PASSWORD``, and
+  no log line or record ever carries it.
+
+Query parameters tune the writer: ``batch`` (records per insert, 1000), ``queue`` (batches
+waiting, 64), ``retention_days`` (TTL; 30). :func:`open_writer` builds the evidence consumer,
+:func:`read_store` streams a store's records back, :func:`copy_records` moves them between any
+two stores.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evidence.clickhouse import (
+    ChdbEngine,
+    ClickHouseError,
+    ClickHouseStore,
+    ClickHouseWriter,
+    HttpEngine,
+)
+from evidence.store import RecordStore, RecordWriter, query_records
+
+__all__ = [
+    "StoreURL",
+    "StoreURLError",
+    "copy_records",
+    "is_url",
+    "open_writer",
+    "parse_store",
+    "read_store",
+]
+
+SCHEMES = ("sqlite", "chdb", "clickhouse")
+PASSWORD_ENV = "SPECSHADOW_CLICKHOUSE_PASSWORD"
+
+
+class StoreURLError(ValueError):
+    """A store URL that cannot be used (the message says which part and why)."""
+
+
+@dataclass(frozen=True)
+class StoreURL:
+    kind: str  # "sqlite" | "chdb" | "clickhouse"
+    path: str = ""  # sqlite file, chdb folder
+    host: str = ""
+    port: int = 8123
+    database: str = "default"
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    options: dict[str, str] = field(default_factory=dict)
+
+    def label(self) -> str:
+        """The URL without its password: what logs and errors print."""
+        if self.kind == "clickhouse":
+            who = f"{self.user}@" if self.user else ""
+            return f"clickhouse://{who}{self.host}:{self.port}/{self.database}"
+        if self.kind == "chdb":
+            return f"chdb://{self.path}"
+        return self.path
+
+    def option(self, name: str, default: float) -> float:
+        text = self.options.get(name)
+        if text is None:
+            return default
+        try:
+            value = float(text)
+        except ValueError:
+            raise StoreURLError(
+                f"{self.label()}: ?{name}= must be a number, got {text!r}"
+            ) from None
+        if value <= 0:
+            raise StoreURLError(f"{self.label()}: ?{name}= must be positive, got {text!r}")
+        return value
+
+
+def is_url(text: str) -> bool:
+    return text.split("://", 1)[0] in SCHEMES and "://" in text
+
+
+def parse_store(text: str) -> StoreURL:
+    """Parse a store name; a plain path is SQLite."""
+    if not is_url(text):
+        return StoreURL("sqlite", path=text)
+    parts = urllib.parse.urlsplit(text)
+    options = dict(urllib.parse.parse_qsl(parts.query))
+    unknown = sorted(set(options) - {"batch", "queue", "retention_days"})
+    if unknown:
+        raise StoreURLError(f"{text.split('?')[0]}: unknown option(s) {', '.join(unknown)}")
+    if parts.scheme == "sqlite":
+        path = parts.netloc + parts.path
+        if not path:
+            raise StoreURLError(f"{text}: no file path (sqlite:///path/to/records.sqlite)")
+        return StoreURL("sqlite", path=path, options=options)
+    if parts.scheme == "chdb":
+        if parts.netloc:
+            raise StoreURLError(f"{text}: chdb URLs name a folder: chdb:///path/to/dir")
+        if not parts.path:
+            raise StoreURLError(f"{text}: no folder (chdb:///path/to/dir)")
+        return StoreURL("chdb", path=parts.path, options=options)
+    if not parts.hostname:
+        raise StoreURLError(f"{text}: no host (clickhouse://host:8123/db)")
+    try:
+        port = parts.port or 8123
+    except ValueError:
+        raise StoreURLError(f"{text.split('?')[0]}: the port is not a number") from None
+    database = parts.path.strip("/") or "default"
+    if not database.replace("_", "").isalnum():
+        raise StoreURLError(f"{text}: database name {database!r} is not a plain identifier")
+    password = urllib.parse.unquote(parts.password) if parts.password else None
+    return StoreURL(
+        "clickhouse",
+        host=parts.hostname,
+        port=port,
+        database=database,
+        user=urllib.parse.unquote(parts.username) if parts.username else None,
+        password=password if password is not None else os.environ.get(PASSWORD_ENV),
+        options=options,
+    )
+
+
+def _column_store(
+    url: StoreURL, *, max_age_s: float | None, create: bool = True
+) -> ClickHouseStore:
+    engine: ChdbEngine | HttpEngine
+    if url.kind == "chdb":
+        Path(url.path).mkdir(parents=True, exist_ok=True)
+        engine = ChdbEngine(url.path)
+    else:
+        engine = HttpEngine(
+            url.host, url.port, database=url.database, user=url.user, password=url.password
+        )
+    try:
+        return ClickHouseStore(engine, max_age_s=max_age_s, create=create)
+    except BaseException:
+        engine.close()
+        raise
+
+
+def open_writer(text: str) -> RecordWriter | ClickHouseWriter:
+    """The evidence consumer for ``serve --store``: opened now, so a bad store fails at start."""
+    url = parse_store(text)
+    max_age_s = url.option("retention_days", 30.0) * 86400
+    if url.kind == "sqlite":
+        return RecordWriter(url.path, max_age_s=max_age_s)
+    try:
+        store = _column_store(url, max_age_s=max_age_s)
+    except ClickHouseError as exc:
+        raise StoreURLError(f"{url.label()}: {exc}") from exc
+    return ClickHouseWriter(
+        store,
+        label=url.label(),
+        batch_size=int(url.option("batch", 1000)),
+        max_batches=int(url.option("queue", 64)),
+    )
+
+
+def read_store(
+    text: str,
+    *,
+    since_unix_ns: int | None = None,
+    until_unix_ns: int | None = None,
+    category: str | None = None,
+) -> Iterator[dict[str, Any]]:
+    """A store's records in the window, oldest first (streamed; raises FileNotFoundError for a
+    SQLite path that does not exist, StoreURLError for an engine that cannot be reached)."""
+    url = parse_store(text)
+    if url.kind == "sqlite":
+        yield from query_records(
+            url.path, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns, category=category
+        )
+        return
+    if url.kind == "chdb" and not Path(url.path).is_dir():
+        raise FileNotFoundError(url.path)
+    try:
+        store = _column_store(url, max_age_s=None, create=False)
+    except ClickHouseError as exc:
+        raise StoreURLError(f"{url.label()}: {exc}") from exc
+    try:
+        yield from store.records(
+            since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns, category=category
+        )
+    except ClickHouseError as exc:
+        raise StoreURLError(f"{url.label()}: {exc}") from exc
+    finally:
+        store.close()
+
+
+def copy_records(
+    source: str,
+    target: str,
+    *,
+    since_unix_ns: int | None = None,
+    until_unix_ns: int | None = None,
+    batch: int = 5000,
+) -> int:
+    """Copy ``source``'s records (a store, records JSONL or collector files) into ``target``;
+    returns how many were written. Streams in batches: memory stays one batch."""
+    from evidence.sources import records_in  # sources imports this module
+
+    src, dst = parse_store(source) if is_url(source) else None, parse_store(target)
+    if src is not None and src.kind == dst.kind == "chdb" and src.path != dst.path:
+        # chDB serves one folder per process: go through a temporary SQLite store.
+        with tempfile.TemporaryDirectory() as tmp:
+            middle = str(Path(tmp) / "copy.sqlite")
+            copy_records(source, middle, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns)
+            return copy_records(middle, target, batch=batch)
+    records = records_in(source, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns)
+    writer: RecordStore | ClickHouseStore
+    if dst.kind == "sqlite":
+        writer = RecordStore(dst.path)
+    else:
+        try:
+            writer = _column_store(dst, max_age_s=None)
+        except ClickHouseError as exc:
+            raise StoreURLError(f"{dst.label()}: {exc}") from exc
+    n = 0
+    pending: list[dict[str, Any]] = []
+    try:
+        for record in records:
+            pending.append(record)
+            if len(pending) >= batch:
+                writer.append(pending)
+                n += len(pending)
+                pending = []
+        writer.append(pending)
+        n += len(pending)
+    finally:
+        writer.close()
+    return n
