@@ -1,11 +1,13 @@
 """``specshadow records --store S [--store S …] [--since ISO | --last 1h] [--category C] [--limit N]``
-and ``specshadow records copy --from S --to S2 [--since ISO] [--until ISO]``.
+and ``specshadow records copy --from S --to S2 [--since ISO] [--until ISO]`` and
+``specshadow records sql [--table T] [--otel-logs TABLE]``.
 
 The first prints the stores' comparison records as JSON lines (one record per line, oldest
 first), for scripts and other tools; the schema is in docs/records.md. ``--limit N`` keeps the
 newest N. The second moves records between any two stores (SQLite, chDB, ClickHouse; records
-JSONL and collector files as sources), streamed in batches. A store is a path or a URL
-(:mod:`evidence.stores`).
+JSONL and collector files as sources), streamed in batches. The third prints the ClickHouse DDL
+of the wide table and of the view that fills it from the Collector's ClickHouse exporter. A store
+is a path or a URL (:mod:`evidence.stores`).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--category", default=None, help="only this category")
     p.add_argument("--limit", type=int, default=None, help="at most N records (the newest)")
     p.set_defaults(func=run)
-    actions = p.add_subparsers(dest="action", metavar="{copy}")
+    actions = p.add_subparsers(dest="action", metavar="{copy,sql}")
     c: argparse.ArgumentParser = actions.add_parser(
         "copy", help="copy records from one store (or records/collector files) into another"
     )
@@ -81,6 +83,31 @@ def register(subparsers: Any) -> None:
     c.add_argument("--since", type=parse_time_unix_ns, default=None, help="ISO 8601 time")
     c.add_argument("--until", type=parse_time_unix_ns, default=None, help="ISO 8601 time")
     c.set_defaults(func=run_copy)
+    q: argparse.ArgumentParser = actions.add_parser(
+        "sql",
+        help="print the ClickHouse DDL: the wide records table and, with --otel-logs, the "
+        "materialized view that fills it from the Collector's ClickHouse exporter",
+    )
+    q.add_argument("--table", default="specshadow.records", help="the wide table to create")
+    q.add_argument(
+        "--otel-logs",
+        default=None,
+        metavar="TABLE",
+        help="the exporter's logs table (e.g. otel.otel_logs): also print the view",
+    )
+    q.add_argument("--retention-days", type=float, default=30.0)
+    q.set_defaults(func=run_sql)
+
+
+def run_sql(args: argparse.Namespace) -> int:
+    from evidence import wide
+
+    out = [wide.create_table(args.table, ttl_days=args.retention_days, server_ttl=True) + ";"]
+    if args.otel_logs:
+        view = f"{args.table}_from_otel"
+        out.append(wide.otel_view(args.table, args.otel_logs, view) + ";")
+    print("\n\n".join(out))
+    return 0
 
 
 def run_copy(args: argparse.Namespace) -> int:

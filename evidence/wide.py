@@ -9,12 +9,17 @@ joins. Unknown values are NULL, never invented. The layout is versioned (:data:`
 kept in the table's comment); adding a column is an ``ALTER TABLE … ADD COLUMN IF NOT EXISTS``
 migration that :func:`migrations` lists, so an old table keeps working.
 
+Records that reach ClickHouse another way — the OpenTelemetry Collector's ClickHouse exporter,
+which stores each ``specshadow.record`` log record's body in its logs table — get the same rows
+from the materialized view :func:`otel_view` builds from the same column definitions
+(``specshadow records sql`` prints it).
+
 Pure: builds rows and DDL text; the engines live in :mod:`evidence.clickhouse`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +31,7 @@ __all__ = [
     "WIDE_VERSION",
     "create_table",
     "migrations",
+    "otel_view",
     "wide_row",
 ]
 
@@ -34,109 +40,113 @@ WIDE_VERSION = 1
 Record = Mapping[str, Any]
 
 
+Kind = str  # "key" (a string, "" when absent), "str", "num", "int", "flag", "time"
+
+_SQL_TYPES = {
+    "key": "String",
+    "str": "Nullable(String)",
+    "num": "Nullable(Float64)",
+    "int": "Nullable(Int32)",
+    "flag": "Nullable(UInt8)",
+    "time": "Int64",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Column:
+    """One typed column: the value at ``path`` in the record (or the leg), read as ``kind``.
+
+    Declarative, so that the Python extraction (:func:`wide_row`) and the SQL one
+    (:func:`otel_view`, for records that arrive as OTLP log bodies) come from one definition."""
+
     name: str
-    type: str  # ClickHouse type; Nullable where the record may hold null
-    value: Callable[[Mapping[str, Any]], Any]
+    path: tuple[str, ...]
+    kind: Kind
+
+    @property
+    def type(self) -> str:
+        return _SQL_TYPES[self.kind]
+
+    def value(self, obj: Mapping[str, Any]) -> Any:
+        v: Any = obj
+        for key in self.path:
+            v = v.get(key) if isinstance(v, Mapping) else None
+        if self.kind == "key":
+            return "" if v is None else str(v)
+        if self.kind == "str":
+            return v if isinstance(v, str) else None
+        if self.kind in ("num", "time"):
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                return None if self.kind == "num" else 0
+            return float(v) if self.kind == "num" else int(v)
+        if self.kind == "int":
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+        return None if v is None else int(bool(v))  # flag
+
+    def sql(self, json: str) -> str:
+        """The ClickHouse expression reading this column from the JSON text ``json``."""
+        keys = ", ".join(f"'{k}'" for k in self.path)
+        if self.kind == "key":
+            return f"ifNull(JSONExtract({json}, {keys}, 'Nullable(String)'), '')"
+        if self.kind == "time":
+            return f"JSONExtract({json}, {keys}, 'Int64')"
+        return f"JSONExtract({json}, {keys}, '{self.type}')"
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _str(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _path(*keys: str) -> Callable[[Mapping[str, Any]], Any]:
-    def get(obj: Mapping[str, Any]) -> Any:
-        value: Any = obj
-        for key in keys:
-            if not isinstance(value, Mapping):
-                return None
-            value = value.get(key)
-        return value
-
-    return get
-
-
-def _f(*keys: str) -> Callable[[Mapping[str, Any]], float | None]:
-    get = _path(*keys)
-    return lambda obj: _num(get(obj))
-
-
-def _s(*keys: str) -> Callable[[Mapping[str, Any]], str | None]:
-    get = _path(*keys)
-    return lambda obj: _str(get(obj))
-
-
-def _flag(*keys: str) -> Callable[[Mapping[str, Any]], int | None]:
-    get = _path(*keys)
-
-    def value(obj: Mapping[str, Any]) -> int | None:
-        v = get(obj)
-        return None if v is None else int(bool(v))
-
-    return value
+def _c(name: str, kind: Kind, *path: str) -> Column:
+    return Column(name, path or (name,), kind)
 
 
 EXCHANGE_COLUMNS: tuple[Column, ...] = (
-    Column("exchange_id", "String", _s("exchange_id")),
-    Column("time_unix_ns", "Int64", lambda r: int(r["started_unix_ns"])),
-    Column("schema", "String", _s("schema")),
-    Column("request_id", "Nullable(String)", _s("request_id")),
-    Column("route", "Nullable(String)", _s("route")),
-    Column("requested_model", "Nullable(String)", _s("requested_model")),
-    Column("tenant", "Nullable(String)", _s("tenant")),
-    Column("category", "Nullable(String)", _s("category")),
-    Column("stream", "Nullable(UInt8)", _flag("stream")),
-    Column("greedy", "Nullable(UInt8)", _flag("greedy")),
-    Column("temperature", "Nullable(Float64)", _f("temperature")),
-    Column("served_by", "Nullable(String)", _s("served_by")),
-    Column("rollout_stage", "Nullable(String)", _s("rollout", "stage")),
-    Column("policy_rule", "Nullable(String)", _s("policy", "rule")),
-    Column("sampled", "Nullable(UInt8)", _flag("sampling", "sampled")),
-    Column("output_length_bucket", "Nullable(String)", _s("output_length_bucket")),
-    Column("concurrency", "Nullable(Float64)", _f("concurrency")),
-    Column("load_parity", "Nullable(Float64)", _f("load_parity")),
-    Column("speculation_skip", "Nullable(String)", _s("speculation_skip")),
+    _c("exchange_id", "key"),
+    _c("time_unix_ns", "time", "started_unix_ns"),
+    _c("schema", "key"),
+    _c("request_id", "str"),
+    _c("route", "str"),
+    _c("requested_model", "str"),
+    _c("tenant", "str"),
+    _c("category", "str"),
+    _c("stream", "flag"),
+    _c("greedy", "flag"),
+    _c("temperature", "num"),
+    _c("served_by", "str"),
+    _c("rollout_stage", "str", "rollout", "stage"),
+    _c("policy_rule", "str", "policy", "rule"),
+    _c("sampled", "flag", "sampling", "sampled"),
+    _c("output_length_bucket", "str"),
+    _c("concurrency", "num"),
+    _c("load_parity", "num"),
+    _c("speculation_skip", "str"),
 )
 
 LEG_COLUMNS: tuple[Column, ...] = (
-    Column("role", "String", lambda leg: str(leg.get("role") or "")),
-    Column("backend", "String", lambda leg: str(leg.get("backend") or "")),
-    Column("outcome", "Nullable(String)", _s("outcome")),
-    Column("status", "Nullable(Int32)", lambda leg: _int(leg.get("status"))),
-    Column("ttft_s", "Nullable(Float64)", _f("ttft_s")),
-    Column("tpot_s", "Nullable(Float64)", _f("tpot_s")),
-    Column("e2e_s", "Nullable(Float64)", _f("e2e_s")),
-    Column("output_tokens", "Nullable(Float64)", _f("output_tokens")),
-    Column("prompt_tokens", "Nullable(Float64)", _f("prompt_tokens")),
-    Column("finish_reason", "Nullable(String)", _s("finish_reason")),
-    Column("share", "Nullable(Float64)", _f("share")),
-    Column("in_flight", "Nullable(Float64)", _f("load", "in_flight")),
-    Column("per_replica_rate_rps", "Nullable(Float64)", _f("load", "per_replica_rate_rps")),
-    Column("num_requests_running", "Nullable(Float64)", _f("load", "scraped", "num_requests_running")),
-    Column("load_parity", "Nullable(Float64)", _f("load_parity")),
-    Column("method", "Nullable(String)", _s("speculative", "method")),
-    Column("num_speculative_tokens", "Nullable(Float64)", _f("speculative", "num_speculative_tokens")),
-    Column("tokens_per_pass", "Nullable(Float64)", _f("acceptance", "tokens_per_pass")),
-    Column("mean_acceptance_length", "Nullable(Float64)", _f("acceptance", "mean_acceptance_length")),
-    Column("num_drafts", "Nullable(Float64)", _f("acceptance", "num_drafts")),
-    Column("num_draft_tokens", "Nullable(Float64)", _f("acceptance", "num_draft_tokens")),
-    Column("num_accepted_tokens", "Nullable(Float64)", _f("acceptance", "num_accepted_tokens")),
-    Column("output_sha256", "Nullable(String)", _s("output", "sha256")),
-    Column("similarity", "Nullable(Float64)", _f("quality", "similarity")),
-    Column("loglik", "Nullable(Float64)", _f("quality", "loglik")),
-    Column("refusal", "Nullable(UInt8)", _flag("quality", "refusal")),
-)  # fmt: skip
+    _c("role", "key"),
+    _c("backend", "key"),
+    _c("outcome", "str"),
+    _c("status", "int"),
+    _c("ttft_s", "num"),
+    _c("tpot_s", "num"),
+    _c("e2e_s", "num"),
+    _c("output_tokens", "num"),
+    _c("prompt_tokens", "num"),
+    _c("finish_reason", "str"),
+    _c("share", "num"),
+    _c("in_flight", "num", "load", "in_flight"),
+    _c("per_replica_rate_rps", "num", "load", "per_replica_rate_rps"),
+    _c("num_requests_running", "num", "load", "scraped", "num_requests_running"),
+    _c("load_parity", "num"),
+    _c("method", "str", "speculative", "method"),
+    _c("num_speculative_tokens", "num", "speculative", "num_speculative_tokens"),
+    _c("tokens_per_pass", "num", "acceptance", "tokens_per_pass"),
+    _c("mean_acceptance_length", "num", "acceptance", "mean_acceptance_length"),
+    _c("num_drafts", "num", "acceptance", "num_drafts"),
+    _c("num_draft_tokens", "num", "acceptance", "num_draft_tokens"),
+    _c("num_accepted_tokens", "num", "acceptance", "num_accepted_tokens"),
+    _c("output_sha256", "str", "output", "sha256"),
+    _c("similarity", "num", "quality", "similarity"),
+    _c("loglik", "num", "quality", "loglik"),
+    _c("refusal", "flag", "quality", "refusal"),
+)
 
 
 def _legs(record: Record) -> list[Mapping[str, Any]]:
@@ -146,7 +156,7 @@ def _legs(record: Record) -> list[Mapping[str, Any]]:
 
 def wide_row(record: Record) -> dict[str, Any]:
     """The record's wide row as a JSON object (``FORMAT JSONEachRow``); the record itself under
-    ``record``. Raises KeyError for a record without ``exchange_id``/``started_unix_ns``."""
+    ``record``."""
     row: dict[str, Any] = {c.name: c.value(record) for c in EXCHANGE_COLUMNS}
     legs = _legs(record)
     for c in LEG_COLUMNS:
@@ -179,6 +189,25 @@ def create_table(table: str, *, ttl_days: float | None, server_ttl: bool) -> str
         f"CREATE TABLE IF NOT EXISTS {table} (\n  {cols},\n  `day` Date DEFAULT {day}\n)"
         "\nENGINE = ReplacingMergeTree\nPARTITION BY day\nORDER BY (time_unix_ns, exchange_id)"
         f"{ttl}"
+    )
+
+
+def otel_view(table: str, source: str, view: str) -> str:
+    """A materialized view filling ``table`` from the OpenTelemetry Collector ClickHouse
+    exporter's logs table ``source``: every ``specshadow.record`` log record's body (the record's
+    JSON) becomes its wide row, with the same values :func:`wide_row` writes. (Modern ClickHouse
+    only: ``JSONExtract`` arrived in 19.x.)"""
+    exprs = [f"{c.sql('Body')} AS `{c.name}`" for c in EXCHANGE_COLUMNS]
+    exprs += [
+        f"arrayMap(leg -> {c.sql('leg')}, JSONExtractArrayRaw(Body, 'legs')) AS `legs_{c.name}`"
+        for c in LEG_COLUMNS
+    ]
+    exprs.append("Body AS `record`")
+    select = ",\n  ".join(exprs)
+    return (
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {view} TO {table} AS SELECT\n  {select}\n"
+        f"FROM {source}\nWHERE EventName = 'specshadow.record'"
+        " OR (EventName = '' AND startsWith(JSONExtractString(Body, 'schema'), 'specshadow.record/'))"
     )
 
 

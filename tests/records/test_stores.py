@@ -256,3 +256,63 @@ def test_a_server_that_goes_away_costs_counted_records_and_never_blocks(
         read_records([url])
     with pytest.raises(ClickHouseError):
         store.count()
+
+
+def test_the_collectors_clickhouse_exporter_path_fills_the_wide_table_with_the_same_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Records that reach ClickHouse as OTLP log records (the Collector's ClickHouse exporter
+    keeps each body in its logs table) become the wide rows the gateway's own writer makes: the
+    view is generated from the same column definitions, and this holds it to them, column by
+    column, on chDB (ClickHouse 26; Debian's 18.16 server predates JSONExtract)."""
+    from evidence import wide
+
+    records = records_of(12, start_ns=time.time_ns())
+    records[3]["legs"][0]["status"] = None  # nulls inside the arrays too
+    records[4]["category"] = None
+    engine = ChdbEngine(str(tmp_path / "c"))
+    try:
+        # The exporter's logs table, reduced to the columns it writes that the view reads or
+        # that order it (names and types as the exporter's DDL has them).
+        engine.execute(
+            "CREATE TABLE otel_logs (Timestamp DateTime64(9), ServiceName LowCardinality(String),"
+            " Body String, LogAttributes Map(LowCardinality(String), String), EventName String)"
+            " ENGINE = MergeTree ORDER BY (ServiceName, Timestamp)"
+        )
+        assert cli_main(["records", "sql", "--table", "records", "--otel-logs", "otel_logs"]) == 0
+        for statement in capsys.readouterr().out.split(";\n"):
+            if statement.strip():
+                engine.execute(statement)
+        rows = [
+            {
+                "Timestamp": r["started_unix_ns"] / 1e9,
+                "ServiceName": "gateway-a",
+                "Body": jsonx.dumps(r).decode(),
+                "LogAttributes": {"specshadow.exchange_id": r["exchange_id"]},
+                "EventName": "specshadow.record" if i % 2 else "",  # older exporters: no name
+            }
+            for i, r in enumerate(records)
+        ]
+        other = {**rows[0], "Body": "GET /healthz 200", "EventName": "http.access"}
+        body = b"".join(jsonx.dumps(row) + b"\n" for row in [*rows, other])
+        engine.execute("INSERT INTO otel_logs FORMAT JSONEachRow", body)
+        got = [
+            jsonx.loads(line)
+            for line in engine.execute(
+                "SELECT * EXCEPT (day) FROM records ORDER BY time_unix_ns"
+                " SETTINGS output_format_json_quote_64bit_integers = 0 FORMAT JSONEachRow"
+            ).splitlines()
+        ]
+    finally:
+        engine.close()
+    assert len(got) == len(records)  # the access log line is not a record
+    for row, record in zip(got, records, strict=True):
+        expected = wide.wide_row(record)
+        assert jsonx.loads(row.pop("record")) == record
+        expected.pop("record")
+        assert row == expected, {k: (row[k], v) for k, v in expected.items() if row[k] != v}
+    assert read_records([f"chdb://{tmp_path}/c"]) == read_records_sorted(records)
+
+
+def read_records_sorted(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(records, key=lambda r: (r["started_unix_ns"], r["exchange_id"]))
