@@ -185,8 +185,8 @@ def _num(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _speed_points(record: Record) -> Iterable[tuple[str, float, float, float, str | None]]:
-    """(role, batch, slots per sequence, step seconds, proposer) for each leg that tells."""
+def _speed_points(record: Record) -> Iterable[tuple[str, float, float, float]]:
+    """(role, batch, slots per sequence, step seconds) for each leg that tells."""
     for leg in record.get("legs") or ():
         if not isinstance(leg, Mapping) or not _completed(leg):
             continue
@@ -197,15 +197,13 @@ def _speed_points(record: Record) -> Iterable[tuple[str, float, float, float, st
         spec = leg.get("speculative") or {}
         k = spec.get("num_speculative_tokens") if isinstance(spec, Mapping) else None
         if leg.get("role") == "primary" and not k:
-            yield "primary", batch, 1.0, tpot, None
+            yield "primary", batch, 1.0, tpot
             continue
         acc = leg.get("acceptance") or {}
         tpp, drafted = _num(acc.get("tokens_per_pass")), _num(acc.get("num_draft_tokens"))
         if leg.get("role") == "candidate" and tpp and drafted is not None:
             passes = out / tpp
-            live = live_config(leg)
-            proposer = live.proposer if live is not None else str(spec.get("method") or "unknown")
-            yield "candidate", batch, 1.0 + drafted / passes, tpot * tpp, proposer
+            yield "candidate", batch, 1.0 + drafted / passes, tpot * tpp
 
 
 def build_matrix(
@@ -239,13 +237,13 @@ def build_matrix(
 
     cells: dict[tuple[Config, str, str], Cell] = {}
     checks: dict[tuple[str, Config], LiveCheck] = {}
-    points: list[tuple[float, float, float, str | None]] = []
+    points: list[tuple[float, float, float]] = []
     primary_batches: list[float] = []
     records = scored = 0
     for record in open_records():
         records += 1
-        for role, b, slots, step, proposer in _speed_points(record):
-            points.append((b, slots, step, proposer))
+        for role, b, slots, step in _speed_points(record):
+            points.append((b, slots, step))
             if role == "primary":
                 primary_batches.append(b)
         tok = _tokens(record)
@@ -351,9 +349,9 @@ def _row(
     speedup: float | None = None
     interval: dict[str, Any] | None = None
     if model is not None and tpp is not None:
-        speedup = model.speedup(tpp, drafted_per_pass, c.proposer)
+        speedup = model.speedup(tpp, drafted_per_pass)
         if tpp_ci is not None:
-            lo, hi = (model.speedup(v, drafted_per_pass, c.proposer) for v in tpp_ci)
+            lo, hi = (model.speedup(v, drafted_per_pass) for v in tpp_ci)
             interval = {"low": lo, "high": hi}
     return {
         **config_json(c),

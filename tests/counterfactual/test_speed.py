@@ -75,11 +75,9 @@ async def test_the_fitted_step_model_recovers_the_engines_constants(
     assert model is not None and model.identified, model
     # The slope is the engine's per-slot cost; the floor is the engine's plus what serving a step
     # costs on the socket (timings are read at the gateway), so it is at least ``step_s``. On a
-    # loaded 2-core machine serving costs grow with the batch too, and the candidate's extra
-    # serving cost per sequence (the proposer's share) is fitted beside the slope, so the slope
-    # takes less of it: the constants are held loosely, the prediction — what the model is for —
-    # tightly.
-    assert 0.3 * SLOT_S <= model.slot_s <= 2 * SLOT_S, model
+    # loaded 2-core machine serving costs grow with the batch too: the constants are held loosely,
+    # the prediction — what the model is for — tightly.
+    assert 0.5 * SLOT_S <= model.slot_s <= 2 * SLOT_S, model
     assert STEP_S <= model.base_s <= 6 * STEP_S, model
     # The prediction for the live configuration against the TPOT ratio measured on the pairs.
     (live,) = m.live
@@ -96,5 +94,9 @@ async def test_the_fitted_step_model_recovers_the_engines_constants(
     measured = math.exp(sum(ratios) / len(ratios))
     predicted = row["predicted_tpot_speedup"]
     print(f"predicted TPOT speed-up {predicted:.3f}, measured {measured:.3f}, {model}")
-    assert predicted == pytest.approx(measured, rel=0.2), (predicted, measured, model)
+    # The model leaves out what a speculative sequence costs beyond its verification slots
+    # (serving more tokens per event, the proposer's own work), so the prediction is an upper
+    # bound: 7-11 % high on a quiet machine, up to 23 % on a loaded one (a clean CI run). Held to
+    # that direction and size: it fails if the model turns pessimistic or wildly optimistic.
+    assert 0.95 * measured <= predicted <= 1.35 * measured, (predicted, measured, model)
     assert live["relative_gap"] == pytest.approx(0.0, abs=1e-9)
