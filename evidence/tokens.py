@@ -223,6 +223,8 @@ class TokenTap:
         return plan
 
     def _wants_likelihood(self, exchange: Exchange) -> LikelihoodPlan | None:
+        if not exchange.shadows:  # scoring needs a baseline and a candidate leg: most exchanges
+            return None
         plan = self._likelihood_plan() if self._likelihood_plan is not None else None
         if plan is None or not selected(exchange.exchange_id, plan.share, person=b"lk-share"):
             return None

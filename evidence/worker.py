@@ -27,7 +27,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from core.classify import categorize, request_traits
+from core import request_body
+from core.classify import categorize
 from core.evidence import Comparison, Evidence, EvidenceConsumer
 from core.exchange import CAPTURE_OFF, CaptureSpec, Exchange
 from core.sinks import ThreadedSink
@@ -53,9 +54,12 @@ def build_evidence(
     category, source = categorize(exchange.category, exchange.request_json)
     greedy = is_greedy(exchange.temperature, exchange.seed)
     comparisons: tuple[Comparison, ...] = ()
+    # What only mirrored (or candidate-served) exchanges need is computed only for them: the
+    # worker shares the gateway's core, and most exchanges are neither.
+    speculative = bool(exchange.shadows) or exchange.served_by != "primary"
     expects_json = (
-        request_traits(exchange.request_json).json_mode
-        if exchange.request_json is not None
+        request_body.json_mode(exchange.request_json)
+        if exchange.request_json is not None and exchange.shadows
         else None
     )
     if exchange.shadows:
@@ -94,7 +98,7 @@ def build_evidence(
         )
         if exchange.shadows
         else (),
-        speculation_skip=speculation_skip(exchange.request_json),
+        speculation_skip=speculation_skip(exchange.request_json) if speculative else None,
     )
 
 

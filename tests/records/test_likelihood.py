@@ -152,7 +152,10 @@ async def test_each_legs_score_is_the_targets_exact_likelihood_and_it_separates_
         print(b, verdict.verdict, verdict.decided_by, test.text(), f"p={test.p_value:.4f}")
         if b == "lossless":
             assert verdict.verdict != "not_equivalent", verdict.reasons
-            assert test.low < 0 < test.high, test.text()
+            # Not "the 95 % interval holds 0": that fails one run in 20 by construction. The
+            # permutation test stays far from a rejection (a false failure about 1 run in 1,000)
+            # and the difference is inside the margin.
+            assert test.p_value > 0.001 and abs(test.difference) < test.margin, test.text()
         else:
             assert verdict.verdict == "not_equivalent", verdict.reasons
             # loglik alone rejects, far outside its margin
