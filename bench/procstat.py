@@ -27,3 +27,17 @@ def cpu_s(pid: int) -> float:
     # The command name (field 2) may contain spaces and parentheses: split after the last ")".
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds per thread name (threads of one name summed; the main thread is ``main``)."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended between the listing and the read
+            continue
+        name = "main" if task.name == str(pid) else stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) * _TICK_S
+    return out
