@@ -158,3 +158,36 @@ def test_counterfactual_replay_bench_runs_its_three_arms(tmp_path):
     data = json.loads(report.read_text())
     assert data["configs"] == 32 and len(data["rows"]) == 3
     assert all(rate > 0 for _, rate, _ in data["rows"])
+
+
+def test_report_scale_bench_inserts_reports_and_aggregates_on_every_engine(tmp_path):
+    from evidence.store import RecordStore
+    from evidence.worker import build_evidence
+    from tests.compare.legs import exchange
+
+    seed = tmp_path / "seed.sqlite"
+    store = RecordStore(seed)
+    store.append([build_evidence(exchange(i, started_unix_ns=1_000 + i)).record for i in range(40)])
+    store.close()
+    report = tmp_path / "scale.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.report_scale", "--seed", str(seed), "--sizes", "120",
+         "--aggregate-rows", "2000", "--no-clickhouse", "--json", str(report)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads(report.read_text())
+    assert {s["engine"] for s in data["sizes"]} == {"sqlite", "chdb"}
+    assert all(s["status"] == 0 and s["rss"] > 0 for s in data["sizes"])
+    assert {i["engine"] for i in data["insert"]} == {"sqlite", "chdb"}
+    assert data["aggregate"]["rows"] == 120 * (2000 // 120) and data["aggregate"]["groups"] > 0
+
+
+def test_versions_bench_measures_the_working_tree_beside_the_relay(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.versions", "--rounds", "1", "--segment-s", "0.3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith(("relay", "HEAD"))]
+    assert [r[0] for r in rows] == ["relay", "HEAD"] and all(float(r[1]) > 0 for r in rows)
