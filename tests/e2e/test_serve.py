@@ -179,3 +179,29 @@ async def test_quick_flags_mirror_to_a_candidate_and_a_baseline_without_a_policy
     roles = {c["role"] for c in status["counts"] if c["event"] == "completed"}
     assert roles == {"candidate", "baseline"}
     assert len(candidate.state.requests) == len(baseline.state.requests) == 3
+
+
+async def test_serve_writes_records_into_a_chdb_store_and_flushes_them_on_sigterm(sims, tmp_path):
+    """``--store chdb:///dir`` as an SRE types it: the records of every exchange are in the
+    embedded column store once the process has exited."""
+    primary, candidate = await sims(), await sims(mode="speculative")
+    store = f"chdb://{tmp_path}/records"
+    args = ["--primary", primary.base_url, "--shadow", candidate.base_url, "--shadow-ratio", "1"]
+    async with spawn_gateway([*args, "--store", store]) as gp:
+        client = openai.AsyncOpenAI(base_url=f"{gp.url}/v1", api_key="x", max_retries=0)
+        for i in range(5):
+            await client.chat.completions.create(
+                model="sim-model", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=4
+            )
+        await client.close()
+        await wait_until(
+            lambda: gp.shadow_status(),
+            lambda s: sum(c["count"] for c in s["counts"] if c["event"] == "completed") == 5,
+        )
+        gp.proc.send_signal(signal.SIGTERM)
+        assert gp.proc.wait(timeout=30) == 0
+    from evidence.sources import read_records
+
+    records = read_records([store])
+    assert len(records) == 5
+    assert all([leg["role"] for leg in r["legs"]] == ["primary", "candidate"] for r in records)
