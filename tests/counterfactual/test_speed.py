@@ -10,6 +10,7 @@ TPOT speed-up for the live configuration must agree with the speed-up measured o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import aiohttp
 import pytest
 
 from counterfactual.matrix import ALL, build_matrix
+from counterfactual.speed import leg_batch
 from evidence.sources import iter_records
 from gateway.settings import Settings
 from specshadow.app import build_app
@@ -86,17 +88,25 @@ async def test_the_fitted_step_model_recovers_the_engines_constants(
         if r["category"] == ALL and r["output_length_bucket"] == ALL and r["num_speculative_tokens"] == 4
         and (r["prompt_lookup_min"], r["prompt_lookup_max"]) == (2, 4)
     )  # fmt: skip
-    ratios = []
+    # Like for like: the model's speed-up at each pair's own batch (the primary leg's), against
+    # that pair's measured TPOT ratio, both averaged on the log scale. (The row's own figure is at
+    # production's median batch, which these four concurrency levels do not represent.)
+    tpp, drafted = row["tokens_per_pass"]["estimate"], row["drafted_per_pass"]
+    measured_logs, predicted_logs = [], []
     for record in iter_records([store]):
         legs = {leg["role"]: leg for leg in record["legs"]}
-        if legs["primary"].get("tpot_s") and legs["candidate"].get("tpot_s"):
-            ratios.append(math.log(legs["primary"]["tpot_s"] / legs["candidate"]["tpot_s"]))
-    measured = math.exp(sum(ratios) / len(ratios))
-    predicted = row["predicted_tpot_speedup"]
+        batch = leg_batch(legs["primary"])
+        if legs["primary"].get("tpot_s") and legs["candidate"].get("tpot_s") and batch:
+            measured_logs.append(math.log(legs["primary"]["tpot_s"] / legs["candidate"]["tpot_s"]))
+            at = dataclasses.replace(model, batch=batch).speedup(tpp, drafted)
+            assert at is not None
+            predicted_logs.append(math.log(at))
+    measured = math.exp(sum(measured_logs) / len(measured_logs))
+    predicted = math.exp(sum(predicted_logs) / len(predicted_logs))
     print(f"predicted TPOT speed-up {predicted:.3f}, measured {measured:.3f}, {model}")
     # The model leaves out what a speculative sequence costs beyond its verification slots
     # (serving more tokens per event, the proposer's own work), so the prediction is an upper
-    # bound: 7-11 % high on a quiet machine, up to 23 % on a loaded one (a clean CI run). Held to
-    # that direction and size: it fails if the model turns pessimistic or wildly optimistic.
-    assert 0.95 * measured <= predicted <= 1.35 * measured, (predicted, measured, model)
+    # bound: 11-26 % high here on a quiet machine, more on a loaded one. Held to that direction
+    # and size: it fails if the model turns pessimistic or more than 60 % optimistic.
+    assert 0.95 * measured <= predicted <= 1.6 * measured, (predicted, measured, model)
     assert live["relative_gap"] == pytest.approx(0.0, abs=1e-9)
