@@ -5,6 +5,8 @@ head to head, and the report's per-candidate sections and recommendation built f
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -53,10 +55,25 @@ def has_id(request_id: str) -> Callable[[Exchange], bool]:
 
 async def run(servers: Mapping[str, VllmServer], store: Path) -> list[dict[str, Any]]:
     async with running_gateway(two_candidates(servers), store_path=store) as gw:
-        await asyncio.sleep(1.0)  # the server-info probe's first round
         async with openai.AsyncOpenAI(
             base_url=gw.openai_base_url, api_key="k", max_retries=0
         ) as client:
+            # Warm-up exchanges until a record shows what both candidates report of themselves
+            # (the server-info probe's first round can miss a server still busy with the last
+            # module's traffic; a fixed sleep failed a clean CI run).
+            deadline = time.monotonic() + 120
+            for k in itertools.count():
+                warm: dict[str, Any] = {**PROMPTS[0], "max_tokens": 2}
+                await client.chat.completions.create(
+                    **warm, extra_headers={"x-request-id": f"warm-{k}"}
+                )
+                await gw.sink.wait_for(has_id(f"warm-{k}"), timeout_s=120)
+                await asyncio.sleep(0.5)  # the record's batch commits when the queue runs empty
+                if _reported(store) >= {"ngram", "draft"}:
+                    break
+                assert time.monotonic() < deadline, (
+                    "the candidates' /server_info never reached a record"
+                )
             for i, body in enumerate(PROMPTS):
                 request: dict[str, Any] = dict(body)
                 stream = await client.chat.completions.create(
@@ -65,7 +82,19 @@ async def run(servers: Mapping[str, VllmServer], store: Path) -> list[dict[str, 
                 assert [chunk async for chunk in stream]
         for i in range(len(PROMPTS)):
             await gw.sink.wait_for(has_id(f"two-{i}"), timeout_s=120)
-    return list(query_records(store))
+    return [r for r in query_records(store) if str(r["request_id"]).startswith("two-")]
+
+
+def _reported(store: Path) -> set[str]:
+    """The backends whose own report of their speculation reached a record."""
+    if not store.exists():
+        return set()
+    return {
+        leg["backend"]
+        for r in query_records(store)
+        for leg in r["legs"]
+        if ((leg.get("speculative") or {}).get("reported") or {}).get("source")
+    }
 
 
 @pytest.fixture(scope="module")
