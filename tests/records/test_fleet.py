@@ -31,6 +31,24 @@ REQUESTS = 60
 CATEGORIES = ("chat", "code", "math")
 
 
+async def alternate(urls: list[str], n: int) -> None:
+    """``n`` chat requests through a load balancer alternating between the replicas at ``urls``,
+    categories cycling through :data:`CATEGORIES`."""
+    async with aiohttp.ClientSession() as session:
+
+        async def one(i: int) -> None:
+            headers = {"x-specshadow-category": CATEGORIES[i % 3]}
+            async with session.post(
+                f"{urls[i % len(urls)]}/v1/chat/completions",
+                json=chat(i, max_tokens=16),
+                headers=headers,
+            ) as resp:
+                assert resp.status == 200
+                await resp.read()
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+
+
 @pytest.fixture
 def replicas(
     servers: list[Any], collector_file: CollectorFile, tmp_path: Path
@@ -71,17 +89,7 @@ async def test_reports_over_two_replicas_stores_equal_the_report_over_one_store(
     primary = await sims(step_s=0.0, prefill_base_s=0.0)
     candidate = await sims(mode="speculative", step_s=0.0, prefill_base_s=0.0)
     urls = await replicas(write_policy(policy_yaml(primary.base_url, candidate.base_url)))
-    async with aiohttp.ClientSession() as session:
-
-        async def one(i: int) -> None:  # a load balancer alternating between the replicas
-            headers = {"x-specshadow-category": CATEGORIES[i % 3]}
-            async with session.post(
-                f"{urls[i % 2]}/v1/chat/completions", json=chat(i, max_tokens=16), headers=headers
-            ) as resp:
-                assert resp.status == 200
-                await resp.read()
-
-        await asyncio.gather(*(one(i) for i in range(REQUESTS)))
+    await alternate(urls, REQUESTS)
     for server in reversed(servers[-2:]):  # stop both replicas: stores flushed, logs exported
         await server.close()
     servers[-2:] = []

@@ -5,14 +5,12 @@ request."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from core import jsonx
@@ -33,10 +31,7 @@ from specshadow.main import main as cli_main
 from tests.conftest import FAST_UPSTREAM, start_server
 from tests.gateway.test_shadow import policy_yaml
 from tests.receivers.clickhouse import ClickHouseServer, requires_clickhouse
-from tests.records.test_evidence import chat
-
-REQUESTS = 60
-CATEGORIES = ("chat", "code", "math")
+from tests.records.test_fleet import REQUESTS, alternate
 
 
 @pytest.fixture(scope="module")
@@ -182,17 +177,7 @@ async def test_two_gateways_into_one_clickhouse_server_report_as_their_sqlite_st
         server = await start_server(build_app(settings, consumers=[own]))
         servers.append(server)
         urls.append(str(server.make_url("")).rstrip("/"))
-    async with aiohttp.ClientSession() as session:
-
-        async def one(i: int) -> None:  # a load balancer alternating between the replicas
-            headers = {"x-specshadow-category": CATEGORIES[i % 3]}
-            async with session.post(
-                f"{urls[i % 2]}/v1/chat/completions", json=chat(i, max_tokens=16), headers=headers
-            ) as resp:
-                assert resp.status == 200
-                await resp.read()
-
-        await asyncio.gather(*(one(i) for i in range(REQUESTS)))
+    await alternate(urls, REQUESTS)
     for server in reversed(servers[-2:]):  # stop both: batches flushed, senders drained
         await server.close()
     servers[-2:] = []
