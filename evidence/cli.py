@@ -146,10 +146,9 @@ def run(args: argparse.Namespace) -> int:
                 limit=args.limit,
             )
         else:
+            # The window is applied where the records are read (in each store's engine).
             records = select(
                 read_records(args.store, since_unix_ns=since, until_unix_ns=args.until),
-                since,
-                args.until,
                 args.category,
                 args.limit,
             )
@@ -169,18 +168,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def select(
-    records: list[dict[str, Any]],
-    since_unix_ns: int | None,
-    until_unix_ns: int | None,
-    category: str | None,
-    limit: int | None,
+    records: list[dict[str, Any]], category: str | None, limit: int | None
 ) -> list[dict[str, Any]]:
-    """The same filters as :func:`~evidence.store.query_records`, over records in memory."""
-    chosen = [
-        r
-        for r in records
-        if (since_unix_ns is None or r["started_unix_ns"] >= since_unix_ns)
-        and (until_unix_ns is None or r["started_unix_ns"] < until_unix_ns)
-        and (category is None or r.get("category") == category)
-    ]
+    """``query_records``'s category and limit, over records in memory (already windowed)."""
+    chosen = [r for r in records if category is None or r.get("category") == category]
     return chosen[-limit:] if limit is not None else chosen
