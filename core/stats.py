@@ -9,8 +9,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
-__all__ = ["RatioStats", "mean", "percentile", "percentile_sorted", "percentiles", "wilson"]
+__all__ = [
+    "RatioStats",
+    "interpolate",
+    "mean",
+    "percentile",
+    "percentile_ranks",
+    "percentile_sorted",
+    "percentiles",
+    "t_quantile",
+    "wilson",
+]
 
 
 def percentile_sorted(sorted_values: Sequence[float], q: float) -> float | None:
@@ -24,14 +35,24 @@ def percentile_sorted(sorted_values: Sequence[float], q: float) -> float | None:
     n = len(sorted_values)
     if n == 0:
         return None
-    rank = (n - 1) * q / 100.0
-    lo = math.floor(rank)
-    hi = min(lo + 1, n - 1)
-    frac = rank - lo
-    low = float(sorted_values[lo])
+    lo, hi = percentile_ranks(n, q)
+    return interpolate(n, q, float(sorted_values[lo]), float(sorted_values[hi]))
+
+
+def percentile_ranks(n: int, q: float) -> tuple[int, int]:
+    """The two 0-based ranks percentile ``q`` of ``n`` sorted values interpolates between (what
+    an engine must fetch to give the same percentile: ``arraySort(groupArray(x))[rank + 1]``)."""
+    lo = math.floor((n - 1) * q / 100.0)
+    return lo, min(lo + 1, n - 1)
+
+
+def interpolate(n: int, q: float, low: float, high: float) -> float:
+    """Percentile ``q`` of ``n`` values from the values at :func:`percentile_ranks`."""
+    lo, hi = percentile_ranks(n, q)
+    frac = (n - 1) * q / 100.0 - lo
     if frac == 0.0 or hi == lo:
         return low
-    return low + (float(sorted_values[hi]) - low) * frac
+    return low + (high - low) * frac
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
@@ -97,3 +118,14 @@ class RatioStats:
         resid = max(self.syy - 2 * r * self.sxy + r * r * self.sxx, 0.0)  # Σ(y − r·x)²
         se = math.sqrt(resid / (self.n - 1) * self.n) / self.sx
         return r - z * se, r + z * se
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile (Hill's 1970 expansion; exact enough for df ≥ 3)."""
+    z = NormalDist().inv_cdf(p)
+    if df <= 0:
+        return math.inf
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    return z + g1 / df + g2 / df**2 + g3 / df**3

@@ -225,13 +225,18 @@ class ClickHouseStore:
             engine.create_database()
         ttl_days = None if max_age_s is None else max_age_s / 86400
         engine.execute(wide.create_table(TABLE, ttl_days=ttl_days, server_ttl=engine.server_ttl))
+        self.migrate()
+
+    def migrate(self) -> None:
+        """Add the columns a table written by an older release lacks (its rows read them as
+        empty arrays and NULLs)."""
         present = {
             line.split(b"\t")[0].decode()
-            for line in engine.execute(f"DESCRIBE TABLE {TABLE}").splitlines()
+            for line in self.engine.execute(f"DESCRIBE TABLE {TABLE}").splitlines()
             if line
         }
         for statement in wide.migrations(TABLE, present):
-            engine.execute(statement)
+            self.engine.execute(statement)
 
     def append(self, records: Sequence[Mapping[str, Any]]) -> None:
         if not records:

@@ -38,6 +38,7 @@ __all__ = [
     "StoreURLError",
     "copy_records",
     "is_url",
+    "open_column_store",
     "open_writer",
     "parse_store",
     "read_store",
@@ -147,6 +148,27 @@ def _column_store(
     except BaseException:
         engine.close()
         raise
+
+
+def open_column_store(text: str) -> ClickHouseStore:
+    """A ``chdb:///`` or ``clickhouse://`` store to query (migrated to this release's columns);
+    FileNotFoundError for a chDB folder that does not exist, StoreURLError for an engine that
+    cannot be reached or holds no records table."""
+    url = parse_store(text)
+    if url.kind == "sqlite":
+        raise StoreURLError(f"{url.label()}: not a column store")
+    if url.kind == "chdb" and not Path(url.path).is_dir():
+        raise FileNotFoundError(url.path)
+    try:
+        store = _column_store(url, max_age_s=None, create=False)
+    except ClickHouseError as exc:
+        raise StoreURLError(f"{url.label()}: {exc}") from exc
+    try:
+        store.migrate()
+    except ClickHouseError as exc:
+        store.close()
+        raise StoreURLError(f"{url.label()}: {exc}") from exc
+    return store
 
 
 def open_writer(text: str) -> RecordWriter | ClickHouseWriter:

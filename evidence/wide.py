@@ -35,12 +35,12 @@ __all__ = [
     "wide_row",
 ]
 
-WIDE_VERSION = 1
+WIDE_VERSION = 2
 
 Record = Mapping[str, Any]
 
 
-Kind = str  # "key" (a string, "" when absent), "str", "num", "int", "flag", "time"
+Kind = str  # "key" (a string, "" when absent), "str", "num", "int", "flag", "time", "keys"
 
 _SQL_TYPES = {
     "key": "String",
@@ -49,6 +49,7 @@ _SQL_TYPES = {
     "int": "Nullable(Int32)",
     "flag": "Nullable(UInt8)",
     "time": "Int64",
+    "keys": "Array(String)",
 }
 
 
@@ -62,6 +63,7 @@ class Column:
     name: str
     path: tuple[str, ...]
     kind: Kind
+    item: str | None = None  # "keys": the list's objects' field (None: a list of strings)
 
     @property
     def type(self) -> str:
@@ -73,6 +75,15 @@ class Column:
             v = v.get(key) if isinstance(v, Mapping) else None
         if self.kind == "key":
             return "" if v is None else str(v)
+        if self.kind == "keys":
+            items = v if isinstance(v, list) else []
+            if self.item is None:
+                return [str(x) for x in items if x is not None]
+            return [
+                "" if (x := d.get(self.item)) is None else str(x)
+                for d in items
+                if isinstance(d, Mapping)
+            ]
         if self.kind == "str":
             return v if isinstance(v, str) else None
         if self.kind in ("num", "time"):
@@ -86,6 +97,13 @@ class Column:
     def sql(self, json: str) -> str:
         """The ClickHouse expression reading this column from the JSON text ``json``."""
         keys = ", ".join(f"'{k}'" for k in self.path)
+        if self.kind == "keys" and self.item is None:
+            return f"JSONExtract({json}, {keys}, 'Array(String)')"
+        if self.kind == "keys":
+            return (
+                f"arrayMap(d -> JSONExtractString(d, '{self.item}'), "
+                f"JSONExtractArrayRaw({json}, {keys}))"
+            )
         if self.kind == "key":
             return f"ifNull(JSONExtract({json}, {keys}, 'Nullable(String)'), '')"
         if self.kind == "time":
@@ -117,6 +135,11 @@ EXCHANGE_COLUMNS: tuple[Column, ...] = (
     _c("concurrency", "num"),
     _c("load_parity", "num"),
     _c("speculation_skip", "str"),
+    # added in version 2: what the report's exclusions and candidate list read
+    Column("candidates", ("sampling", "candidates"), "keys"),
+    Column("dropped_backends", ("sampling", "dropped"), "keys", "backend"),
+    Column("dropped_roles", ("sampling", "dropped"), "keys", "role"),
+    Column("dropped_reasons", ("sampling", "dropped"), "keys", "reason"),
 )
 
 LEG_COLUMNS: tuple[Column, ...] = (
@@ -146,6 +169,7 @@ LEG_COLUMNS: tuple[Column, ...] = (
     _c("similarity", "num", "quality", "similarity"),
     _c("loglik", "num", "quality", "loglik"),
     _c("refusal", "flag", "quality", "refusal"),
+    _c("error_type", "str"),  # version 2
 )
 
 

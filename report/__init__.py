@@ -7,7 +7,8 @@ every proposer and depth on them (:mod:`counterfactual`) and writes ``counterfac
 ``counterfactual.md`` and ``candidates.yaml`` beside the report.
 
 Layout: ``inputs`` (result files; records come from :mod:`evidence.sources`), ``records``
-(record accessors), ``sections`` (latency, raw speed-ups, acceptance, quality, gate), ``load``
+(record accessors), ``population`` (the window's aggregates and bounded sample, streamed in
+Python) and ``sql`` (the same aggregates computed in ClickHouse/chDB), ``sections`` (latency, raw speed-ups, acceptance, quality, gate), ``load``
 (speed-ups at production's load, crossover, schedule, capacity), ``analysis`` (per candidate,
 verdicts), ``candidates`` (who each candidate is, lossless or not, head to head, the recommendation),
 ``checklist``, ``export`` (``report.json``), ``plots`` (matplotlib Agg → PNG data URIs),
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from report.analysis import Analysis
+    from report.population import Population
 
 __all__ = ["TITLE", "ReportPaths", "build_report"]
 
@@ -50,10 +52,14 @@ def build_report(
     sources: Sequence[str] = (),
     margins: Mapping[str, float] | None = None,
     alpha: float | None = None,
+    population: Population | None = None,
 ) -> ReportPaths:
     """Write ``report.html``, ``report.md`` and ``report.json`` into ``out_dir`` (created if
     missing) — and, when a configuration is recommended, ``rollout.yaml``, an Argo Rollouts
-    ``AnalysisTemplate`` and Flagger metric templates with the guards (:mod:`.rollout`)."""
+    ``AnalysisTemplate`` and Flagger metric templates with the guards (:mod:`.rollout`).
+
+    ``population``: the window's aggregates when ``records`` is its bounded sample
+    (:func:`report.population.gather`, what ``specshadow report`` does)."""
     from core import jsonx
     from counterfactual.cli import write_outputs
     from counterfactual.matrix import build_matrix
@@ -78,6 +84,7 @@ def build_report(
         results,
         margins={**DEFAULT_MARGINS, **(margins or {})},
         alpha=alpha if alpha is not None else DEFAULT_ALPHA,
+        population=population,
     )
     if any(r.get("tokens") for r in records):
         # The policy asked for token ids: score every proposer and depth on them.

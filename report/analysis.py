@@ -48,12 +48,12 @@ from report.candidates import (
     recommend,
     speculation,
 )
+from report.population import Population, population_of
 from report.quality import Equivalence, equivalence
 from report.records import (
     ALL,
     Record,
     by_role,
-    candidate_backends,
     candidate_leg,
     category,
     leg_ok,
@@ -165,6 +165,9 @@ class Analysis:
     # Every proposer and depth scored on the records' own token ids (counterfactual.matrix);
     # None when no record carries token ids (the policy's counterfactual section is off).
     counterfactual: Matrix | None = None
+    # The detail sections' sample size when the window held more exchanges (report.population);
+    # None: they read every exchange.
+    sample: int | None = None
 
     @property
     def gate_overall(self) -> float | None:
@@ -227,30 +230,6 @@ def _pairs(records: Sequence[Record], backend: str) -> tuple[list[lt.Pair], list
                 )
             )
     return primary_pairs, baseline_pairs
-
-
-def _exclusion(record: Record, backend: str) -> str:
-    """Why one exchange does (``"matched"``) or does not count for ``backend``'s verdict."""
-    cand = candidate_leg(record, backend)
-    if cand is None:
-        for drop in (record.get("sampling") or {}).get("dropped") or ():
-            if drop.get("backend") == backend:
-                return f"dropped ({drop.get('reason')})"
-        return "not mirrored to this candidate"
-    prim = by_role(record).get("primary")
-    if not leg_ok(prim):
-        return f"primary {(prim or {}).get('outcome', 'missing')}"
-    if not leg_ok(cand):
-        return f"candidate {cand.get('outcome')}"
-    skip = record.get("speculation_skip")
-    if skip:
-        return f"speculation skipped by the engine ({skip}): quality only"
-    parity = num(cand.get("load_parity"))
-    if parity is None:
-        return "no load data"
-    if not lt.matched(parity):
-        return f"load parity outside ±{lt.PARITY_BAND - 1:.0%}"
-    return "matched"
 
 
 def _capacity(records: Sequence[Record], backend: str) -> lt.Capacity:
@@ -412,27 +391,18 @@ def analyze_candidate(
     records: Sequence[Record],
     backend: str,
     categories: Sequence[str],
+    population: Population | None = None,
     *,
     margins: Mapping[str, float] = DEFAULT_MARGINS,
     alpha: float = DEFAULT_ALPHA,
 ) -> CandidateAnalysis:
+    pop = population if population is not None else population_of(records)
     primary_pairs, baseline_pairs = _pairs(
         [r for r in records if not r.get("speculation_skip")], backend
     )
-    production: dict[str, list[float]] = {}
-    for r in records:
-        x = lt.per_replica_rate(by_role(r).get("primary"))
-        if x is not None:
-            for cat in (category(r), ALL):
-                production.setdefault(cat, []).append(x)
-    load = {
-        cat: lt.load_true(
-            production.get(cat, []),
-            [p for p in primary_pairs if cat in (ALL, p.category)],
-            seed=i,
-        )
-        for i, cat in enumerate([*categories, ALL])
-    }
+    # The load-true estimate and the exclusions count every exchange of the window (the
+    # population, summed where the data is); the rest of this analysis reads ``records``.
+    load = {cat: pop.load_true(backend, cat) for cat in [*categories, ALL]}
     points = lt.speedup_vs_load(baseline_pairs, primary_pairs)
     cross = lt.crossover(points)
     spec = speculation(records, backend)
@@ -455,11 +425,7 @@ def analyze_candidate(
     qual = quality(records, backend)
     eqv = equivalence(records, backend, qual, margins=margins, alpha=alpha)
     share, replicas = _share_and_replicas(records, backend)
-    exclusions: dict[str, Counter[str]] = {}
-    for r in records:
-        reason = _exclusion(r, backend)
-        for cat in (category(r), ALL):
-            exclusions.setdefault(cat, Counter())[reason] += 1
+    exclusions = {cat: Counter(n) for cat, n in pop.exclusions.get(backend, {}).items()}
     verdicts = [
         _verdict(
             cat, raw.get(cat, {}), eqv.get(cat), load.get(cat), problems,
@@ -493,7 +459,12 @@ def analyze_candidate(
     )
 
 
-def _notes(records: Sequence[Record], served_by_candidate: int = 0) -> list[str]:
+def _notes(
+    records: Sequence[Record],
+    served_by_candidate: int = 0,
+    population: int = 0,
+    sample: int | None = None,
+) -> list[str]:
     """Which numbers could not be made load-true, and why; what was left out."""
     scraped: dict[str, bool] = {}
     for r in records:
@@ -512,6 +483,14 @@ def _notes(records: Sequence[Record], served_by_candidate: int = 0) -> list[str]
         )
     if records and not any(lt.leg_load(leg) for r in records for leg in legs(r)):
         out.append("These records carry no load at dispatch: no speed-up can be placed at a load.")
+    if sample is not None:
+        out.append(
+            f"{population} exchanges in the window: the load-true speed-ups, load coverage and "
+            "exclusions count every one of them (summed where the records are stored); latency, "
+            "raw speed-ups, acceptance, quality, capacity, examples and the rollout timeline read "
+            f"a sample of {sample} — the exchanges with the lowest MD5 "
+            "of their id, independent of every measured value and the same on every engine."
+        )
     if served_by_candidate:
         out.append(
             f"{served_by_candidate} exchanges answered by a candidate during a canary are left out "
@@ -526,12 +505,18 @@ def analyze(
     *,
     margins: Mapping[str, float] = DEFAULT_MARGINS,
     alpha: float = DEFAULT_ALPHA,
+    population: Population | None = None,
 ) -> Analysis:
-    """Everything the report shows, from records and optional loadgen/matrix result rows."""
+    """Everything the report shows, from records and optional loadgen/matrix result rows.
+
+    ``population``: the window's aggregates when ``records`` is only its sample
+    (:func:`report.population.gather`); by default they are summed from ``records``."""
     from loadgen.matrix import stable_regions
     from report.checklist import checklist
 
     everything = list(records)
+    pop = population if population is not None else population_of(everything)
+    sample = len(everything) if len(everything) < pop.records else None
     # Verdicts come from shadow pairs: the primary answered, the candidate was mirrored. During a
     # canary the candidate answers some requests (the primary is then its shadow); those
     # exchanges tell the rollout's story (the timeline), not the adoption decision.
@@ -539,22 +524,23 @@ def analyze(
     rows = [dict(r) for r in results or ()]
     matrix = [r for r in rows if str(r.get("schema", "")).startswith("specshadow.matrix/")]
     loadgen = [r for r in rows if r not in matrix and "e2e_s" in r and not r.get("warmup")]
-    cats = sorted({category(r) for r in recs})
-    backends = candidate_backends(recs)
+    cats = list(pop.categories)
+    backends = list(pop.backends)
     table, n, errors = latency(recs, several_candidates=len(backends) > 1)
     a = Analysis(
         categories=cats,
-        records=len(everything),
+        records=pop.records,
         latency=table,
         latency_n=n,
         errors=errors,
         gate=gate(recs),
         resources=resources(recs, matrix),
         candidates={
-            b: analyze_candidate(recs, b, cats, margins=margins, alpha=alpha) for b in backends
+            b: analyze_candidate(recs, b, cats, pop, margins=margins, alpha=alpha) for b in backends
         },
         checklist=[],
-        notes=_notes(recs, len(everything) - len(recs)) if everything else [],
+        notes=(_notes(recs, pop.records - pop.shadow, pop.records, sample) if pop.records else []),
+        sample=sample,
         matrix=matrix,
         stable_regions=stable_regions(matrix),
         loadgen=loadgen,

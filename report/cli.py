@@ -1,5 +1,5 @@
-"""``specshadow report --store S --out DIR [--results FILE] [--since T] [--until T]``: build the
-adoption report."""
+"""``specshadow report --store S --out DIR [--results FILE] [--since T] [--until T] [--sample N]``:
+build the adoption report (memory bounded: :mod:`report.population`)."""
 
 from __future__ import annotations
 
@@ -12,25 +12,41 @@ from evidence.cli import parse_time_unix_ns
 
 __all__ = ["register"]
 
+SAMPLE = 5000  # report.population.SAMPLE (not imported: registering the command stays cheap)
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return n
+
 
 def _run(args: argparse.Namespace) -> int:
     require("report", command="report")
     # Imported here: numpy and matplotlib load only when a report is built, not for every command.
-    from evidence.sources import SourceError, read_records
+    from evidence.sources import SourceError
+    from evidence.stores import StoreURLError
     from report import build_report
     from report.inputs import read_results
+    from report.population import gather
 
     if not args.store and not args.results:
         print("specshadow report: give --store and/or --results", file=sys.stderr)
         return 2
     try:
-        records = (
-            read_records(args.store, since_unix_ns=args.since, until_unix_ns=args.until)
+        population, records = (
+            gather(
+                args.store, since_unix_ns=args.since, until_unix_ns=args.until, sample=args.sample
+            )
             if args.store
-            else []
+            else (None, [])
         )
         results = [r for path in args.results for r in read_results(path)]
-    except (OSError, ValueError, SourceError) as exc:
+    except (OSError, ValueError, SourceError, StoreURLError) as exc:
         print(f"specshadow report: {exc}", file=sys.stderr)
         return 2
     margins, alpha = None, None
@@ -45,7 +61,15 @@ def _run(args: argparse.Namespace) -> int:
             return 2
         margins, alpha = quality.margins, quality.alpha
     sources = [f"store {path}" for path in args.store] + [f"results {p}" for p in args.results]
-    paths = build_report(records, results, args.out, sources=sources, margins=margins, alpha=alpha)
+    paths = build_report(
+        records,
+        results,
+        args.out,
+        sources=sources,
+        margins=margins,
+        alpha=alpha,
+        population=population,
+    )
     a = paths.analysis
     indent = "  " if a.several else ""
     for c in a.candidates.values():
@@ -93,6 +117,15 @@ def register(subparsers: Any) -> None:
         "--results", action="append", default=[], help="loadgen/matrix results JSONL (repeatable)"
     )
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument(
+        "--sample",
+        type=_positive,
+        default=SAMPLE,
+        metavar="N",
+        help="exchanges the detail sections (latency, quality, examples, rollout) read at most; "
+        "the verdict's load-true speed-ups count every exchange, summed where the records are "
+        f"(default {SAMPLE})",
+    )
     p.add_argument(
         "--policy",
         metavar="FILE",

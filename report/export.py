@@ -79,6 +79,8 @@ def report_json(a: Analysis) -> dict[str, Any]:
     out: dict[str, Any] = {
         "schema": SCHEMA,
         "records": a.records,
+        # null: every section read every exchange; else the detail sections' sample size
+        "sample": a.sample,
         "categories_seen": a.categories,
         "candidate": main.backend if main is not None else None,
         "notes": a.notes,

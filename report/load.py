@@ -14,7 +14,8 @@ turns that into the numbers a verdict may use:
   up to :data:`STRATA` equal-count strata.
 - **The estimate at production load**: per stratum the geometric-mean ratio primary / candidate
   of the matched pairs, re-weighted to production's share of each stratum; a stratified
-  bootstrap (seeded) gives the 95 % interval. Strata with fewer than :data:`MIN_STRATUM` matched
+  Student-t interval from per-stratum sufficient statistics (count, sum, sum of squares — what an
+  engine's ``GROUP BY`` returns, :mod:`report.population`) gives the 95 % interval. Strata with fewer than :data:`MIN_STRATUM` matched
   pairs are uncovered; when covered strata hold less than :data:`MIN_COVERAGE` of production's
   weight the evidence is **not load-matched** and no speed-up is claimed.
 - **Speed-up against load**: pairs grouped by the load the candidate ran at (its sweep step, or
@@ -33,21 +34,20 @@ honest comparison is an A/B at the same arrival rate per replica. Closed-loop us
 their own arrivals on a slower backend, which no mirror reproduces (said in the report).
 
 Size: the load-true statistics as one unit — stratification, re-weighting, the stratified
-bootstrap, the curve against load, the crossover, the schedule and capacity share their data types
+interval, the curve against load, the crossover, the schedule and capacity share their data types
 and are tested together against ground truth.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.stats import percentile
+from core.stats import percentile, percentile_sorted, t_quantile
 from report.records import num
 
 PARITY_BAND = 1.25  # matched: 1/1.25 <= parity <= 1.25 (±25 %)
@@ -57,7 +57,6 @@ MIN_COVERAGE = 0.9  # production weight the covered strata must hold
 MAX_DROP_SHARE = 0.02  # admission drops above this share of a candidate's legs: capacity
 GROWTH_FACTOR = 2.0  # candidate in-flight growing this much (last third vs first) …
 GROWTH_MIN = 4.0  # … and by at least this many requests per replica: a queue that never drains
-BOOTSTRAP = 1000
 MAX_BATCH = 1024  # upper end of a speculation schedule (vLLM's scheduler limit is max_num_seqs)
 OPEN_LOOP = (
     "Open loop: the mirror reproduces production's arrival process, so speed-ups are at equal "
@@ -109,7 +108,7 @@ class Pair:
 
 @dataclass(frozen=True, slots=True)
 class Estimate:
-    """A geometric-mean speed-up with a bootstrap 95 % interval over ``n`` pairs."""
+    """A geometric-mean speed-up with a 95 % interval over ``n`` pairs."""
 
     estimate: float
     low: float
@@ -167,99 +166,213 @@ class LoadTrue:
 
 def _quantile_edges(values: Sequence[float], k: int) -> list[float]:
     ordered = sorted(values)
-    edges = [percentile(ordered, 100.0 * i / k) or 0.0 for i in range(1, k)]
+    edges = [percentile_sorted(ordered, 100.0 * i / k) or 0.0 for i in range(1, k)]
     return sorted(set(edges))
 
 
-def _stratum_of(value: float, edges: Sequence[float]) -> int:
+def stratum_of(value: float, edges: Sequence[float]) -> int:
+    """The stratum index of ``value``: how many edges it lies above (SQL: the same sum)."""
     return sum(value > e for e in edges)
 
 
-def _log_ratio(ref: float | None, cand: float | None) -> float | None:
+def log_ratio(ref: float | None, cand: float | None) -> float | None:
     if ref is None or cand is None or ref <= 0 or cand <= 0:
         return None
     return math.log(ref / cand)
 
 
-def _estimate(groups: Sequence[tuple[float, Sequence[float]]], seed: int) -> Estimate | None:
-    """Weighted mean of per-group mean log ratios, with a stratified bootstrap interval."""
-    groups = [(w, g) for w, g in groups if g]
+# -- sufficient statistics: what an engine sums, and the estimate from them ----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Moments:
+    """Sufficient statistics of one group's log ratios: count, sum and sum of squares.
+
+    What a database returns for a ``GROUP BY`` (``count()``, ``sum(x)``, ``sum(x*x)``), so the
+    estimate below is the same number whether the pairs were summed in Python or in an engine."""
+
+    n: int = 0
+    total: float = 0.0
+    squares: float = 0.0
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Moments:
+        xs = list(values)
+        return cls(len(xs), math.fsum(xs), math.fsum(x * x for x in xs))
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.n if self.n else math.nan
+
+    @property
+    def variance(self) -> float:
+        """The sample variance (0 below two values: one value says nothing of spread)."""
+        if self.n < 2:
+            return 0.0
+        return max(0.0, (self.squares - self.total * self.total / self.n) / (self.n - 1))
+
+
+def _estimate(groups: Sequence[tuple[float, Moments]]) -> Estimate | None:
+    """Weighted mean of per-group mean log ratios with a 95 % Student-t interval.
+
+    The stratified estimator's variance is Σ (w_s/W)² s_s²/n_s; its degrees of freedom are
+    Welch–Satterthwaite's. This is the interval a stratified bootstrap approximates, computed
+    from per-group sufficient statistics, so it needs no per-pair data (an engine sums them)."""
+    groups = [(w, m) for w, m in groups if m.n > 0]
     total_w = sum(w for w, _ in groups)
     if not groups or total_w <= 0:
         return None
-
-    def point(gs: Sequence[tuple[float, Sequence[float]]]) -> float:
-        return sum(w * statistics.fmean(g) for w, g in gs) / total_w
-
-    rng = random.Random(seed)
-    boots = sorted(
-        point([(w, rng.choices(g, k=len(g))) for w, g in groups]) for _ in range(BOOTSTRAP)
-    )
-    lo, hi = boots[int(0.025 * BOOTSTRAP)], boots[int(0.975 * BOOTSTRAP) - 1]
-    return Estimate(
-        math.exp(point(groups)), math.exp(lo), math.exp(hi), sum(len(g) for _, g in groups)
-    )
+    point = sum(w * m.mean for w, m in groups) / total_w
+    parts = [((w / total_w) ** 2 * m.variance / m.n, m.n) for w, m in groups]
+    var = sum(a for a, _ in parts)
+    n = sum(m.n for _, m in groups)
+    if var <= 0:
+        return Estimate(math.exp(point), math.exp(point), math.exp(point), n)
+    denom = sum(a * a / (k - 1) for a, k in parts if k > 1)
+    df = max(1, int(var * var / denom)) if denom > 0 else 1
+    half = t_quantile(0.975, df) * math.sqrt(var)
+    return Estimate(math.exp(point), math.exp(point - half), math.exp(point + half), n)
 
 
-def load_true(
-    production_loads: Sequence[float], pairs: Sequence[Pair], *, seed: int = 0
-) -> LoadTrue:
-    """The speed-ups at production's load from ``pairs`` (all mirrored pairs of one candidate).
+@dataclass(frozen=True, slots=True)
+class ProductionLoad:
+    """Production's per-replica load over every exchange of one category (or all): the strata
+    edges, each stratum's count and range, and the operating range (p5, p50, p95)."""
 
-    ``production_loads``: the primary's per-replica load of every exchange in the window.
-    """
-    edges = _quantile_edges(production_loads, STRATA) if production_loads else []
-    weights = Counter(_stratum_of(x, edges) for x in production_loads)
-    total = sum(weights.values())
-    good = [p for p in pairs if matched(p.parity)]
-    by_stratum: dict[int, list[Pair]] = {}
-    for p in good:
-        by_stratum.setdefault(_stratum_of(p.production_load, edges), []).append(p)
-    bounds = [-math.inf, *edges, math.inf]
-    ordered = sorted(production_loads)
+    n: int = 0
+    edges: tuple[float, ...] = ()
+    counts: tuple[int, ...] = ()
+    lows: tuple[float, ...] = ()
+    highs: tuple[float, ...] = ()
+    p5: float | None = None
+    p50: float | None = None
+    p95: float | None = None
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> ProductionLoad:
+        ordered = sorted(values)
+        if not ordered:
+            return cls(counts=(0,), lows=(math.nan,), highs=(math.nan,))
+        edges = tuple(_quantile_edges(ordered, STRATA))
+        counts, lows, highs = (
+            [0] * (len(edges) + 1),
+            [math.nan] * (len(edges) + 1),
+            [math.nan] * (len(edges) + 1),
+        )
+        for x in ordered:
+            i = stratum_of(x, edges)
+            if not counts[i]:
+                lows[i] = x
+            counts[i] += 1
+            highs[i] = x
+        p5, p50, p95 = (percentile_sorted(ordered, q) for q in (5, 50, 95))
+        return cls(len(ordered), edges, tuple(counts), tuple(lows), tuple(highs), p5, p50, p95)
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One candidate's pairs in one category, reduced to what the load-true estimate needs:
+    per production-load stratum the matched pairs and their log-ratio moments."""
+
+    mirrored: int = 0  # pairs at any parity
+    matched: tuple[int, ...] = ()  # matched pairs per stratum
+    e2e: tuple[Moments, ...] = ()
+    tpot: tuple[Moments, ...] = ()
+    parity_p50: float | None = None
+    candidate_load_p50: float | None = None
+
+    @classmethod
+    def of(cls, pairs: Sequence[Pair], edges: Sequence[float]) -> Cell:
+        return cls.of_columns(
+            production=[p.production_load for p in pairs],
+            parity=[p.parity for p in pairs],
+            candidate_load=[p.candidate_load for p in pairs],
+            e2e=[log_ratio(p.reference_e2e, p.candidate_e2e) for p in pairs],
+            tpot=[log_ratio(p.reference_tpot, p.candidate_tpot) for p in pairs],
+            edges=edges,
+        )
+
+    @classmethod
+    def of_columns(
+        cls,
+        *,
+        production: Sequence[float],
+        parity: Sequence[float | None],
+        candidate_load: Sequence[float | None],
+        e2e: Sequence[float | None],
+        tpot: Sequence[float | None],
+        edges: Sequence[float],
+    ) -> Cell:
+        """From one value per pair: production's load, the parity, the candidate's load and the
+        two log speed-ups (``None``: unknown)."""
+        k = len(edges) + 1
+        counts = [0] * k
+        e2e_by: list[list[float]] = [[] for _ in range(k)]
+        tpot_by: list[list[float]] = [[] for _ in range(k)]
+        for i, prod in enumerate(production):
+            if not matched(parity[i]):
+                continue
+            s = stratum_of(prod, edges)
+            counts[s] += 1
+            if (x := e2e[i]) is not None:
+                e2e_by[s].append(x)
+            if (y := tpot[i]) is not None:
+                tpot_by[s].append(y)
+        return cls(
+            mirrored=len(production),
+            matched=tuple(counts),
+            e2e=tuple(Moments.of(g) for g in e2e_by),
+            tpot=tuple(Moments.of(g) for g in tpot_by),
+            parity_p50=percentile([p for p in parity if p is not None], 50),
+            candidate_load_p50=percentile([c for c in candidate_load if c is not None], 50),
+        )
+
+
+def at_production(production: ProductionLoad, cell: Cell) -> LoadTrue:
+    """The speed-ups at production's load from production's strata and one candidate's cell —
+    the one estimator, whichever engine summed the inputs."""
+    total = production.n
     strata = []
-    for i in range(len(bounds) - 1):
-        inside = [x for x in ordered if bounds[i] < x <= bounds[i + 1]] or [math.nan]
-        n = len(by_stratum.get(i, ()))
+    for i, count in enumerate(production.counts):
+        n = cell.matched[i] if i < len(cell.matched) else 0
         strata.append(
             Stratum(
-                low=inside[0],
-                high=inside[-1],
-                weight=weights.get(i, 0) / total if total else 0.0,
+                low=production.lows[i],
+                high=production.highs[i],
+                weight=count / total if total else 0.0,
                 pairs=n,
                 covered=n >= MIN_STRATUM,
             )
         )
     covered = [i for i, s in enumerate(strata) if s.covered]
     coverage = sum(strata[i].weight for i in covered)
-
-    def groups(metric: str) -> list[tuple[float, list[float]]]:
-        out = []
-        for i in covered:
-            logs = [
-                v
-                for p in by_stratum.get(i, ())
-                if (v := _log_ratio(*_values(p, metric))) is not None
-            ]
-            out.append((strata[i].weight, logs))
-        return out
-
-    parities = [p.parity for p in pairs if p.parity is not None]
-    cand_loads = [p.candidate_load for p in pairs if p.candidate_load is not None]
     enough = coverage >= MIN_COVERAGE  # no speed-up is claimed for an uncovered load range
+
+    def groups(moments: Sequence[Moments]) -> list[tuple[float, Moments]]:
+        return [(strata[i].weight, moments[i]) for i in covered if i < len(moments)]
+
     return LoadTrue(
-        e2e=_estimate(groups("e2e"), seed) if enough else None,
-        tpot=_estimate(groups("tpot"), seed + 1) if enough else None,
+        e2e=_estimate(groups(cell.e2e)) if enough else None,
+        tpot=_estimate(groups(cell.tpot)) if enough else None,
         strata=tuple(strata),
         coverage=coverage,
-        matched_pairs=len(good),
-        mirrored_pairs=len(pairs),
-        primary_load_p50=percentile(production_loads, 50),
-        candidate_load_p50=percentile(cand_loads, 50),
-        parity_p50=percentile(parities, 50),
-        primary_load_p5=percentile(production_loads, 5),
-        primary_load_p95=percentile(production_loads, 95),
+        matched_pairs=sum(cell.matched),
+        mirrored_pairs=cell.mirrored,
+        primary_load_p50=production.p50,
+        candidate_load_p50=cell.candidate_load_p50,
+        parity_p50=cell.parity_p50,
+        primary_load_p5=production.p5,
+        primary_load_p95=production.p95,
     )
+
+
+def load_true(production_loads: Sequence[float], pairs: Sequence[Pair]) -> LoadTrue:
+    """The speed-ups at production's load from ``pairs`` (all mirrored pairs of one candidate).
+
+    ``production_loads``: the primary's per-replica load of every exchange in the window.
+    """
+    production = ProductionLoad.of(production_loads)
+    return at_production(production, Cell.of(pairs, production.edges))
 
 
 def _values(p: Pair, metric: str) -> tuple[float | None, float | None]:
@@ -298,7 +411,7 @@ class LoadPoint:
 
 
 def speedup_vs_load(
-    baseline_pairs: Sequence[Pair], primary_pairs: Sequence[Pair], *, seed: int = 0
+    baseline_pairs: Sequence[Pair], primary_pairs: Sequence[Pair]
 ) -> list[LoadPoint]:
     """One point per load level, lowest load first (see the module doc)."""
     points: list[LoadPoint] = []
@@ -309,11 +422,11 @@ def speedup_vs_load(
         if not usable or points:  # the baseline, when there is one, answers at every level
             continue
         for step, group in _levels(usable):
-            logs = [
-                v for p in group if (v := _log_ratio(p.reference_e2e, p.candidate_e2e)) is not None
-            ]
-            est = _estimate([(1.0, logs)], seed + len(points))
-            if est is None or len(logs) < MIN_STRATUM:
+            logs = Moments.of(
+                v for p in group if (v := log_ratio(p.reference_e2e, p.candidate_e2e)) is not None
+            )
+            est = _estimate([(1.0, logs)])
+            if est is None or logs.n < MIN_STRATUM:
                 continue
             loads = [p.candidate_load for p in group if p.candidate_load is not None]
             conc = [c for p in group if (c := p.candidate_concurrency) is not None]
@@ -344,7 +457,7 @@ def _levels(pairs: Sequence[Pair]) -> list[tuple[int | None, list[Pair]]]:
     levels: dict[int, list[Pair]] = {}
     for p in pairs:
         assert p.candidate_load is not None
-        levels.setdefault(_stratum_of(p.candidate_load, edges), []).append(p)
+        levels.setdefault(stratum_of(p.candidate_load, edges), []).append(p)
     return [(None, levels[k]) for k in sorted(levels)]
 
 

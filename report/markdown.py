@@ -44,7 +44,8 @@ def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
     lines = [
         f"# {title}",
         "",
-        f"Full report with figures: `{html_name}`. {a.records} comparison records.",
+        f"Full report with figures: `{html_name}`. {a.records} comparison records"
+        + (f" (detail sections: a sample of {a.sample})." if a.sample else "."),
         "",
     ]
     if a.candidates:

@@ -44,7 +44,7 @@ from typing import Any, Literal
 import numpy as np
 
 from core.quality import DEFAULT_ALPHA, DEFAULT_MARGINS, METRICS_BY_NAME, QUALITY_METRICS
-from core.stats import RatioStats
+from core.stats import RatioStats, t_quantile
 from report.records import ALL, Record, by_role, candidate_leg, category, leg_ok, num
 from report.sections import Quality
 
@@ -142,17 +142,6 @@ class Equivalence:
 
 
 # --- the statistics -----------------------------------------------------------------------
-
-
-def t_quantile(p: float, df: int) -> float:
-    """Student's t quantile (Hill's 1970 expansion; exact enough for df ≥ 3)."""
-    z = NormalDist().inv_cdf(p)
-    if df <= 0:
-        return math.inf
-    g1 = (z**3 + z) / 4
-    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
-    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
-    return z + g1 / df + g2 / df**2 + g3 / df**3
 
 
 def _signflip_p(d: np.ndarray, rng: np.random.Generator) -> float:

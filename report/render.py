@@ -522,7 +522,9 @@ def render_html(
         f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{_CSS}</style></head><body><main>',
         f"<h1>{escape(title)}</h1>",
         f'<p class="sub">Generated {generated} from {escape(", ".join(sources) or "no inputs")} · '
-        f"{a.records} comparison records · categories: {escape(', '.join(a.categories) or '—')}</p>",
+        f"{a.records} comparison records"
+        + (f" (detail sections: a sample of {a.sample})" if a.sample else "")
+        + f" · categories: {escape(', '.join(a.categories) or '—')}</p>",
         *_bottom_line(a),
     ]  # fmt: skip
     if a.candidates:

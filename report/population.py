@@ -1,0 +1,327 @@
+"""Population aggregates: what the report needs over *every* exchange of the window, summed
+where the data is, so the report's memory does not grow with the store.
+
+A fleet's store holds millions of records; a report that reads them all into Python holds about
+47 KiB per record. The verdict's numbers do not need the records, only sums over them:
+
+- the window's exchange counts, categories and candidate backends;
+- production's per-replica load per category — its equal-count strata (edges, counts, ranges)
+  and operating range (p5/p50/p95), exact;
+- per candidate × category × load stratum, the matched pairs' count and the **sufficient
+  statistics** (count, sum, sum of squares) of their log speed-ups, end to end and per token —
+  from which :func:`report.load.at_production` computes the load-true estimate and its interval;
+- per candidate × category, why each exchange does or does not count (the exclusions).
+
+:class:`Population` holds them. Two engines compute it, one definition each:
+
+- :class:`PopulationFold`: a one-pass streaming fold in Python over any records (SQLite, JSON
+  Lines, a collector's files, a list). It keeps per record only a few floats of each pair (about
+  60 bytes per mirrored exchange), never the record.
+- :func:`report.sql.population` (for ``chdb:///`` and ``clickhouse://`` stores): the same sums as
+  SQL over the wide table's typed columns; Python receives aggregates only.
+
+Everything else the report shows (latency tables, raw speed-ups, acceptance, the quality tests,
+capacity, examples, the rollout timeline) reads a **bounded sample**: the :data:`SAMPLE` exchanges
+with the lowest MD5 of their exchange id — independent of every measured value, so an unbiased
+sample, and the same exchanges on every engine. A window that holds fewer is read whole.
+
+Size: the population's data types, the Python fold and the sample; the SQL twin lives in
+:mod:`report.sql` and is held to this fold by tests on every engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from core import jsonx
+from report import load as lt
+from report.records import ALL, Record, by_role, candidate_leg, category, leg_ok, legs, num
+
+__all__ = [
+    "SAMPLE",
+    "Population",
+    "PopulationFold",
+    "exclusion",
+    "exclusion_text",
+    "gather",
+    "population_of",
+    "sample_key",
+]
+
+SAMPLE = 5000  # exchanges the detail sections read at most
+
+Exclusion = tuple[str, str]  # (code, detail)
+
+
+def exclusion(record: Record, backend: str) -> Exclusion:
+    """Why one exchange does (``("matched", "")``) or does not count for ``backend``'s verdict."""
+    cand = candidate_leg(record, backend)
+    if cand is None:
+        for drop in (record.get("sampling") or {}).get("dropped") or ():
+            if drop.get("backend") == backend:
+                return "dropped", str(drop.get("reason"))
+        return "not_mirrored", ""
+    prim = by_role(record).get("primary")
+    if not leg_ok(prim):
+        return "primary", str((prim or {}).get("outcome", "missing"))
+    if not leg_ok(cand):
+        return "candidate", str(cand.get("outcome"))
+    skip = record.get("speculation_skip")
+    if skip:
+        return "skip", str(skip)
+    parity = num(cand.get("load_parity"))
+    if parity is None:
+        return "no_load", ""
+    if not lt.matched(parity):
+        return "parity", ""
+    return "matched", ""
+
+
+def exclusion_text(code: str, detail: str) -> str:
+    """The report's wording of an :func:`exclusion`."""
+    return {
+        "dropped": f"dropped ({detail})",
+        "not_mirrored": "not mirrored to this candidate",
+        "primary": f"primary {detail}",
+        "candidate": f"candidate {detail}",
+        "skip": f"speculation skipped by the engine ({detail}): quality only",
+        "no_load": "no load data",
+        "parity": f"load parity outside ±{lt.PARITY_BAND - 1:.0%}",
+        "matched": "matched",
+    }[code]
+
+
+def sample_key(exchange_id: str) -> bytes:
+    """The sample's order: the MD5 of the exchange id (SQL: ``MD5(exchange_id)``, the same bytes
+    compared the same way)."""
+    return hashlib.md5(exchange_id.encode(), usedforsecurity=False).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Population:
+    """The window's aggregates (see the module doc)."""
+
+    records: int  # every exchange in the window
+    shadow: int  # of which the primary answered (the rest: a candidate during a canary)
+    categories: tuple[str, ...]  # of the shadow exchanges, sorted
+    backends: tuple[str, ...]  # candidate backends, in order of first appearance
+    production: Mapping[str, lt.ProductionLoad]  # category (and ALL) → production's load
+    cells: Mapping[tuple[str, str], lt.Cell]  # (backend, category or ALL) → pairs' statistics
+    exclusions: Mapping[str, Mapping[str, Counter[str]]]  # backend → category → reason → n
+    engine: str = "python"
+
+    def load_true(self, backend: str, cat: str) -> lt.LoadTrue:
+        production = self.production.get(cat, lt.ProductionLoad.of(()))
+        return lt.at_production(production, self.cells.get((backend, cat), lt.Cell()))
+
+
+@dataclass(slots=True)
+class _Pairs:
+    """One candidate's pairs as columns: a few floats per pair, not a record."""
+
+    cats: array[int] = field(default_factory=lambda: array("i"))
+    production: array[float] = field(default_factory=lambda: array("d"))
+    parity: array[float] = field(default_factory=lambda: array("d"))
+    candidate_load: array[float] = field(default_factory=lambda: array("d"))
+    e2e: array[float] = field(default_factory=lambda: array("d"))
+    tpot: array[float] = field(default_factory=lambda: array("d"))
+
+
+_NAN = float("nan")
+
+
+def _f(x: float | None) -> float:
+    return _NAN if x is None else x
+
+
+def _v(x: float) -> float | None:
+    return None if x != x else x  # NaN is "none"
+
+
+class PopulationFold:
+    """The population of a stream of records, in one pass (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.shadow = 0
+        self._cats: dict[str, int] = {}
+        self._prod_cat: array[int] = array("i")
+        self._prod: array[float] = array("d")
+        self._first: dict[str, tuple[int, str, int]] = {}  # backend → first appearance
+        self._pairs: dict[str, _Pairs] = {}
+        self._shadow_by_cat: Counter[str] = Counter()
+        self._excluded: dict[str, Counter[tuple[str, str, str]]] = {}  # b → (cat, code, detail)
+
+    def add(self, r: Record) -> None:
+        self.records += 1
+        if r.get("served_by", "primary") != "primary":
+            return
+        self.shadow += 1
+        cat = category(r)
+        ci = self._cats.setdefault(cat, len(self._cats))
+        self._shadow_by_cat[cat] += 1
+        roles = by_role(r)
+        prim = roles.get("primary")
+        prod = lt.per_replica_rate(prim)
+        if prod is not None:
+            self._prod_cat.append(ci)
+            self._prod.append(prod)
+        key = (int(r.get("started_unix_ns") or 0), str(r.get("exchange_id", "")))
+        named = [str(leg.get("backend")) for leg in legs(r) if leg.get("role") == "candidate"]
+        sampling = r.get("sampling") or {}
+        drops = sampling.get("dropped") or ()
+        named += [str(d.get("backend")) for d in drops if d.get("role") == "candidate"]
+        named += [str(name) for name in sampling.get("candidates") or ()]
+        for pos, b in enumerate(named):
+            first = self._first.get(b)
+            if first is None or (key[0], key[1], pos) < first:
+                self._first[b] = (key[0], key[1], pos)
+        for b in {*named, *(str(d.get("backend")) for d in drops)}:
+            code, detail = exclusion(r, b)
+            if code != "not_mirrored":
+                self._excluded.setdefault(b, Counter())[(cat, code, detail)] += 1
+        if r.get("speculation_skip") or not leg_ok(prim) or prim is None or prod is None:
+            return
+        ref_e2e = num(prim.get("e2e_s"))
+        for leg in legs(r):
+            if leg.get("role") != "candidate":
+                continue
+            b = str(leg.get("backend"))
+            if candidate_leg(r, b) is not leg or not leg_ok(leg):
+                continue
+            c_e2e = num(leg.get("e2e_s"))
+            if ref_e2e is None or c_e2e is None:
+                continue
+            cols = self._pairs.setdefault(b, _Pairs())
+            cols.cats.append(ci)
+            cols.production.append(prod)
+            cols.parity.append(_f(num(leg.get("load_parity"))))
+            cols.candidate_load.append(_f(lt.per_replica_rate(leg)))
+            cols.e2e.append(_f(lt.log_ratio(ref_e2e, c_e2e)))
+            cols.tpot.append(_f(lt.log_ratio(num(prim.get("tpot_s")), num(leg.get("tpot_s")))))
+
+    def result(self) -> Population:
+        cats = sorted(self._cats)
+        production: dict[str, lt.ProductionLoad] = {}
+        for cat in [*cats, ALL]:
+            ci = self._cats.get(cat)
+            values = [
+                x for c, x in zip(self._prod_cat, self._prod, strict=True) if cat == ALL or c == ci
+            ]
+            production[cat] = lt.ProductionLoad.of(values)
+        backends = tuple(sorted(self._first, key=lambda b: self._first[b]))
+        cells: dict[tuple[str, str], lt.Cell] = {}
+        exclusions: dict[str, dict[str, Counter[str]]] = {}
+        for b in backends:
+            cols = self._pairs.get(b, _Pairs())
+            for cat in [*cats, ALL]:
+                ci = self._cats.get(cat)
+                rows = [i for i, c in enumerate(cols.cats) if cat == ALL or c == ci]
+                cells[(b, cat)] = lt.Cell.of_columns(
+                    production=[cols.production[i] for i in rows],
+                    parity=[_v(cols.parity[i]) for i in rows],
+                    candidate_load=[_v(cols.candidate_load[i]) for i in rows],
+                    e2e=[_v(cols.e2e[i]) for i in rows],
+                    tpot=[_v(cols.tpot[i]) for i in rows],
+                    edges=production[cat].edges,
+                )
+            per = exclusions.setdefault(b, {})
+            for (cat, code, detail), n in self._excluded.get(b, Counter()).items():
+                for c in (cat, ALL):
+                    per.setdefault(c, Counter())[exclusion_text(code, detail)] += n
+            for cat, n in self._shadow_by_cat.items():
+                counted = sum(
+                    k for (c, _, _), k in self._excluded.get(b, Counter()).items() if c == cat
+                )
+                if n > counted:
+                    for c in (cat, ALL):
+                        per.setdefault(c, Counter())[exclusion_text("not_mirrored", "")] += (
+                            n - counted
+                        )
+        return Population(
+            records=self.records,
+            shadow=self.shadow,
+            categories=tuple(cats),
+            backends=backends,
+            production=production,
+            cells=cells,
+            exclusions=exclusions,
+        )
+
+
+def population_of(records: Iterable[Record]) -> Population:
+    fold = PopulationFold()
+    for r in records:
+        fold.add(r)
+    return fold.result()
+
+
+class _Sample:
+    """The ``size`` records with the lowest :func:`sample_key`, kept as JSON bytes (about a sixth
+    of a parsed record's memory) until the stream ends."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._kept: list[tuple[bytes, bytes]] = []
+        self._cut: bytes | None = None  # keys at or above this cannot enter
+
+    def add(self, r: Record) -> None:
+        key = sample_key(str(r.get("exchange_id", "")))
+        if self._cut is not None and key >= self._cut:
+            return
+        self._kept.append((key, jsonx.dumps(r)))
+        if len(self._kept) >= 2 * self.size:
+            self._trim()
+
+    def _trim(self) -> None:
+        self._kept.sort(key=lambda kv: kv[0])
+        del self._kept[self.size :]
+        if len(self._kept) == self.size:
+            self._cut = self._kept[-1][0]
+
+    def records(self) -> list[dict[str, Any]]:
+        self._trim()
+        out = [jsonx.loads(raw) for _, raw in self._kept]
+        return _canonical(out)
+
+
+def _canonical(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(
+        records, key=lambda r: (int(r.get("started_unix_ns") or 0), str(r.get("exchange_id", "")))
+    )
+
+
+def gather(
+    sources: Sequence[str],
+    *,
+    since_unix_ns: int | None = None,
+    until_unix_ns: int | None = None,
+    sample: int = SAMPLE,
+) -> tuple[Population, list[dict[str, Any]]]:
+    """The window's population and its bounded sample, from any record sources: in the engine
+    for one column store (:mod:`report.sql`), else streamed once through :class:`PopulationFold`.
+    """
+    from evidence.sources import iter_records
+    from evidence.stores import is_url, parse_store
+
+    if len(sources) == 1 and is_url(str(sources[0])):
+        url = parse_store(str(sources[0]))
+        if url.kind in ("chdb", "clickhouse"):
+            from report import sql
+
+            return sql.gather(
+                str(sources[0]),
+                since_unix_ns=since_unix_ns,
+                until_unix_ns=until_unix_ns,
+                sample=sample,
+            )
+    fold, kept = PopulationFold(), _Sample(sample)
+    for r in iter_records(list(sources), since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns):
+        fold.add(r)
+        kept.add(r)
+    return fold.result(), kept.records()

@@ -1,0 +1,371 @@
+"""The report's population computed inside ClickHouse or chDB, over the wide table's typed columns.
+
+The SQL twin of :class:`report.population.PopulationFold`: the same definitions (a pair, a
+matched pair, a stratum, an exclusion, a percentile) written as ``GROUP BY`` queries, so Python
+receives a few hundred numbers whatever the table holds. Tests hold the two to the same
+population on every engine, over the same records.
+
+Percentiles are exact and the same as :func:`core.stats.percentile`: the engine returns the two
+sorted neighbours at :func:`core.stats.percentile_ranks` and Python interpolates, so a stratum
+edge is bit-for-bit the one the fold computes. Sums of log ratios may differ from the fold's
+``math.fsum`` in the last bits (summation order); the estimate's tolerance is 1e-9 relative.
+
+The queries use only functions ClickHouse 18.16 already had (``arrayFirstIndex``, ``indexOf``,
+``arrayJoin``, ``groupArray``, ``arraySort``, ``multiIf``, ``MD5``), so the Debian server, a modern
+one and chDB run the same text.
+
+Size: the queries and the assembly of their rows into a :class:`Population`; the record
+sample is one more query.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from core import jsonx
+from core.stats import interpolate
+from evidence.clickhouse import TABLE, ClickHouseError, ClickHouseStore, _quote
+from evidence.sources import SourceError
+from evidence.stores import StoreURLError, open_column_store
+from report import load as lt
+from report.population import SAMPLE, Population, exclusion_text
+from report.records import ALL
+
+__all__ = ["gather", "population"]
+
+_QS = (5, 25, 50, 75, 95)  # the percentiles the report reads (25/50/75: the strata edges)
+
+
+def _lit(text: str) -> str:
+    return f"'{_quote(text)}'"
+
+
+def _float(x: float) -> str:
+    return repr(float(x))
+
+
+def _ok(i: str) -> str:
+    """:func:`report.records.leg_ok` of leg ``i`` (1-based; 0: no such leg)."""
+    return (
+        f"({i} > 0 AND (isNull(legs_outcome[{i}]) OR legs_outcome[{i}] = 'completed')"
+        f" AND (isNull(legs_status[{i}]) OR legs_status[{i}] < 400)"
+        f" AND isNull(legs_error_type[{i}]))"
+    )
+
+
+def _where(since: int | None, until: int | None) -> str:
+    parts = []
+    if since is not None:
+        parts.append(f"time_unix_ns >= {int(since)}")
+    if until is not None:
+        parts.append(f"time_unix_ns < {int(until)}")
+    return f" WHERE {' AND '.join(parts)}" if parts else ""
+
+
+class _Query:
+    """The queries over one window of one store."""
+
+    def __init__(self, store: ClickHouseStore, since: int | None, until: int | None) -> None:
+        self.store = store
+        self.window = _where(since, until)
+
+    def rows(self, sql: str) -> Iterator[dict[str, Any]]:
+        for line in self.store.engine.lines(f"{sql} FORMAT JSONEachRow"):
+            yield jsonx.loads(line)
+
+    def base(self, extra: str = "") -> str:
+        """Shadow exchanges (the primary answered), with their category ``cat`` and primary leg
+        ``pi``, production's load ``prod`` and ``g``: the category and ALL (one row each)."""
+        return (
+            "SELECT *, arrayJoin([cat, " + _lit(ALL) + "]) AS g FROM ("
+            "SELECT exchange_id, time_unix_ns, legs_role, legs_backend, legs_outcome, legs_status,"
+            " legs_error_type, legs_e2e_s, legs_tpot_s, legs_load_parity,"
+            " legs_per_replica_rate_rps, speculation_skip, dropped_backends, dropped_reasons,"
+            " if(ifNull(category, '') = '', 'uncategorized', category) AS cat,"
+            " indexOf(legs_role, 'primary') AS pi,"
+            " legs_per_replica_rate_rps[pi] AS prod"
+            f"{extra}"
+            f" FROM {TABLE} FINAL{self.window}"
+            f"{' AND' if self.window else ' WHERE'} ifNull(served_by, 'primary') = 'primary')"
+        )
+
+    def counts(self) -> tuple[int, int, list[str]]:
+        (row,) = self.rows(
+            "SELECT count() AS n, countIf(ifNull(served_by, 'primary') = 'primary') AS shadow,"
+            " arraySort(groupUniqArrayIf(if(ifNull(category, '') = '', 'uncategorized',"
+            " category), ifNull(served_by, 'primary') = 'primary')) AS cats"
+            f" FROM {TABLE} FINAL{self.window}"
+        )
+        return int(row["n"]), int(row["shadow"]), [str(c) for c in row["cats"]]
+
+    def backends(self) -> list[str]:
+        sql = (
+            "SELECT b, min(tuple(time_unix_ns, exchange_id, pos)) AS first FROM ("
+            "SELECT time_unix_ns, exchange_id, arrayConcat("
+            "arrayFilter((b, r) -> r = 'candidate', legs_backend, legs_role),"
+            " arrayFilter((b, r) -> r = 'candidate', dropped_backends, dropped_roles),"
+            " candidates) AS named"
+            f" FROM {TABLE} FINAL{self.window}"
+            f"{' AND' if self.window else ' WHERE'} ifNull(served_by, 'primary') = 'primary')"
+            " ARRAY JOIN named AS b, arrayEnumerate(named) AS pos GROUP BY b ORDER BY first"
+        )
+        return [str(r["b"]) for r in self.rows(sql)]
+
+    def percentiles(self, value: str, where: str) -> dict[str, tuple[int, list[float | None]]]:
+        """Per ``g``: the count of non-null ``value`` and its percentiles :data:`_QS`."""
+        lows = ", ".join(f"s[intDiv((length(s) - 1) * {q}, 100) + 1]" for q in _QS)
+        highs = ", ".join(
+            f"s[least(intDiv((length(s) - 1) * {q}, 100) + 2, length(s))]" for q in _QS
+        )
+        sql = (
+            f"SELECT g, length(s) AS n, [{lows}] AS lo, [{highs}] AS hi FROM ("
+            f"SELECT g, arraySort(groupArray(assumeNotNull(v))) AS s FROM ("
+            f"SELECT g, {value} AS v FROM ({self.base()}) WHERE {where} AND isNotNull(v)"
+            ") GROUP BY g)"
+        )
+        out: dict[str, tuple[int, list[float | None]]] = {}
+        for r in self.rows(sql):
+            n = int(r["n"])
+            out[str(r["g"])] = (
+                n,
+                [
+                    interpolate(n, q, float(a), float(b))
+                    for q, a, b in zip(_QS, r["lo"], r["hi"], strict=True)
+                ],
+            )
+        return out
+
+    def production(self, cats: Sequence[str]) -> dict[str, lt.ProductionLoad]:
+        qs = self.percentiles("prod", "1")
+        edges: dict[str, tuple[float, ...]] = {}
+        for g in [*cats, ALL]:
+            n, ps = qs.get(g, (0, [None] * len(_QS)))
+            edges[g] = tuple(sorted({p or 0.0 for p in ps[1:4]})) if n else ()
+        sql = (
+            f"SELECT g, {self._stratum(edges)} AS stratum,"
+            " count() AS n, min(prod) AS low, max(prod) AS high"
+            f" FROM ({self.base()}) WHERE isNotNull(prod) GROUP BY g, stratum"
+        )
+        strata: dict[str, dict[int, tuple[int, float, float]]] = {}
+        for r in self.rows(sql):
+            strata.setdefault(str(r["g"]), {})[int(r["stratum"])] = (
+                int(r["n"]),
+                float(r["low"]),
+                float(r["high"]),
+            )
+        out: dict[str, lt.ProductionLoad] = {}
+        for g in [*cats, ALL]:
+            n, ps = qs.get(g, (0, [None] * len(_QS)))
+            if not n:
+                out[g] = lt.ProductionLoad.of(())
+                continue
+            k = len(edges[g]) + 1
+            got = strata.get(g, {})
+            cells = [got.get(i, (0, float("nan"), float("nan"))) for i in range(k)]
+            out[g] = lt.ProductionLoad(
+                n=n,
+                edges=edges[g],
+                counts=tuple(c[0] for c in cells),
+                lows=tuple(c[1] for c in cells),
+                highs=tuple(c[2] for c in cells),
+                p5=ps[0],
+                p50=ps[2],
+                p95=ps[4],
+            )
+        return out
+
+    @staticmethod
+    def _edges(edges: Mapping[str, Sequence[float]]) -> str:
+        """``g``'s strata edges as one SQL array expression (an array of arrays indexed by the
+        position of ``g``; no edges: the empty array)."""
+        if not edges:
+            return "emptyArrayFloat64()"
+        names = ", ".join(_lit(g) for g in edges)
+        arrays = ", ".join(
+            f"[{', '.join(_float(e) for e in es)}]" if es else "emptyArrayFloat64()"
+            for es in edges.values()
+        )
+        return f"arrayElement([{arrays}], indexOf([{names}], g))"
+
+    @classmethod
+    def _stratum(cls, edges: Mapping[str, Sequence[float]]) -> str:
+        """:func:`report.load.stratum_of` of ``prod`` (how many of ``g``'s edges it lies above),
+        spelled out: ClickHouse 18.16's lambdas cannot read a subquery's columns."""
+        e = cls._edges(edges)
+        width = max((len(es) for es in edges.values()), default=0)
+        terms = [
+            f"(length({e}) >= {i} AND prod > arrayElement({e}, {i}))" for i in range(1, width + 1)
+        ]
+        return "(" + " + ".join(terms) + ")" if terms else "0"
+
+    def _pairs(self, backend: str) -> str:
+        """The pairs of ``backend`` (:func:`report.analysis._pairs`' primary pairs), one row each,
+        with ``parity``, ``cload``, ``e2e`` and ``tpot`` (log speed-ups; NULL: unknown)."""
+        ci = (
+            "arrayFirstIndex((r, k) -> r = 'candidate' AND k = "
+            f"{_lit(backend)}, legs_role, legs_backend)"
+        )
+        extra = f", {ci} AS ci"
+        return (
+            "SELECT g, cat, prod, legs_load_parity[ci] AS parity,"
+            " legs_per_replica_rate_rps[ci] AS cload,"
+            " if(legs_e2e_s[pi] > 0 AND legs_e2e_s[ci] > 0,"
+            " log(legs_e2e_s[pi] / legs_e2e_s[ci]), NULL) AS e2e,"
+            " if(legs_tpot_s[pi] > 0 AND legs_tpot_s[ci] > 0,"
+            " log(legs_tpot_s[pi] / legs_tpot_s[ci]), NULL) AS tpot"
+            f" FROM ({self.base(extra)})"
+            f" WHERE ifNull(speculation_skip, '') = '' AND {_ok('ci')} AND {_ok('pi')}"
+            " AND isNotNull(legs_e2e_s[pi]) AND isNotNull(legs_e2e_s[ci]) AND isNotNull(prod)"
+        )
+
+    def cells(
+        self, backend: str, cats: Sequence[str], production: Mapping[str, lt.ProductionLoad]
+    ) -> dict[tuple[str, str], lt.Cell]:
+        pairs = self._pairs(backend)
+        lo, hi = _float(1 / lt.PARITY_BAND), _float(lt.PARITY_BAND)
+        matched = f"(isNotNull(parity) AND parity >= {lo} AND parity <= {hi})"
+        stratum = self._stratum({g: p.edges for g, p in production.items()})
+        sql = (
+            f"SELECT g, {stratum} AS stratum, count() AS pairs,"
+            f" countIf({matched}) AS matched,"
+            f" countIf({matched} AND isNotNull(e2e)) AS e2e_n,"
+            f" sumIf(assumeNotNull(e2e), {matched} AND isNotNull(e2e)) AS e2e_sum,"
+            f" sumIf(assumeNotNull(e2e) * assumeNotNull(e2e), {matched} AND isNotNull(e2e))"
+            " AS e2e_sq,"
+            f" countIf({matched} AND isNotNull(tpot)) AS tpot_n,"
+            f" sumIf(assumeNotNull(tpot), {matched} AND isNotNull(tpot)) AS tpot_sum,"
+            f" sumIf(assumeNotNull(tpot) * assumeNotNull(tpot), {matched} AND isNotNull(tpot))"
+            " AS tpot_sq"
+            f" FROM ({pairs}) GROUP BY g, stratum"
+        )
+        got: dict[str, dict[int, dict[str, Any]]] = {}
+        for r in self.rows(sql):
+            got.setdefault(str(r["g"]), {})[int(r["stratum"])] = r
+        parity = self._medians(pairs, "parity")
+        cload = self._medians(pairs, "cload")
+        out: dict[tuple[str, str], lt.Cell] = {}
+        for g in [*cats, ALL]:
+            k = len(production[g].edges) + 1
+            rows = got.get(g, {})
+
+            out[(backend, g)] = lt.Cell(
+                mirrored=sum(int(r["pairs"]) for r in rows.values()),
+                matched=tuple(int(rows[i]["matched"]) if i in rows else 0 for i in range(k)),
+                e2e=_moments(rows, "e2e", k),
+                tpot=_moments(rows, "tpot", k),
+                parity_p50=parity.get(g),
+                candidate_load_p50=cload.get(g),
+            )
+        return out
+
+    def _medians(self, pairs: str, column: str) -> dict[str, float]:
+        sql = (
+            "SELECT g, length(s) AS n, s[intDiv(length(s) - 1, 2) + 1] AS lo,"
+            " s[least(intDiv(length(s) - 1, 2) + 2, length(s))] AS hi FROM ("
+            f"SELECT g, arraySort(groupArray(assumeNotNull({column}))) AS s FROM ({pairs})"
+            f" WHERE isNotNull({column}) GROUP BY g)"
+        )
+        return {
+            str(r["g"]): interpolate(int(r["n"]), 50, float(r["lo"]), float(r["hi"]))
+            for r in self.rows(sql)
+            if int(r["n"])
+        }
+
+    def exclusions(self, backend: str) -> dict[str, Counter[str]]:
+        ci = (
+            "arrayFirstIndex((r, k) -> r = 'candidate' AND k = "
+            f"{_lit(backend)}, legs_role, legs_backend)"
+        )
+        b = _lit(backend)
+        lo, hi = _float(1 / lt.PARITY_BAND), _float(lt.PARITY_BAND)
+        parity = "legs_load_parity[ci]"
+        sql = (
+            "SELECT g, code, detail, count() AS n FROM (SELECT g, multiIf("
+            f"ci = 0 AND has(dropped_backends, {b}), 'dropped',"
+            " ci = 0, 'not_mirrored',"
+            f" NOT {_ok('pi')}, 'primary',"
+            f" NOT {_ok('ci')}, 'candidate',"
+            " ifNull(speculation_skip, '') != '', 'skip',"
+            f" isNull({parity}), 'no_load',"
+            f" {parity} < {lo} OR {parity} > {hi}, 'parity',"
+            " 'matched') AS code, multiIf("
+            f"code = 'dropped', dropped_reasons[indexOf(dropped_backends, {b})],"
+            " code = 'primary', if(pi = 0, 'missing', ifNull(legs_outcome[pi], 'None')),"
+            " code = 'candidate', ifNull(legs_outcome[ci], 'None'),"
+            " code = 'skip', speculation_skip, '') AS detail"
+            f" FROM ({self.base(f', {ci} AS ci')})) GROUP BY g, code, detail"
+        )
+        out: dict[str, Counter[str]] = {}
+        for r in self.rows(sql):
+            reason = exclusion_text(str(r["code"]), str(r["detail"] or ""))
+            out.setdefault(str(r["g"]), Counter())[reason] += int(r["n"])
+        return out
+
+    def sample(self, size: int) -> list[dict[str, Any]]:
+        sql = (
+            f"SELECT record FROM {TABLE} FINAL{self.window}"
+            f" ORDER BY MD5(exchange_id) LIMIT {int(size)}"
+        )
+        records = [jsonx.loads(r["record"]) for r in self.rows(sql)]
+        return sorted(
+            records,
+            key=lambda r: (int(r.get("started_unix_ns") or 0), str(r.get("exchange_id", ""))),
+        )
+
+
+def _moments(rows: Mapping[int, Mapping[str, Any]], m: str, k: int) -> tuple[lt.Moments, ...]:
+    """Per stratum ``0..k-1``: metric ``m``'s moments from a ``GROUP BY stratum`` row."""
+    return tuple(
+        lt.Moments(int(rows[i][f"{m}_n"]), float(rows[i][f"{m}_sum"]), float(rows[i][f"{m}_sq"]))
+        if i in rows
+        else lt.Moments()
+        for i in range(k)
+    )
+
+
+def population(
+    store: ClickHouseStore, *, since_unix_ns: int | None = None, until_unix_ns: int | None = None
+) -> Population:
+    """The window's :class:`Population`, summed in the engine."""
+    q = _Query(store, since_unix_ns, until_unix_ns)
+    records, shadow, cats = q.counts()
+    backends = q.backends()
+    production = q.production(cats)
+    cells: dict[tuple[str, str], lt.Cell] = {}
+    exclusions: dict[str, Mapping[str, Counter[str]]] = {}
+    for b in backends:
+        cells.update(q.cells(b, cats, production))
+        exclusions[b] = q.exclusions(b)
+    return Population(
+        records=records,
+        shadow=shadow,
+        categories=tuple(cats),
+        backends=tuple(backends),
+        production=production,
+        cells=cells,
+        exclusions=exclusions,
+        engine=store.engine.name,
+    )
+
+
+def gather(
+    source: str,
+    *,
+    since_unix_ns: int | None = None,
+    until_unix_ns: int | None = None,
+    sample: int = SAMPLE,
+) -> tuple[Population, list[dict[str, Any]]]:
+    """:func:`report.population.gather` for one ``chdb:///`` or ``clickhouse://`` store."""
+    try:
+        store = open_column_store(source)
+    except FileNotFoundError as exc:
+        raise SourceError(f"{source}: no such store") from exc
+    try:
+        pop = population(store, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns)
+        return pop, _Query(store, since_unix_ns, until_unix_ns).sample(sample)
+    except ClickHouseError as exc:
+        raise StoreURLError(f"{source}: {exc}") from exc
+    finally:
+        store.close()
