@@ -14,9 +14,9 @@ turns that into the numbers a verdict may use:
   up to :data:`STRATA` equal-count strata.
 - **The estimate at production load**: per stratum the geometric-mean ratio primary / candidate
   of the matched pairs, re-weighted to production's share of each stratum; a stratified
-  Student-t interval from per-stratum sufficient statistics (count, sum, sum of squares — what an
-  engine's ``GROUP BY`` returns, :mod:`report.population`) gives the 95 % interval. Strata with fewer than :data:`MIN_STRATUM` matched
-  pairs are uncovered; when covered strata hold less than :data:`MIN_COVERAGE` of production's
+  Student-t interval from per-stratum sufficient statistics (count, sum, sum of squares — what
+  an engine's ``GROUP BY`` returns, :mod:`report.population`) gives the 95 % interval. Strata
+  with fewer than :data:`MIN_STRATUM` matched pairs are uncovered; when covered strata hold less than :data:`MIN_COVERAGE` of production's
   weight the evidence is **not load-matched** and no speed-up is claimed.
 - **Speed-up against load**: pairs grouped by the load the candidate ran at (its sweep step, or
   strata of its per-replica rate), each against a reference *at the same load* — the baseline leg
