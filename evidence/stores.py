@@ -150,7 +150,7 @@ def _column_store(
         raise
 
 
-def open_column_store(text: str) -> ClickHouseStore:
+def open_column_store(text: str, *, migrate: bool = True) -> ClickHouseStore:
     """A ``chdb:///`` or ``clickhouse://`` store to query (migrated to this release's columns);
     FileNotFoundError for a chDB folder that does not exist, StoreURLError for an engine that
     cannot be reached or holds no records table."""
@@ -163,6 +163,8 @@ def open_column_store(text: str) -> ClickHouseStore:
         store = _column_store(url, max_age_s=None, create=False)
     except ClickHouseError as exc:
         raise StoreURLError(f"{url.label()}: {exc}") from exc
+    if not migrate:
+        return store
     try:
         store.migrate()
     except ClickHouseError as exc:
@@ -204,12 +206,7 @@ def read_store(
             url.path, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns, category=category
         )
         return
-    if url.kind == "chdb" and not Path(url.path).is_dir():
-        raise FileNotFoundError(url.path)
-    try:
-        store = _column_store(url, max_age_s=None, create=False)
-    except ClickHouseError as exc:
-        raise StoreURLError(f"{url.label()}: {exc}") from exc
+    store = open_column_store(text, migrate=False)  # reading needs no new columns
     try:
         yield from store.records(
             since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns, category=category
