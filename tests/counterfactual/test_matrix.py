@@ -198,10 +198,28 @@ def test_grid_arguments_are_checked_with_the_piece_named() -> None:
         parse_depths("x")
 
 
-def run_live_check(rng: random.Random, n: int, *, engine_k: int, sampled: bool) -> bool:
+# How repetitive each request's output is: ``common`` (every request copies from its prompt
+# now and then), ``rare`` (real vLLM's sampled traffic in tests/vllm/test_counterfactual.py: most
+# sampled answers never repeat — all 48 accepted nothing in one run — and one in twelve repeats a
+# lot). In the rare regime a delta-method interval has no width on a side that drew no
+# repetition, and two such intervals "disagree" on an honest candidate.
+REPEATS = {"common": [0.3, 0.6, 0.9], "rare": [0.0] * 11 + [0.9]}
+
+
+def run_live_check(
+    rng: random.Random,
+    n: int,
+    *,
+    engine_k: int,
+    sampled: bool,
+    regime: str = "common",
+    own_ids: bool = False,
+) -> bool:
     """One live check on ``n`` synthetic requests of a candidate that declares n-gram k=4 and
     runs ``engine_k``; returns whether it was flagged. Sampled: the engine's output is an
-    independent draw of the same process (its own run), so it agrees only in expectation."""
+    independent draw of the same process (its own run), so it agrees only in expectation.
+    ``own_ids``: the records carry the candidate's generated ids (the token tap), so the engine
+    check runs too."""
     spec = {
         "method": "ngram",
         "num_speculative_tokens": 4,
@@ -210,26 +228,48 @@ def run_live_check(rng: random.Random, n: int, *, engine_k: int, sampled: bool) 
     }
     records = []
     for i in range(n):
-        repeat = rng.choice([0.3, 0.6, 0.9])
+        repeat = rng.choice(REPEATS[regime])
         prompt, output = structured_request(rng, repeat)
         # The engine's own output: production's (greedy), or a fresh draw for the same prompt.
         own = output_for(rng, prompt, repeat) if sampled else output
         r = replay(len(own), engine_k, *ngram_offers(prompt, own, 2, 4, 8))
         acc = {"num_drafts": r.drafts, "num_accepted_tokens": r.accepted}
         cand = leg("candidate", 0.01, 1, len(output), speculative=spec, acceptance=acc)
-        records.append(record(i, prompt, output, "code", [cand]))
+        r_ = record(i, prompt, output, "code", [cand])
+        if own_ids:
+            r_["tokens"]["legs"] = {"candidate": own}
+        records.append({**r_, "greedy": not sampled})
     (live,) = build_matrix(lambda: iter(records), depths=(4,), windows=((2, 4),)).live
+    assert (live["greedy"] is None) == sampled and (live["sampled"] is None) != sampled
     return bool(live["flag"])
 
 
-@pytest.mark.parametrize("sampled", [False, True])
-def test_the_live_checks_false_alarms_and_power(sampled: bool) -> None:
-    """Measured over 100 seeds of 60 requests: an honest candidate is flagged at most 5 % of the
-    time (the flag needs the two 95 % intervals to be disjoint: far stricter than α = 5 %), and
-    one that runs k = 2 while declaring k = 4 is flagged at least 80 % of the time."""
-    rng = random.Random(21 + sampled)
-    honest = sum(run_live_check(rng, 60, engine_k=4, sampled=sampled) for _ in range(100))
-    liar = sum(run_live_check(rng, 60, engine_k=2, sampled=sampled) for _ in range(100))
-    print(f"sampled={sampled}: false alarms {honest}/100, power {liar}/100")
+@pytest.mark.parametrize(
+    ("sampled", "regime", "own_ids", "power_min"),
+    [
+        (False, "common", False, 80),
+        (True, "common", False, 80),
+        (True, "rare", False, None),
+        (True, "rare", True, 80),
+    ],
+)
+def test_the_live_checks_false_alarms_and_power(
+    sampled: bool, regime: str, own_ids: bool, power_min: int | None
+) -> None:
+    """Measured over 100 seeds of 60 requests. Greedy requests: the flag needs two 95 % intervals
+    to be disjoint (exact agreement per request, so honest candidates are never flagged).
+    Sampled ones: a paired sign-flip permutation test at α = 1 %, whose level holds whatever the
+    shape of per-request acceptance — so at most 5 false alarms in 100 (P ≈ 0.0006 at α = 1 %).
+    Power against a candidate that runs k = 2 while declaring k = 4: at least 80 % when requests
+    repeat often. In the rare regime only about five of 60 requests can show the difference
+    between two independent draws, and the sampled test alone catches it 7 times in 100 (no bound
+    is held: that is what 60 such requests can tell); with the candidate's own ids in the records
+    the engine check compares the same text exactly and catches it at least 80 % of the time."""
+    rng = random.Random(21 + sampled + 7 * (regime == "rare") + 3 * own_ids)
+    kw: dict[str, Any] = {"sampled": sampled, "regime": regime, "own_ids": own_ids}
+    honest = sum(run_live_check(rng, 60, engine_k=4, **kw) for _ in range(100))
+    liar = sum(run_live_check(rng, 60, engine_k=2, **kw) for _ in range(100))
+    print(f"sampled={sampled} {regime} ids={own_ids}: false alarms {honest}/100, power {liar}/100")
     assert honest <= 5
-    assert liar >= 80
+    if power_min is not None:
+        assert liar >= power_min

