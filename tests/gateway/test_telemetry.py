@@ -151,14 +151,23 @@ async def test_metrics_endpoint_passes_promtool_and_carries_roles(sims, gateway,
         await gw.sink.wait_for(
             lambda e: len(gw.sink.exchanges) >= 4 and all(x.shadows for x in gw.sink.exchanges)
         )
+        # The evidence worker records the legs' instruments after the exchanges reach the sink:
+        # scrape until every series asserted below is there (a slow machine takes a while).
+        expected = (
+            "gen_ai_client_operation_time_to_first_chunk_seconds_bucket{",
+            'specshadow_leg_role="primary"',
+            'specshadow_leg_role="candidate"',
+            "specshadow_shadow_requests_total",
+            "specshadow_policy_generation",
+        )
         text, exposition = "", b""
-        for _ in range(100):
+        for _ in range(200):
             async with session.get(f"{gw.url}/metrics") as resp:
                 assert resp.status == 200
                 assert resp.headers["Content-Type"].startswith("text/plain")
                 exposition = await resp.read()
             text = exposition.decode()
-            if 'specshadow_leg_role="candidate"' in text:
+            if all(series in text for series in expected):
                 break
             await asyncio.sleep(0.05)
     ok, output = promtool_check_metrics(exposition)
