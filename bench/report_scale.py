@@ -4,6 +4,7 @@ engine, how fast each store takes records, and what an aggregate costs in the co
 ```
 .venv/bin/python -m bench.report_scale [--seed STORE] [--sizes 10000,30000,100000]
     [--aggregate-rows 10000000] [--no-clickhouse] [--json FILE]
+.venv/bin/python -m bench.report_scale --fleet 1000000 [--fleet-chdb 10000000] [--seed STORE]
 ```
 
 - **Seed**: the records of a real gateway run (``--seed``; default: the demo's records, made by
@@ -22,6 +23,13 @@ engine, how fast each store takes records, and what an aggregate costs in the co
   variance — over ``--aggregate-rows`` wide rows in chDB (the seed's typed columns replicated in
   the engine; the JSON ``record`` column left empty, since aggregates never read it): seconds
   and this process's RSS.
+
+- **Fleet** (``--fleet N``): the issue's targets. N replicated records into SQLite, reported
+  from there (target: ≤ 1 GB peak RSS); the same store copied into chDB by ``records copy``'s
+  path and reported from there; the two ``report.json`` compared (every verdict identical, every
+  number under ``candidates`` within 1 %); then the chDB store grown in the engine to
+  ``--fleet-chdb`` rows (each row copied with a fresh exchange id, also inside its JSON, and a
+  later time) and reported again (targets: ≤ 60 s, ≤ 1 GB client RSS).
 
 Nothing here is a pass/fail test: the figures go to docs/benchmarks.md.
 """
@@ -206,6 +214,111 @@ def aggregate_chdb(folder: str, rows: int) -> dict[str, Any]:
     return out
 
 
+def numbers(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """Every leaf of a JSON value, by path."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from numbers(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from numbers(v, f"{path}[{i}]")
+    else:
+        yield path, value
+
+
+def compare_reports(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """Verdicts, recommendation and every number of the candidates' sections: how far apart."""
+    left = dict(numbers({"candidates": a["candidates"], "recommendation": a["recommendation"]}))
+    right = dict(numbers({"candidates": b["candidates"], "recommendation": b["recommendation"]}))
+    verdicts = sorted(p for p in left if p.endswith(".verdict"))
+    worst, where, different = 0.0, "", []
+    for path in sorted(set(left) | set(right)):
+        x, y = left.get(path), right.get(path)
+        if isinstance(x, float | int) and isinstance(y, float | int) and not isinstance(x, bool):
+            rel = abs(x - y) / max(abs(x), abs(y), 1e-12)
+            if rel > worst:
+                worst, where = rel, path
+        elif x != y:
+            different.append(path)
+    return {
+        "verdicts": {p: left[p] for p in verdicts},
+        "verdicts_equal": all(left.get(p) == right.get(p) for p in verdicts)
+        and len(verdicts) == len([p for p in right if p.endswith(".verdict")]),
+        "max_relative_difference": worst,
+        "max_at": where,
+        "other_differences": different,
+    }
+
+
+_GROW_CHILD = """
+import sys
+from evidence.clickhouse import ChdbEngine
+engine = ChdbEngine(sys.argv[1])
+seed, copies = int(engine.execute("SELECT count() FROM records").strip()), int(sys.argv[2])
+span = int(engine.execute("SELECT max(time_unix_ns) - min(time_unix_ns) + 1 FROM records").strip())
+for k in range(1, copies):
+    # One copy at a time keeps the engine's memory one copy's worth; the id inside the JSON
+    # changes with the column, so the sampled records are distinct exchanges too.
+    # Each level's REPLACE reads only the column it replaces: an alias shadows its column for
+    # the rest of its query (a WHERE on the id would read the new one).
+    shift = k * span
+    engine.execute(
+        "INSERT INTO records SELECT * REPLACE (concat(exchange_id, '-%d') AS exchange_id,"
+        " time_unix_ns + %d AS time_unix_ns) FROM ("
+        "SELECT * REPLACE (toDate(intDiv(time_unix_ns + %d, 1000000000)) AS day) FROM ("
+        "SELECT * REPLACE (replaceOne(record, concat(char(34), exchange_id, char(34)),"
+        " concat(char(34), exchange_id, '-%d', char(34))) AS record)"
+        " FROM records WHERE position(exchange_id, '-') = 0))" % (k, shift, shift, k)
+    )
+print(int(engine.execute("SELECT count() FROM records").strip()))
+engine.close()
+"""
+
+
+def fleet(
+    seed: Sequence[Mapping[str, Any]], n: int, grow_to: int, work: Path, sample: int
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"records": n}
+    sqlite = work / "fleet.sqlite"
+    count, insert_s = insert_sqlite(sqlite, replicate(seed, n, time.time_ns() - n * 5_000_000))
+    out["sqlite_insert_per_s"] = count / insert_s
+    print(f"fleet: {count} records into SQLite in {insert_s:.0f} s; {load_line('now')}")
+    reports: dict[str, Any] = {}
+
+    def report(label: str, store: str) -> None:
+        folder = work / f"fleet-{label}"
+        status, wall, rss = child(
+            [sys.executable, "-m", "specshadow", "report", "--store", store,
+             "--sample", str(sample), "--out", str(folder)]
+        )  # fmt: skip
+        out[label] = {"status": status, "wall_s": wall, "rss": rss}
+        print(f"fleet: report {label}: exit {status}, {wall:.1f} s, {rss / 2**20:.0f} MiB")
+        if status == 0:
+            reports[label] = jsonx.loads((folder / "report.json").read_bytes())
+
+    report("sqlite", str(sqlite))
+    chdb_dir = work / "fleet-chdb-store"
+    t0 = time.perf_counter()
+    copy_records(str(sqlite), f"chdb://{chdb_dir}")
+    out["chdb_copy_per_s"] = n / (time.perf_counter() - t0)
+    report("chdb", f"chdb://{chdb_dir}")
+    if "sqlite" in reports and "chdb" in reports:
+        out["sqlite_vs_chdb"] = compare_reports(reports["sqlite"], reports["chdb"])
+        print(f"fleet: SQLite vs chDB: {out['sqlite_vs_chdb']}")
+    sqlite.unlink()
+    if grow_to > n:
+        t0 = time.perf_counter()
+        grown = subprocess.run(
+            [sys.executable, "-c", _GROW_CHILD, str(chdb_dir), str(-(-grow_to // n))],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        out["grown_rows"] = int(grown.stdout.split()[-1])
+        out["grow_s"] = time.perf_counter() - t0
+        print(f"fleet: chDB grown to {out['grown_rows']} rows in {out['grow_s']:.0f} s")
+        report("chdb_grown", f"chdb://{chdb_dir}")
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.report_scale", description=__doc__.splitlines()[0])
     p.add_argument("--seed", default=None, help="a record store to replicate (default: the demo's)")
@@ -213,16 +326,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--aggregate-rows", type=int, default=10_000_000)
     p.add_argument("--no-clickhouse", action="store_true", help="skip the ClickHouse server arm")
     p.add_argument("--json", default=None, help="also write the figures as JSON")
+    p.add_argument("--fleet", type=int, default=0, help="run only the fleet arm, at N records")
+    p.add_argument("--fleet-chdb", type=int, default=0, help="grow the fleet's chDB store to N")
+    p.add_argument("--sample", type=int, default=5000, help="the fleet reports' --sample")
+    p.add_argument(
+        "--work", default=None, help="a folder for the stores (default: a temporary one)"
+    )
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     info = machine()
     print(f"machine: {info['cpus']} CPUs, {info['platform']}; {load_line('start')}")
-    work = Path(tempfile.mkdtemp(prefix="report-scale-"))
+    work = Path(tempfile.mkdtemp(prefix="report-scale-", dir=args.work))
     result: dict[str, Any] = {"machine": info, "sizes": [], "insert": [], "aggregate": None}
     try:
         seed = seed_records(args.seed, work)
         raw = sum(len(jsonx.dumps(r)) for r in seed) / len(seed)
         print(f"seed: {len(seed)} records, {raw / 1024:.1f} KiB of JSON each")
+        if args.fleet:
+            result["fleet"] = fleet(seed, args.fleet, args.fleet_chdb, work, args.sample)
+            sizes = []
         bytes_per_record: dict[str, float] = {}
         rows = []
         for n in sizes:
@@ -268,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows,
             )
         )
-        if not args.no_clickhouse and shutil.which("clickhouse-server"):
+        if sizes and not args.no_clickhouse and shutil.which("clickhouse-server"):
             from tests.receivers.clickhouse import ClickHouseServer
 
             with ClickHouseServer(work / "clickhouse") as server:
@@ -285,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             [[i["engine"], i["records"], f"{i['per_s']:.0f}", f"{i['per_s'] / GATEWAY_RECORD_RATE:.0f}×"]
              for i in result["insert"]],
         ))  # fmt: skip
-        if args.aggregate_rows:
+        if sizes and args.aggregate_rows:
             folder = f"{work}/agg"
             copy_records(str(work / f"r{sizes[0]}.sqlite"), f"chdb://{folder}")
             agg = aggregate_chdb(folder, args.aggregate_rows)

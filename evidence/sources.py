@@ -19,7 +19,7 @@ stores is the report over one store that holds the same exchanges.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +58,22 @@ def iter_records(
     *,
     since_unix_ns: int | None = None,
     until_unix_ns: int | None = None,
+    exchange_ids: Collection[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Every record in ``sources``, deduplicated by exchange id, streamed in source order.
 
     Holds only the exchange ids seen, not the records: for aggregates over large stores, where
-    :func:`read_records`'s canonical order is not needed.
+    :func:`read_records`'s canonical order is not needed. ``exchange_ids`` keeps only those
+    exchanges — the same record of each as an unfiltered pass yields.
     """
     seen: set[str] = set()
     for source in sources:
-        for record in records_in(source, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns):
+        for record in records_in(
+            source,
+            since_unix_ns=since_unix_ns,
+            until_unix_ns=until_unix_ns,
+            exchange_ids=exchange_ids,
+        ):
             exchange_id = str(record.get("exchange_id", ""))
             if exchange_id and exchange_id not in seen:
                 seen.add(exchange_id)
@@ -78,14 +85,21 @@ def records_in(
     *,
     since_unix_ns: int | None = None,
     until_unix_ns: int | None = None,
+    exchange_ids: Collection[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """The records of one source in the window ``[since, until)``, as stored (not deduplicated).
+    """The records of one source in the window ``[since, until)``, as stored (not deduplicated);
+    only ``exchange_ids``' when given.
 
-    Stores filter in their engine; files are filtered as they are read.
+    SQLite stores filter in their engine; files and column stores as they are read.
     """
+    wanted = None if exchange_ids is None else frozenset(exchange_ids)
     if isinstance(source, str) and is_url(source) and not source.startswith("sqlite://"):
         try:
-            yield from read_store(source, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns)
+            for record in read_store(
+                source, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns
+            ):
+                if wanted is None or str(record.get("exchange_id", "")) in wanted:
+                    yield record
         except FileNotFoundError as exc:
             raise SourceError(f"{source}: no such store") from exc
         except StoreURLError as exc:
@@ -98,15 +112,19 @@ def records_in(
         for record in _files(path):
             t = record.get("started_unix_ns")
             t = t if isinstance(t, int) else 0
-            if (since_unix_ns is None or t >= since_unix_ns) and (
-                until_unix_ns is None or t < until_unix_ns
+            if (
+                (since_unix_ns is None or t >= since_unix_ns)
+                and (until_unix_ns is None or t < until_unix_ns)
+                and (wanted is None or str(record.get("exchange_id", "")) in wanted)
             ):
                 yield record
         return
     if not path.exists():
         raise SourceError(f"{path}: no such store or file")
     try:
-        yield from query_records(path, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns)
+        yield from query_records(
+            path, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns, exchange_ids=wanted
+        )
     except sqlite3.DatabaseError as exc:
         raise SourceError(f"{path}: not a record store ({exc}), nor a .jsonl file") from exc
 

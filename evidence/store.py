@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -138,8 +138,10 @@ def query_records(
     until_unix_ns: int | None = None,
     category: str | None = None,
     limit: int | None = None,
+    exchange_ids: Collection[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Records matching the filters, oldest first; ``limit`` keeps the newest ``limit`` of them.
+    """Records matching the filters, oldest first; ``limit`` keeps the newest ``limit`` of them;
+    ``exchange_ids`` keeps only those exchanges (looked up through the id index).
 
     Raises FileNotFoundError when ``path`` does not exist (a read never creates a store).
     """
@@ -157,6 +159,8 @@ def query_records(
     if category is not None:
         where.append("category = ?")
         args.append(category)
+    if exchange_ids is not None:
+        where.append("exchange_id IN (SELECT id FROM temp.wanted)")
     clause = f" WHERE {' AND '.join(where)}" if where else ""
     if limit is not None:
         sql = (
@@ -169,6 +173,12 @@ def query_records(
     # Not ``mode=ro``: a read-only connection cannot create the WAL index of a store whose
     # writer has exited; queries here never write.
     with closing(sqlite3.connect(p, timeout=30.0)) as db:
+        if exchange_ids is not None:
+            # A temporary table, not one ``?`` per id: any number of ids, one ordered scan.
+            db.execute("CREATE TEMP TABLE wanted (id TEXT PRIMARY KEY)")
+            db.executemany(
+                "INSERT OR IGNORE INTO temp.wanted VALUES (?)", ((i,) for i in exchange_ids)
+            )
         for (text,) in db.execute(sql, args):
             yield jsonx.loads(text)
 

@@ -38,7 +38,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core import jsonx
 from report import load as lt
 from report.records import ALL, Record, by_role, candidate_leg, category, leg_ok, legs, num
 
@@ -262,19 +261,20 @@ def population_of(records: Iterable[Record]) -> Population:
 
 
 class _Sample:
-    """The ``size`` records with the lowest :func:`sample_key`, kept as JSON bytes (about a sixth
-    of a parsed record's memory) until the stream ends."""
+    """The exchange ids of the ``size`` records with the lowest :func:`sample_key`: 16 bytes of
+    key and the id per kept record while the stream runs; the records are read afterwards."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._kept: list[tuple[bytes, bytes]] = []
+        self._kept: list[tuple[bytes, str]] = []
         self._cut: bytes | None = None  # keys at or above this cannot enter
 
     def add(self, r: Record) -> None:
-        key = sample_key(str(r.get("exchange_id", "")))
+        exchange_id = str(r.get("exchange_id", ""))
+        key = sample_key(exchange_id)
         if self._cut is not None and key >= self._cut:
             return
-        self._kept.append((key, jsonx.dumps(r)))
+        self._kept.append((key, exchange_id))
         if len(self._kept) >= 2 * self.size:
             self._trim()
 
@@ -284,10 +284,9 @@ class _Sample:
         if len(self._kept) == self.size:
             self._cut = self._kept[-1][0]
 
-    def records(self) -> list[dict[str, Any]]:
+    def ids(self) -> set[str]:
         self._trim()
-        out = [jsonx.loads(raw) for _, raw in self._kept]
-        return _canonical(out)
+        return {exchange_id for _, exchange_id in self._kept}
 
 
 def _canonical(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -324,4 +323,10 @@ def gather(
     for r in iter_records(list(sources), since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns):
         fold.add(r)
         kept.add(r)
-    return fold.result(), kept.records()
+    # A second pass for the sample's records: by the id index in SQLite, a filtered re-read of
+    # files. Keeping them as the first pass went would hold up to twice the sample's JSON.
+    wanted = kept.ids()
+    again = iter_records(
+        list(sources), since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns, exchange_ids=wanted
+    )
+    return fold.result(), _canonical(list(again))

@@ -74,6 +74,7 @@ class _Query:
     def rows(self, sql: str) -> Iterator[dict[str, Any]]:
         for line in self.store.engine.lines(f"{sql} FORMAT JSONEachRow"):
             yield jsonx.loads(line)
+        self.store.engine.release()
 
     def base(self, extra: str = "") -> str:
         """Shadow exchanges (the primary answered), with their category ``cat`` and primary leg
@@ -243,8 +244,7 @@ class _Query:
         got: dict[str, dict[int, dict[str, Any]]] = {}
         for r in self.rows(sql):
             got.setdefault(str(r["g"]), {})[int(r["stratum"])] = r
-        parity = self._medians(pairs, "parity")
-        cload = self._medians(pairs, "cload")
+        parity, cload = self._medians(pairs, ("parity", "cload"))
         out: dict[tuple[str, str], lt.Cell] = {}
         for g in [*cats, ALL]:
             k = len(production[g].edges) + 1
@@ -260,18 +260,26 @@ class _Query:
             )
         return out
 
-    def _medians(self, pairs: str, column: str) -> dict[str, float]:
-        sql = (
-            "SELECT g, length(s) AS n, s[intDiv(length(s) - 1, 2) + 1] AS lo,"
-            " s[least(intDiv(length(s) - 1, 2) + 2, length(s))] AS hi FROM ("
-            f"SELECT g, arraySort(groupArray(assumeNotNull({column}))) AS s FROM ({pairs})"
-            f" WHERE isNotNull({column}) GROUP BY g)"
+    def _medians(self, pairs: str, columns: Sequence[str]) -> list[dict[str, float]]:
+        """Per ``g``, each column's exact median (the two middle order statistics, interpolated
+        in Python as :func:`core.stats.percentile` does): one scan for all of them."""
+        sorted_ = ", ".join(
+            f"arraySort(groupArrayIf(assumeNotNull({c}), isNotNull({c}))) AS s{i}"
+            for i, c in enumerate(columns)
         )
-        return {
-            str(r["g"]): interpolate(int(r["n"]), 50, float(r["lo"]), float(r["hi"]))
-            for r in self.rows(sql)
-            if int(r["n"])
-        }
+        picks = ", ".join(
+            f"length(s{i}) AS n{i}, s{i}[intDiv(length(s{i}) - 1, 2) + 1] AS lo{i},"
+            f" s{i}[least(intDiv(length(s{i}) - 1, 2) + 2, length(s{i}))] AS hi{i}"
+            for i in range(len(columns))
+        )
+        sql = f"SELECT g, {picks} FROM (SELECT g, {sorted_} FROM ({pairs}) GROUP BY g)"
+        out: list[dict[str, float]] = [{} for _ in columns]
+        for r in self.rows(sql):
+            for i in range(len(columns)):
+                n = int(r[f"n{i}"])
+                if n:
+                    out[i][str(r["g"])] = interpolate(n, 50, float(r[f"lo{i}"]), float(r[f"hi{i}"]))
+        return out
 
     def exclusions(self, backend: str) -> dict[str, Counter[str]]:
         ci = (
@@ -304,9 +312,13 @@ class _Query:
         return out
 
     def sample(self, size: int) -> list[dict[str, Any]]:
+        """The ``size`` exchanges with the lowest ``MD5(exchange_id)``. The JSON is read only for
+        their ids (the subquery scans the key column): ordering every row's JSON by the hash
+        would read the widest column of the whole window."""
         sql = (
-            f"SELECT record FROM {TABLE} FINAL{self.window}"
-            f" ORDER BY MD5(exchange_id) LIMIT {int(size)}"
+            f"SELECT record FROM {TABLE} FINAL WHERE exchange_id IN ("
+            f"SELECT exchange_id FROM {TABLE} FINAL{self.window}"
+            f" ORDER BY MD5(exchange_id) LIMIT {int(size)})"
         )
         records = [jsonx.loads(r["record"]) for r in self.rows(sql)]
         return sorted(
