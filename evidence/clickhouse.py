@@ -69,6 +69,9 @@ class Engine(Protocol):
     def release(self) -> None:
         """Hand memory the engine keeps after a query back to the OS (in-process engines)."""
 
+    def reading(self) -> None:
+        """This process only reads (a report): an in-process engine stops merging parts."""
+
     def close(self) -> None: ...
 
 
@@ -134,6 +137,9 @@ class HttpEngine:
 
     def release(self) -> None:
         pass  # the server's memory is not this process's
+
+    def reading(self) -> None:
+        pass  # the server merges its parts itself
 
     def close(self) -> None:
         pass
@@ -210,6 +216,12 @@ class ChdbEngine:
         # client's memory. A report runs a dozen aggregates one after another: purge between.
         with contextlib.suppress(ClickHouseError):  # a build without jemalloc: nothing to purge
             self.execute("SYSTEM JEMALLOC PURGE")
+
+    def reading(self) -> None:
+        # An embedded engine merges the parts a writer left in whatever process opens the folder:
+        # a report would pay for a fleet's merges in its own CPU and memory (measured on 10 M
+        # rows in 124 parts: 178 s and 3.0 GB with merges, 84 s and 1.0 GB without).
+        self.execute("SYSTEM STOP MERGES")
 
     def close(self) -> None:
         with _chdb_lock:

@@ -120,14 +120,16 @@ class _Query:
         highs = ", ".join(
             f"s[least(intDiv((length(s) - 1) * {q}, 100) + 2, length(s))]" for q in _QS
         )
-        sql = (
+        # ALL and the categories in two scans: one would hold every value twice at once.
+        sqls = [
             f"SELECT g, length(s) AS n, [{lows}] AS lo, [{highs}] AS hi FROM ("
             f"SELECT g, arraySort(groupArray(assumeNotNull(v))) AS s FROM ("
             f"SELECT g, {value} AS v FROM ({self.base()}) WHERE {where} AND isNotNull(v)"
-            ") GROUP BY g)"
-        )
+            f" AND g {op} {_lit(ALL)}) GROUP BY g)"
+            for op in ("=", "!=")
+        ]
         out: dict[str, tuple[int, list[float | None]]] = {}
-        for r in self.rows(sql):
+        for r in (row for sql in sqls for row in self.rows(sql)):
             n = int(r["n"])
             out[str(r["g"])] = (
                 n,
@@ -201,35 +203,45 @@ class _Query:
         ]
         return "(" + " + ".join(terms) + ")" if terms else "0"
 
-    def _pairs(self, backend: str) -> str:
-        """The pairs of ``backend`` (:func:`report.analysis._pairs`' primary pairs), one row each,
-        with ``parity``, ``cload``, ``e2e`` and ``tpot`` (log speed-ups; NULL: unknown)."""
-        ci = (
-            "arrayFirstIndex((r, k) -> r = 'candidate' AND k = "
-            f"{_lit(backend)}, legs_role, legs_backend)"
-        )
-        extra = f", {ci} AS ci"
+    def _per_backend(self, backends: Sequence[str]) -> str:
+        """:meth:`base` once per candidate backend ``b``, with ``ci``: the position of that
+        backend's candidate leg (its first; 0: none). One scan serves every candidate."""
+        names = ", ".join(_lit(b) for b in backends)
+        sep = _lit("\t")
         return (
-            "SELECT g, cat, prod, legs_load_parity[ci] AS parity,"
+            f"SELECT *, b, indexOf(arrayMap((r, k) -> concat(r, {sep}, k), legs_role, legs_backend),"
+            f" concat('candidate', {sep}, b)) AS ci FROM ({self.base()}) ARRAY JOIN [{names}] AS b"
+        )
+
+    def _pairs(self, backends: Sequence[str]) -> str:
+        """Every backend's pairs (:func:`report.analysis._pairs`' primary pairs), one row each,
+        with ``b``, ``parity``, ``cload``, ``e2e`` and ``tpot`` (log speed-ups; NULL: unknown)."""
+        return (
+            "SELECT b, g, cat, prod, legs_load_parity[ci] AS parity,"
             " legs_per_replica_rate_rps[ci] AS cload,"
             " if(legs_e2e_s[pi] > 0 AND legs_e2e_s[ci] > 0,"
             " log(legs_e2e_s[pi] / legs_e2e_s[ci]), NULL) AS e2e,"
             " if(legs_tpot_s[pi] > 0 AND legs_tpot_s[ci] > 0,"
             " log(legs_tpot_s[pi] / legs_tpot_s[ci]), NULL) AS tpot"
-            f" FROM ({self.base(extra)})"
+            f" FROM ({self._per_backend(backends)})"
             f" WHERE ifNull(speculation_skip, '') = '' AND {_ok('ci')} AND {_ok('pi')}"
             " AND isNotNull(legs_e2e_s[pi]) AND isNotNull(legs_e2e_s[ci]) AND isNotNull(prod)"
         )
 
     def cells(
-        self, backend: str, cats: Sequence[str], production: Mapping[str, lt.ProductionLoad]
+        self,
+        backends: Sequence[str],
+        cats: Sequence[str],
+        production: Mapping[str, lt.ProductionLoad],
     ) -> dict[tuple[str, str], lt.Cell]:
-        pairs = self._pairs(backend)
+        if not backends:
+            return {}
+        pairs = self._pairs(backends)
         lo, hi = _float(1 / lt.PARITY_BAND), _float(lt.PARITY_BAND)
         matched = f"(isNotNull(parity) AND parity >= {lo} AND parity <= {hi})"
         stratum = self._stratum({g: p.edges for g, p in production.items()})
         sql = (
-            f"SELECT g, {stratum} AS stratum, count() AS pairs,"
+            f"SELECT b, g, {stratum} AS stratum, count() AS pairs,"
             f" countIf({matched}) AS matched,"
             f" countIf({matched} AND isNotNull(e2e)) AS e2e_n,"
             f" sumIf(assumeNotNull(e2e), {matched} AND isNotNull(e2e)) AS e2e_sum,"
@@ -239,30 +251,30 @@ class _Query:
             f" sumIf(assumeNotNull(tpot), {matched} AND isNotNull(tpot)) AS tpot_sum,"
             f" sumIf(assumeNotNull(tpot) * assumeNotNull(tpot), {matched} AND isNotNull(tpot))"
             " AS tpot_sq"
-            f" FROM ({pairs}) GROUP BY g, stratum"
+            f" FROM ({pairs}) GROUP BY b, g, stratum"
         )
-        got: dict[str, dict[int, dict[str, Any]]] = {}
+        got: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
         for r in self.rows(sql):
-            got.setdefault(str(r["g"]), {})[int(r["stratum"])] = r
+            got.setdefault((str(r["b"]), str(r["g"])), {})[int(r["stratum"])] = r
         parity, cload = self._medians(pairs, ("parity", "cload"))
         out: dict[tuple[str, str], lt.Cell] = {}
-        for g in [*cats, ALL]:
-            k = len(production[g].edges) + 1
-            rows = got.get(g, {})
-
-            out[(backend, g)] = lt.Cell(
-                mirrored=sum(int(r["pairs"]) for r in rows.values()),
-                matched=tuple(int(rows[i]["matched"]) if i in rows else 0 for i in range(k)),
-                e2e=_moments(rows, "e2e", k),
-                tpot=_moments(rows, "tpot", k),
-                parity_p50=parity.get(g),
-                candidate_load_p50=cload.get(g),
-            )
+        for b in backends:
+            for g in [*cats, ALL]:
+                k = len(production[g].edges) + 1
+                rows = got.get((b, g), {})
+                out[(b, g)] = lt.Cell(
+                    mirrored=sum(int(r["pairs"]) for r in rows.values()),
+                    matched=tuple(int(rows[i]["matched"]) if i in rows else 0 for i in range(k)),
+                    e2e=_moments(rows, "e2e", k),
+                    tpot=_moments(rows, "tpot", k),
+                    parity_p50=parity.get((b, g)),
+                    candidate_load_p50=cload.get((b, g)),
+                )
         return out
 
-    def _medians(self, pairs: str, columns: Sequence[str]) -> list[dict[str, float]]:
-        """Per ``g``, each column's exact median (the two middle order statistics, interpolated
-        in Python as :func:`core.stats.percentile` does): one scan for all of them."""
+    def _medians(self, pairs: str, columns: Sequence[str]) -> list[dict[tuple[str, str], float]]:
+        """Per backend ``b`` and ``g``, each column's exact median (the two middle order
+        statistics, interpolated in Python as :func:`core.stats.percentile` does): one scan."""
         sorted_ = ", ".join(
             f"arraySort(groupArrayIf(assumeNotNull({c}), isNotNull({c}))) AS s{i}"
             for i, c in enumerate(columns)
@@ -272,26 +284,25 @@ class _Query:
             f" s{i}[least(intDiv(length(s{i}) - 1, 2) + 2, length(s{i}))] AS hi{i}"
             for i in range(len(columns))
         )
-        sql = f"SELECT g, {picks} FROM (SELECT g, {sorted_} FROM ({pairs}) GROUP BY g)"
-        out: list[dict[str, float]] = [{} for _ in columns]
+        sql = f"SELECT b, g, {picks} FROM (SELECT b, g, {sorted_} FROM ({pairs}) GROUP BY b, g)"
+        out: list[dict[tuple[str, str], float]] = [{} for _ in columns]
         for r in self.rows(sql):
             for i in range(len(columns)):
                 n = int(r[f"n{i}"])
                 if n:
-                    out[i][str(r["g"])] = interpolate(n, 50, float(r[f"lo{i}"]), float(r[f"hi{i}"]))
+                    key = (str(r["b"]), str(r["g"]))
+                    out[i][key] = interpolate(n, 50, float(r[f"lo{i}"]), float(r[f"hi{i}"]))
         return out
 
-    def exclusions(self, backend: str) -> dict[str, Counter[str]]:
-        ci = (
-            "arrayFirstIndex((r, k) -> r = 'candidate' AND k = "
-            f"{_lit(backend)}, legs_role, legs_backend)"
-        )
-        b = _lit(backend)
+    def exclusions(self, backends: Sequence[str]) -> dict[str, dict[str, Counter[str]]]:
+        """backend → ``g`` → why its shadow exchanges are or are not a matched pair."""
+        if not backends:
+            return {}
         lo, hi = _float(1 / lt.PARITY_BAND), _float(lt.PARITY_BAND)
         parity = "legs_load_parity[ci]"
         sql = (
-            "SELECT g, code, detail, count() AS n FROM (SELECT g, multiIf("
-            f"ci = 0 AND has(dropped_backends, {b}), 'dropped',"
+            "SELECT b, g, code, detail, count() AS n FROM (SELECT b, g, multiIf("
+            "ci = 0 AND has(dropped_backends, b), 'dropped',"
             " ci = 0, 'not_mirrored',"
             f" NOT {_ok('pi')}, 'primary',"
             f" NOT {_ok('ci')}, 'candidate',"
@@ -299,16 +310,16 @@ class _Query:
             f" isNull({parity}), 'no_load',"
             f" {parity} < {lo} OR {parity} > {hi}, 'parity',"
             " 'matched') AS code, multiIf("
-            f"code = 'dropped', dropped_reasons[indexOf(dropped_backends, {b})],"
+            "code = 'dropped', dropped_reasons[indexOf(dropped_backends, b)],"
             " code = 'primary', if(pi = 0, 'missing', ifNull(legs_outcome[pi], 'None')),"
             " code = 'candidate', ifNull(legs_outcome[ci], 'None'),"
             " code = 'skip', speculation_skip, '') AS detail"
-            f" FROM ({self.base(f', {ci} AS ci')})) GROUP BY g, code, detail"
+            f" FROM ({self._per_backend(backends)})) GROUP BY b, g, code, detail"
         )
-        out: dict[str, Counter[str]] = {}
+        out: dict[str, dict[str, Counter[str]]] = {b: {} for b in backends}
         for r in self.rows(sql):
             reason = exclusion_text(str(r["code"]), str(r["detail"] or ""))
-            out.setdefault(str(r["g"]), Counter())[reason] += int(r["n"])
+            out[str(r["b"])].setdefault(str(r["g"]), Counter())[reason] += int(r["n"])
         return out
 
     def sample(self, size: int) -> list[dict[str, Any]]:
@@ -345,11 +356,8 @@ def population(
     records, shadow, cats = q.counts()
     backends = q.backends()
     production = q.production(cats)
-    cells: dict[tuple[str, str], lt.Cell] = {}
-    exclusions: dict[str, Mapping[str, Counter[str]]] = {}
-    for b in backends:
-        cells.update(q.cells(b, cats, production))
-        exclusions[b] = q.exclusions(b)
+    cells = q.cells(backends, cats, production)
+    exclusions: dict[str, Mapping[str, Counter[str]]] = dict(q.exclusions(backends))
     return Population(
         records=records,
         shadow=shadow,
@@ -375,6 +383,7 @@ def gather(
     except FileNotFoundError as exc:
         raise SourceError(f"{source}: no such store") from exc
     try:
+        store.engine.reading()
         pop = population(store, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns)
         return pop, _Query(store, since_unix_ns, until_unix_ns).sample(sample)
     except ClickHouseError as exc:
