@@ -70,6 +70,20 @@ class _Query:
     def __init__(self, store: ClickHouseStore, since: int | None, until: int | None) -> None:
         self.store = store
         self.window = _where(since, until)
+        self.table = f"{TABLE} FINAL"
+
+    def collapse_once(self) -> None:
+        """Read without ``FINAL`` when the window holds each exchange once. ``FINAL`` collapses
+        an exchange written twice at read time, by merging every part's rows in key order — in
+        each of a dozen aggregates. One count with ``FINAL`` against one without says whether
+        there is anything to collapse; most windows have nothing (a retried insert, a copy run
+        twice are the exceptions), and then the aggregates read the parts as they are."""
+        (row,) = self.rows(
+            f"SELECT (SELECT count() FROM {TABLE}{self.window}) AS stored,"
+            f" (SELECT count() FROM {TABLE} FINAL{self.window}) AS exchanges"
+        )
+        if int(row["stored"]) == int(row["exchanges"]):
+            self.table = TABLE
 
     def rows(self, sql: str) -> Iterator[dict[str, Any]]:
         for line in self.store.engine.lines(f"{sql} FORMAT JSONEachRow"):
@@ -88,7 +102,7 @@ class _Query:
             " indexOf(legs_role, 'primary') AS pi,"
             " legs_per_replica_rate_rps[pi] AS prod"
             f"{extra}"
-            f" FROM {TABLE} FINAL{self.window}"
+            f" FROM {self.table}{self.window}"
             f"{' AND' if self.window else ' WHERE'} ifNull(served_by, 'primary') = 'primary')"
         )
 
@@ -97,7 +111,7 @@ class _Query:
             "SELECT count() AS n, countIf(ifNull(served_by, 'primary') = 'primary') AS shadow,"
             " arraySort(groupUniqArrayIf(if(ifNull(category, '') = '', 'uncategorized',"
             " category), ifNull(served_by, 'primary') = 'primary')) AS cats"
-            f" FROM {TABLE} FINAL{self.window}"
+            f" FROM {self.table}{self.window}"
         )
         return int(row["n"]), int(row["shadow"]), [str(c) for c in row["cats"]]
 
@@ -108,7 +122,7 @@ class _Query:
             "arrayFilter((b, r) -> r = 'candidate', legs_backend, legs_role),"
             " arrayFilter((b, r) -> r = 'candidate', dropped_backends, dropped_roles),"
             " candidates) AS named"
-            f" FROM {TABLE} FINAL{self.window}"
+            f" FROM {self.table}{self.window}"
             f"{' AND' if self.window else ' WHERE'} ifNull(served_by, 'primary') = 'primary')"
             " ARRAY JOIN named AS b, arrayEnumerate(named) AS pos GROUP BY b ORDER BY first"
         )
@@ -327,8 +341,8 @@ class _Query:
         their ids (the subquery scans the key column): ordering every row's JSON by the hash
         would read the widest column of the whole window."""
         sql = (
-            f"SELECT record FROM {TABLE} FINAL WHERE exchange_id IN ("
-            f"SELECT exchange_id FROM {TABLE} FINAL{self.window}"
+            f"SELECT record FROM {self.table} WHERE exchange_id IN ("
+            f"SELECT exchange_id FROM {self.table}{self.window}"
             f" ORDER BY MD5(exchange_id) LIMIT {int(size)})"
         )
         records = [jsonx.loads(r["record"]) for r in self.rows(sql)]
@@ -353,6 +367,11 @@ def population(
 ) -> Population:
     """The window's :class:`Population`, summed in the engine."""
     q = _Query(store, since_unix_ns, until_unix_ns)
+    q.collapse_once()
+    return _population(q)
+
+
+def _population(q: _Query) -> Population:
     records, shadow, cats = q.counts()
     backends = q.backends()
     production = q.production(cats)
@@ -366,7 +385,7 @@ def population(
         production=production,
         cells=cells,
         exclusions=exclusions,
-        engine=store.engine.name,
+        engine=q.store.engine.name,
     )
 
 
@@ -384,8 +403,9 @@ def gather(
         raise SourceError(f"{source}: no such store") from exc
     try:
         store.engine.reading()
-        pop = population(store, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns)
-        return pop, _Query(store, since_unix_ns, until_unix_ns).sample(sample)
+        q = _Query(store, since_unix_ns, until_unix_ns)
+        q.collapse_once()
+        return _population(q), q.sample(sample)
     except ClickHouseError as exc:
         raise StoreURLError(f"{source}: {exc}") from exc
     finally:
