@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from core import jsonx
-from evidence.stores import copy_records
+from evidence.stores import copy_records, open_column_store
 from report import build_report, load as lt
 from report.analysis import analyze
 from report.population import Population, gather, population_of
@@ -137,6 +137,25 @@ def test_every_engine_sums_the_same_population_and_draws_the_same_sample(tmp_pat
         ids = sorted(r["exchange_id"] for r in sample)
         expected = ids if expected is None else expected
         assert len(ids) == 60 and ids == expected, name
+
+
+def test_a_column_store_holding_exchanges_twice_counts_each_once(tmp_path: Path) -> None:
+    """A copy run twice (or a retried insert) leaves each exchange in two rows until the engine
+    merges them: the aggregates then read with ``FINAL`` and still count every exchange once."""
+    records = messy()
+    jsonl = write_jsonl(tmp_path / "records.jsonl", records)
+    chdb = f"chdb://{tmp_path}/chdb"
+    copy_records(jsonl, chdb)
+    copy_records(jsonl, chdb)
+    store = open_column_store(chdb)
+    try:
+        stored = int(store.engine.execute("SELECT count() FROM records").strip())
+    finally:
+        store.close()
+    assert stored == 2 * len(records)  # not merged yet: the reader must collapse them
+    pop, sample = gather([chdb], sample=60)
+    same(pop, population_of(records), "chdb, every row twice")
+    assert len({r["exchange_id"] for r in sample}) == len(sample) == 60
 
 
 @requires_clickhouse
