@@ -5,6 +5,7 @@ engine, how fast each store takes records, and what an aggregate costs in the co
 .venv/bin/python -m bench.report_scale [--seed STORE] [--sizes 10000,30000,100000]
     [--aggregate-rows 10000000] [--no-clickhouse] [--json FILE]
 .venv/bin/python -m bench.report_scale --fleet 1000000 [--fleet-chdb 10000000] [--seed STORE]
+    [--sample 5000] [--work DIR] [--keep]
 ```
 
 - **Seed**: the records of a real gateway run (``--seed``; default: the demo's records, made by
@@ -332,6 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--work", default=None, help="a folder for the stores (default: a temporary one)"
     )
+    p.add_argument("--keep", action="store_true", help="keep the stores (to profile them after)")
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     info = machine()
@@ -420,7 +422,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{agg[kind]['rss'] / 2**20:.0f} MiB"] for kind in ("exact", "tdigest")],
             ))  # fmt: skip
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            print(f"kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     if args.json:
         write_json(args.json, result)
     return 0
