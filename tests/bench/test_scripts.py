@@ -183,6 +183,30 @@ def test_report_scale_bench_inserts_reports_and_aggregates_on_every_engine(tmp_p
     assert data["aggregate"]["rows"] == 120 * (2000 // 120) and data["aggregate"]["groups"] > 0
 
 
+def test_report_scale_fleet_arm_compares_sqlite_with_chdb_and_grows_the_store(tmp_path):
+    from evidence.store import RecordStore
+    from evidence.worker import build_evidence
+    from tests.compare.legs import exchange
+
+    seed = tmp_path / "seed.sqlite"
+    store = RecordStore(seed)
+    store.append([build_evidence(exchange(i, started_unix_ns=1_000 + i)).record for i in range(40)])
+    store.close()
+    report = tmp_path / "fleet.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.report_scale", "--seed", str(seed), "--fleet", "150",
+         "--fleet-chdb", "450", "--sample", "50", "--json", str(report)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    fleet = json.loads(report.read_text())["fleet"]
+    assert all(fleet[k]["status"] == 0 for k in ("sqlite", "chdb", "chdb_grown"))
+    assert fleet["grown_rows"] == 450
+    compared = fleet["sqlite_vs_chdb"]
+    assert compared["verdicts_equal"] and compared["verdicts"]
+    assert compared["max_relative_difference"] < 1e-9 and not compared["other_differences"]
+
+
 def test_versions_bench_measures_the_working_tree_beside_the_relay(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "bench.versions", "--rounds", "1", "--segment-s", "0.3"],
