@@ -160,7 +160,8 @@ def test_counterfactual_replay_bench_runs_its_three_arms(tmp_path):
     assert all(rate > 0 for _, rate, _ in data["rows"])
 
 
-def test_report_scale_bench_inserts_reports_and_aggregates_on_every_engine(tmp_path):
+def _seed_store(tmp_path):
+    """40 records of gateway exchanges (the benchmark's seed)."""
     from evidence.store import RecordStore
     from evidence.worker import build_evidence
     from tests.compare.legs import exchange
@@ -169,6 +170,11 @@ def test_report_scale_bench_inserts_reports_and_aggregates_on_every_engine(tmp_p
     store = RecordStore(seed)
     store.append([build_evidence(exchange(i, started_unix_ns=1_000 + i)).record for i in range(40)])
     store.close()
+    return seed
+
+
+def test_report_scale_bench_inserts_reports_and_aggregates_on_every_engine(tmp_path):
+    seed = _seed_store(tmp_path)
     report = tmp_path / "scale.json"
     out = subprocess.run(
         [sys.executable, "-m", "bench.report_scale", "--seed", str(seed), "--sizes", "120",
@@ -184,14 +190,7 @@ def test_report_scale_bench_inserts_reports_and_aggregates_on_every_engine(tmp_p
 
 
 def test_report_scale_fleet_arm_compares_sqlite_with_chdb_and_grows_the_store(tmp_path):
-    from evidence.store import RecordStore
-    from evidence.worker import build_evidence
-    from tests.compare.legs import exchange
-
-    seed = tmp_path / "seed.sqlite"
-    store = RecordStore(seed)
-    store.append([build_evidence(exchange(i, started_unix_ns=1_000 + i)).record for i in range(40)])
-    store.close()
+    seed = _seed_store(tmp_path)
     report = tmp_path / "fleet.json"
     out = subprocess.run(
         [sys.executable, "-m", "bench.report_scale", "--seed", str(seed), "--fleet", "150",
