@@ -160,7 +160,7 @@ def test_counterfactual_replay_bench_runs_its_three_arms(tmp_path):
     assert all(rate > 0 for _, rate, _ in data["rows"])
 
 
-def _seed_store(tmp_path):
+def _seed_store(tmp_path: Path) -> Path:
     """40 records of gateway exchanges (the benchmark's seed)."""
     from evidence.store import RecordStore
     from evidence.worker import build_evidence
