@@ -48,9 +48,12 @@ def read_records(
             exchange_id = str(record.get("exchange_id", ""))
             if exchange_id and exchange_id not in seen:
                 seen[exchange_id] = record
-    return sorted(
-        seen.values(), key=lambda r: (int(r.get("started_unix_ns") or 0), str(r["exchange_id"]))
-    )
+    return sorted(seen.values(), key=canonical_key)
+
+
+def canonical_key(record: Mapping[str, Any]) -> tuple[int, str]:
+    """The canonical order of records from any source: start time, then exchange id."""
+    return int(record.get("started_unix_ns") or 0), str(record.get("exchange_id", ""))
 
 
 def iter_records(
@@ -93,12 +96,16 @@ def records_in(
     SQLite stores filter in their engine; files and column stores as they are read.
     """
     wanted = None if exchange_ids is None else frozenset(exchange_ids)
+
+    def kept(record: Mapping[str, Any]) -> bool:
+        return wanted is None or str(record.get("exchange_id", "")) in wanted
+
     if isinstance(source, str) and is_url(source) and not source.startswith("sqlite://"):
         try:
             for record in read_store(
                 source, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns
             ):
-                if wanted is None or str(record.get("exchange_id", "")) in wanted:
+                if kept(record):
                     yield record
         except FileNotFoundError as exc:
             raise SourceError(f"{source}: no such store") from exc
@@ -115,7 +122,7 @@ def records_in(
             if (
                 (since_unix_ns is None or t >= since_unix_ns)
                 and (until_unix_ns is None or t < until_unix_ns)
-                and (wanted is None or str(record.get("exchange_id", "")) in wanted)
+                and kept(record)
             ):
                 yield record
         return

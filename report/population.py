@@ -289,12 +289,6 @@ class _Sample:
         return {exchange_id for _, exchange_id in self._kept}
 
 
-def _canonical(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(
-        records, key=lambda r: (int(r.get("started_unix_ns") or 0), str(r.get("exchange_id", "")))
-    )
-
-
 def gather(
     sources: Sequence[str],
     *,
@@ -305,7 +299,7 @@ def gather(
     """The window's population and its bounded sample, from any record sources: in the engine
     for one column store (:mod:`report.sql`), else streamed once through :class:`PopulationFold`.
     """
-    from evidence.sources import iter_records
+    from evidence.sources import canonical_key, iter_records
     from evidence.stores import is_url, parse_store
 
     if len(sources) == 1 and is_url(str(sources[0])):
@@ -329,4 +323,4 @@ def gather(
     again = iter_records(
         list(sources), since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns, exchange_ids=wanted
     )
-    return fold.result(), _canonical(list(again))
+    return fold.result(), sorted(again, key=canonical_key)

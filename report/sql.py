@@ -27,7 +27,7 @@ from typing import Any
 from core import jsonx
 from core.stats import interpolate
 from evidence.clickhouse import TABLE, ClickHouseError, ClickHouseStore, _quote
-from evidence.sources import SourceError
+from evidence.sources import SourceError, canonical_key
 from evidence.stores import StoreURLError, open_column_store
 from report import load as lt
 from report.population import SAMPLE, Population, exclusion_text
@@ -345,11 +345,7 @@ class _Query:
             f"SELECT exchange_id FROM {self.table}{self.window}"
             f" ORDER BY MD5(exchange_id) LIMIT {int(size)})"
         )
-        records = [jsonx.loads(r["record"]) for r in self.rows(sql)]
-        return sorted(
-            records,
-            key=lambda r: (int(r.get("started_unix_ns") or 0), str(r.get("exchange_id", ""))),
-        )
+        return sorted((jsonx.loads(r["record"]) for r in self.rows(sql)), key=canonical_key)
 
 
 def _moments(rows: Mapping[int, Mapping[str, Any]], m: str, k: int) -> tuple[lt.Moments, ...]:
