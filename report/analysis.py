@@ -35,6 +35,7 @@ from typing import Any, Literal
 from core.quality import DEFAULT_ALPHA, DEFAULT_MARGINS
 from core.stats import wilson
 from counterfactual.matrix import Matrix
+from evidence.reader import Record, read_all
 from loadgen.speedup import Speedup, pairs_needed
 from report import load as lt
 from report.candidates import (
@@ -50,16 +51,7 @@ from report.candidates import (
 )
 from report.population import Population, population_of
 from report.quality import Equivalence, equivalence
-from report.records import (
-    ALL,
-    Record,
-    by_role,
-    candidate_leg,
-    category,
-    leg_ok,
-    legs,
-    num,
-)
+from report.records import ALL
 from report.sections import (
     Example,
     LatencyTable,
@@ -195,21 +187,20 @@ def _pairs(records: Sequence[Record], backend: str) -> tuple[list[lt.Pair], list
     primary_pairs: list[lt.Pair] = []
     baseline_pairs: list[lt.Pair] = []
     for r in records:
-        roles = by_role(r)
-        cand, prim, base = candidate_leg(r, backend), roles.get("primary"), roles.get("baseline")
-        if not leg_ok(cand):
+        cand, prim, base = r.candidate_leg(backend), r.primary, r.baseline
+        if cand is None or not cand.ok:
             continue
-        assert cand is not None
-        c_e2e = num(cand.get("e2e_s"))
-        step = (r.get("sampling") or {}).get("sweep_step")
-        started = int(r.get("started_unix_ns") or 0)
+        c_e2e = cand.e2e_s
+        step = r.sampling.sweep_step
+        started = r.started_unix_ns
         for reference, pairs in ((prim, primary_pairs), (base, baseline_pairs)):
-            ref_e2e = num((reference or {}).get("e2e_s"))
-            prod = lt.per_replica_rate(prim)
-            if not leg_ok(reference) or ref_e2e is None or c_e2e is None or prod is None:
+            if reference is None or not reference.ok:
                 continue
-            assert reference is not None
-            parity = num(cand.get("load_parity"))
+            ref_e2e = reference.e2e_s
+            prod = lt.per_replica_rate(prim)
+            if ref_e2e is None or c_e2e is None or prod is None:
+                continue
+            parity = cand.load_parity
             if reference is base:  # candidate and baseline at the same share: the same load
                 ref_rate = lt.per_replica_rate(base)
                 cand_rate = lt.per_replica_rate(cand)
@@ -218,15 +209,15 @@ def _pairs(records: Sequence[Record], backend: str) -> tuple[list[lt.Pair], list
                 lt.Pair(
                     reference_e2e=ref_e2e,
                     candidate_e2e=c_e2e,
-                    reference_tpot=num(reference.get("tpot_s")),
-                    candidate_tpot=num(cand.get("tpot_s")),
+                    reference_tpot=reference.tpot_s,
+                    candidate_tpot=cand.tpot_s,
                     production_load=prod,
                     candidate_load=lt.per_replica_rate(cand),
                     candidate_concurrency=lt.per_replica_concurrency(cand),
                     parity=parity,
-                    sweep_step=step if isinstance(step, int) else None,
+                    sweep_step=step,
                     started_unix_ns=started,
-                    category=category(r),
+                    category=r.category,
                 )
             )
     return primary_pairs, baseline_pairs
@@ -235,26 +226,22 @@ def _pairs(records: Sequence[Record], backend: str) -> tuple[list[lt.Pair], list
 def _capacity(records: Sequence[Record], backend: str) -> lt.Capacity:
     cap = lt.Capacity()
     concurrency = []
-    for r in sorted(records, key=lambda r: int(r.get("started_unix_ns") or 0)):
-        cand = candidate_leg(r, backend)
+    for r in sorted(records, key=lambda r: r.started_unix_ns):
+        cand = r.candidate_leg(backend)
         if cand is not None:
             cap.sampled += 1
-            cap.failed += not leg_ok(cand)
+            cap.failed += not cand.ok
             c = lt.per_replica_concurrency(cand)
-            p = lt.per_replica_concurrency(by_role(r).get("primary"))
+            p = lt.per_replica_concurrency(r.primary)
             if c is not None and p is not None:
                 concurrency.append((c, p))
-        for drop in (r.get("sampling") or {}).get("dropped") or ():
-            if drop.get("backend") == backend:
+        for drop in r.sampling.dropped:
+            if drop.backend == backend:
                 cap.sampled += 1
-                cap.dropped[str(drop.get("reason"))] += 1
+                cap.dropped[drop.reason] += 1
     cap.growth = lt.growth(concurrency)
-    cap.kv_per_request = lt.kv_per_request(leg for r in records for leg in legs(r))
-    production = [
-        c
-        for r in records
-        if (c := lt.per_replica_concurrency(by_role(r).get("primary"))) is not None
-    ]
+    cap.kv_per_request = lt.kv_per_request(leg for r in records for leg in r.legs)
+    production = [c for r in records if (c := lt.per_replica_concurrency(r.primary)) is not None]
     cap.production_peak_concurrency = max(production) if production else None
     return cap
 
@@ -263,8 +250,10 @@ def _depth(records: Sequence[Record], backend: str) -> int | None:
     """Tokens drafted per drafting step, at most: the candidate's ``num_speculative_tokens``."""
     depth = None
     for r in records:
-        acc = (candidate_leg(r, backend) or {}).get("acceptance") or {}
-        drafts, tokens = num(acc.get("num_drafts")), num(acc.get("num_draft_tokens"))
+        leg = r.candidate_leg(backend)
+        if leg is None:
+            continue
+        drafts, tokens = leg.acceptance.num_drafts, leg.acceptance.num_draft_tokens
         if drafts and tokens:
             depth = max(depth or 0, math.ceil(tokens / drafts))
     return depth
@@ -380,10 +369,9 @@ def _verdict(
 
 def _share_and_replicas(records: Sequence[Record], backend: str) -> tuple[float | None, int | None]:
     for r in reversed(records):
-        leg = candidate_leg(r, backend)
-        if leg is not None and num(leg.get("share")) is not None:
-            replicas = lt.leg_load(leg).get("replicas")
-            return num(leg.get("share")), replicas if isinstance(replicas, int) else None
+        leg = r.candidate_leg(backend)
+        if leg is not None and leg.share is not None:
+            return leg.share, leg.load.replicas
     return None, None
 
 
@@ -397,9 +385,7 @@ def analyze_candidate(
     alpha: float = DEFAULT_ALPHA,
 ) -> CandidateAnalysis:
     pop = population if population is not None else population_of(records)
-    primary_pairs, baseline_pairs = _pairs(
-        [r for r in records if not r.get("speculation_skip")], backend
-    )
+    primary_pairs, baseline_pairs = _pairs([r for r in records if not r.speculation_skip], backend)
     # The load-true estimate and the exclusions count every exchange of the window (the
     # population, summed where the data is); the rest of this analysis reads ``records``.
     load = {cat: pop.load_true(backend, cat) for cat in [*categories, ALL]}
@@ -420,7 +406,7 @@ def analyze_candidate(
     problems = capacity.problems(backend)
     # Requests a speculative engine decodes plainly (penalties, min_p) say nothing of speculation's
     # speed: they stay in the quality tests, out of the speed-ups and acceptance (counted).
-    speed = [r for r in records if not r.get("speculation_skip")]
+    speed = [r for r in records if not r.speculation_skip]
     raw = raw_speedups(speed, backend)
     qual = quality(records, backend)
     eqv = equivalence(records, backend, qual, margins=margins, alpha=alpha)
@@ -468,10 +454,9 @@ def _notes(
     """Which numbers could not be made load-true, and why; what was left out."""
     scraped: dict[str, bool] = {}
     for r in records:
-        for leg in legs(r):
-            name = str(leg.get("backend"))
-            has = isinstance(lt.leg_load(leg).get("scraped"), Mapping)
-            scraped[name] = scraped.get(name, False) or has
+        for leg in r.legs:
+            has = leg.load.scraped is not None
+            scraped[leg.backend] = scraped.get(leg.backend, False) or has
     blind = sorted(b for b, has in scraped.items() if not has)
     out = [lt.OPEN_LOOP]
     if blind:
@@ -481,7 +466,7 @@ def _notes(
             "production's load distribution come from the gateway's own dispatch rates and "
             "in-flight counts instead."
         )
-    if records and not any(lt.leg_load(leg) for r in records for leg in legs(r)):
+    if records and not any(leg.load.present for r in records for leg in r.legs):
         out.append("These records carry no load at dispatch: no speed-up can be placed at a load.")
     if sample is not None:
         out.append(
@@ -500,7 +485,7 @@ def _notes(
 
 
 def analyze(
-    records: Iterable[Mapping[str, Any]],
+    records: Iterable[Record | Mapping[str, Any]],
     results: Iterable[Mapping[str, Any]] | None = None,
     *,
     margins: Mapping[str, float] = DEFAULT_MARGINS,
@@ -514,13 +499,13 @@ def analyze(
     from loadgen.matrix import stable_regions
     from report.checklist import checklist
 
-    everything = list(records)
+    everything = read_all(records)
     pop = population if population is not None else population_of(everything)
     sample = len(everything) if len(everything) < pop.records else None
     # Verdicts come from shadow pairs: the primary answered, the candidate was mirrored. During a
     # canary the candidate answers some requests (the primary is then its shadow); those
     # exchanges tell the rollout's story (the timeline), not the adoption decision.
-    recs = [r for r in everything if r.get("served_by", "primary") == "primary"]
+    recs = [r for r in everything if r.served_by == "primary"]
     rows = [dict(r) for r in results or ()]
     matrix = [r for r in rows if str(r.get("schema", "")).startswith("specshadow.matrix/")]
     loadgen = [r for r in rows if r not in matrix and "e2e_s" in r and not r.get("warmup")]

@@ -27,10 +27,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from evidence.reader import Record
 from evidence.serverinfo import method_key, parse_schedule
 from loadgen.speedup import Speedup, paired_speedup
 from report import load as lt
-from report.records import ALL, Record, candidate_leg, category, leg_ok, num
+from report.records import ALL
 from report.sections import Quality
 
 Claim = Literal["lossless", "not_lossless", "unverified"]
@@ -92,22 +93,22 @@ def speculation(records: Sequence[Record], backend: str) -> Speculation:
     """The candidate ``backend``'s speculation over ``records`` (latest non-null fields win)."""
     seen = _Seen()
     for r in records:
-        leg = candidate_leg(r, backend)
-        spec = (leg or {}).get("speculative")
-        if not isinstance(spec, dict):
+        leg = r.candidate_leg(backend)
+        spec = None if leg is None else leg.speculative
+        if spec is None:
             continue
-        seen.label = spec.get("label") or seen.label
-        seen.method = spec.get("method") or seen.method
-        if isinstance(spec.get("num_speculative_tokens"), int):
-            seen.depth = spec["num_speculative_tokens"]
-        said = (spec.get("verification_source"), spec.get("verification_detail"))
-        if spec.get("verification") == "lossy":
+        seen.label = spec.label or seen.label
+        seen.method = spec.method or seen.method
+        if spec.num_speculative_tokens is not None:
+            seen.depth = spec.num_speculative_tokens
+        said = (spec.verification_source, spec.verification_detail)
+        if spec.verification == "lossy":
             seen.lossy = said
-        elif spec.get("verification") == "lossless":
+        elif spec.verification == "lossless":
             seen.lossless = said
-        for problem in spec.get("mismatches") or ():
-            seen.mismatches[str(problem)] = None
-        seen.schedule = _schedule(spec.get("reported")) or seen.schedule
+        for problem in spec.mismatches:
+            seen.mismatches[problem] = None
+        seen.schedule = _schedule(spec.reported) or seen.schedule
     verification: Literal["lossless", "lossy"] | None = None
     source = detail = None
     if seen.lossy is not None:
@@ -216,22 +217,17 @@ def head_to_head(
             pairs: dict[str, dict[str, list[tuple[float | None, float | None]]]] = {}
             mirrored: dict[str, int] = {}
             for r in records:
-                la, lb = candidate_leg(r, a), candidate_leg(r, b)
-                if not (leg_ok(la) and leg_ok(lb)):
+                la, lb = r.candidate_leg(a), r.candidate_leg(b)
+                if la is None or lb is None or not (la.ok and lb.ok):
                     continue
-                assert la is not None
-                assert lb is not None
-                matched = all(
-                    (p := num(leg.get("load_parity"))) is not None and lt.matched(p)
-                    for leg in (la, lb)
-                )
-                for cat in (category(r), ALL):
+                matched = all(lt.matched(leg.load_parity) for leg in (la, lb))
+                for cat in (r.category, ALL):
                     mirrored[cat] = mirrored.get(cat, 0) + 1
                     if not matched:
                         continue
                     slot = pairs.setdefault(cat, {"e2e": [], "tpot": []})
-                    for m in ("e2e", "tpot"):
-                        slot[m].append((num(la.get(f"{m}_s")), num(lb.get(f"{m}_s"))))
+                    slot["e2e"].append((la.e2e_s, lb.e2e_s))
+                    slot["tpot"].append((la.tpot_s, lb.tpot_s))
             for cat in [*categories, ALL]:
                 slot = pairs.get(cat, {"e2e": [], "tpot": []})
                 out.append(

@@ -43,12 +43,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.stats import percentile, percentile_sorted, t_quantile
-from report.records import num
+from evidence.reader import Leg
 
 PARITY_BAND = 1.25  # matched: 1/1.25 <= parity <= 1.25 (±25 %)
 STRATA = 4  # equal-count strata of production's per-replica load
@@ -65,24 +65,14 @@ OPEN_LOOP = (
 )
 
 
-def leg_load(leg: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    load = (leg or {}).get("load")
-    return load if isinstance(load, Mapping) else {}
+def per_replica_rate(leg: Leg | None) -> float | None:
+    """The leg's backend's per-replica arrival rate at dispatch."""
+    return None if leg is None else leg.load.per_replica_rate_rps
 
 
-def per_replica_rate(leg: Mapping[str, Any] | None) -> float | None:
-    return num(leg_load(leg).get("per_replica_rate_rps"))
-
-
-def per_replica_concurrency(leg: Mapping[str, Any] | None) -> float | None:
+def per_replica_concurrency(leg: Leg | None) -> float | None:
     """The backend's own running + waiting count when scraped, else this gateway's in-flight."""
-    load = leg_load(leg)
-    scraped = load.get("scraped")
-    if isinstance(scraped, Mapping):
-        running = num(scraped.get("num_requests_running"))
-        if running is not None:
-            return running + (num(scraped.get("num_requests_waiting")) or 0.0)
-    return num(load.get("per_replica_in_flight"))
+    return None if leg is None else leg.load.per_replica_concurrency
 
 
 def matched(parity: float | None) -> bool:
@@ -547,19 +537,16 @@ class Capacity:
         return out
 
 
-def kv_per_request(legs: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+def kv_per_request(legs: Iterable[Leg]) -> dict[str, float]:
     """Median KV-cache share per running request, per backend, from the scraped gauges."""
     shares: dict[str, list[float]] = {}
     for leg in legs:
-        scraped = leg_load(leg).get("scraped")
-        if not isinstance(scraped, Mapping):
+        scraped = leg.load.scraped
+        if scraped is None:
             continue
-        kv, running = (
-            num(scraped.get("kv_cache_usage_perc")),
-            num(scraped.get("num_requests_running")),
-        )
+        kv, running = scraped.kv_cache_usage_perc, scraped.num_requests_running
         if kv is not None and running and running > 0:
-            shares.setdefault(str(leg.get("backend")), []).append(kv / running)
+            shares.setdefault(leg.backend, []).append(kv / running)
     return {b: statistics.median(v) for b, v in shares.items() if v}
 
 

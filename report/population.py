@@ -38,8 +38,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from evidence.reader import Record, read
 from report import load as lt
-from report.records import ALL, Record, by_role, candidate_leg, category, leg_ok, legs, num
+from report.records import ALL
 
 __all__ = [
     "SAMPLE",
@@ -59,21 +60,23 @@ Exclusion = tuple[str, str]  # (code, detail)
 
 def exclusion(record: Record, backend: str) -> Exclusion:
     """Why one exchange does (``("matched", "")``) or does not count for ``backend``'s verdict."""
-    cand = candidate_leg(record, backend)
+    cand = record.candidate_leg(backend)
     if cand is None:
-        for drop in (record.get("sampling") or {}).get("dropped") or ():
-            if drop.get("backend") == backend:
-                return "dropped", str(drop.get("reason"))
+        for drop in record.sampling.dropped:
+            if drop.backend == backend:
+                return "dropped", drop.reason
         return "not_mirrored", ""
-    prim = by_role(record).get("primary")
-    if not leg_ok(prim):
-        return "primary", str((prim or {}).get("outcome", "missing"))
-    if not leg_ok(cand):
-        return "candidate", str(cand.get("outcome"))
-    skip = record.get("speculation_skip")
+    prim = record.primary
+    if prim is None:
+        return "primary", "missing"
+    if not prim.ok:
+        return "primary", str(prim.outcome)
+    if not cand.ok:
+        return "candidate", str(cand.outcome)
+    skip = record.speculation_skip
     if skip:
-        return "skip", str(skip)
-    parity = num(cand.get("load_parity"))
+        return "skip", skip
+    parity = cand.load_parity
     if parity is None:
         return "no_load", ""
     if not lt.matched(parity):
@@ -156,53 +159,49 @@ class PopulationFold:
         self._shadow_by_cat: Counter[str] = Counter()
         self._excluded: dict[str, Counter[tuple[str, str, str]]] = {}  # b → (cat, code, detail)
 
-    def add(self, r: Record) -> None:
+    def add(self, record: Record | Mapping[str, Any]) -> None:
+        r = read(record)
         self.records += 1
-        if r.get("served_by", "primary") != "primary":
+        if r.served_by != "primary":
             return
         self.shadow += 1
-        cat = category(r)
+        cat = r.category
         ci = self._cats.setdefault(cat, len(self._cats))
         self._shadow_by_cat[cat] += 1
-        roles = by_role(r)
-        prim = roles.get("primary")
+        prim = r.primary
         prod = lt.per_replica_rate(prim)
         if prod is not None:
             self._prod_cat.append(ci)
             self._prod.append(prod)
-        key = (int(r.get("started_unix_ns") or 0), str(r.get("exchange_id", "")))
-        named = [str(leg.get("backend")) for leg in legs(r) if leg.get("role") == "candidate"]
-        sampling = r.get("sampling") or {}
-        drops = sampling.get("dropped") or ()
-        named += [str(d.get("backend")) for d in drops if d.get("role") == "candidate"]
-        named += [str(name) for name in sampling.get("candidates") or ()]
+        key = r.order_key
+        named = r.named_candidates()
         for pos, b in enumerate(named):
             first = self._first.get(b)
             if first is None or (key[0], key[1], pos) < first:
                 self._first[b] = (key[0], key[1], pos)
-        for b in {*named, *(str(d.get("backend")) for d in drops)}:
+        for b in {*named, *(d.backend for d in r.sampling.dropped)}:
             code, detail = exclusion(r, b)
             if code != "not_mirrored":
                 self._excluded.setdefault(b, Counter())[(cat, code, detail)] += 1
-        if r.get("speculation_skip") or not leg_ok(prim) or prim is None or prod is None:
+        if r.speculation_skip or prim is None or not prim.ok or prod is None:
             return
-        ref_e2e = num(prim.get("e2e_s"))
-        for leg in legs(r):
-            if leg.get("role") != "candidate":
+        ref_e2e = prim.e2e_s
+        for leg in r.legs:
+            if leg.role != "candidate":
                 continue
-            b = str(leg.get("backend"))
-            if candidate_leg(r, b) is not leg or not leg_ok(leg):
+            b = leg.backend
+            if r.candidate_leg(b) is not leg or not leg.ok:
                 continue
-            c_e2e = num(leg.get("e2e_s"))
+            c_e2e = leg.e2e_s
             if ref_e2e is None or c_e2e is None:
                 continue
             cols = self._pairs.setdefault(b, _Pairs())
             cols.cats.append(ci)
             cols.production.append(prod)
-            cols.parity.append(_f(num(leg.get("load_parity"))))
+            cols.parity.append(_f(leg.load_parity))
             cols.candidate_load.append(_f(lt.per_replica_rate(leg)))
             cols.e2e.append(_f(lt.log_ratio(ref_e2e, c_e2e)))
-            cols.tpot.append(_f(lt.log_ratio(num(prim.get("tpot_s")), num(leg.get("tpot_s")))))
+            cols.tpot.append(_f(lt.log_ratio(prim.tpot_s, leg.tpot_s)))
 
     def result(self) -> Population:
         cats = sorted(self._cats)
@@ -253,7 +252,7 @@ class PopulationFold:
         )
 
 
-def population_of(records: Iterable[Record]) -> Population:
+def population_of(records: Iterable[Record | Mapping[str, Any]]) -> Population:
     fold = PopulationFold()
     for r in records:
         fold.add(r)
@@ -270,7 +269,7 @@ class _Sample:
         self._cut: bytes | None = None  # keys at or above this cannot enter
 
     def add(self, r: Record) -> None:
-        exchange_id = str(r.get("exchange_id", ""))
+        exchange_id = r.exchange_id
         key = sample_key(exchange_id)
         if self._cut is not None and key >= self._cut:
             return
@@ -314,7 +313,10 @@ def gather(
                 sample=sample,
             )
     fold, kept = PopulationFold(), _Sample(sample)
-    for r in iter_records(list(sources), since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns):
+    for raw in iter_records(
+        list(sources), since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns
+    ):
+        r = read(raw)
         fold.add(r)
         kept.add(r)
     # A second pass for the sample's records: by the id index in SQLite, a filtered re-read of

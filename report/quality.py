@@ -45,7 +45,8 @@ import numpy as np
 
 from core.quality import DEFAULT_ALPHA, DEFAULT_MARGINS, METRICS_BY_NAME, QUALITY_METRICS
 from core.stats import RatioStats, t_quantile
-from report.records import ALL, Record, by_role, candidate_leg, category, leg_ok, num
+from evidence.reader import Leg, LegQuality, Record
+from report.records import ALL
 from report.sections import Quality
 
 QualityVerdict = Literal["equivalent", "not_equivalent", "not_enough_data"]
@@ -289,57 +290,51 @@ def needed_for(test: MetricTest, alpha: float) -> int | None:
 
 # --- from records -------------------------------------------------------------------------
 
-Extract = Callable[[Mapping[str, Any], Mapping[str, Any], Record], tuple[float, float] | None]
+Extract = Callable[[LegQuality, LegQuality], tuple[float, float] | None]
 
 
-def _q(leg: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    q = leg.get("quality")
-    return q if isinstance(q, Mapping) else None
+def _value(get: Callable[[LegQuality], float | None]) -> Extract:
+    def pair(c: LegQuality, b: LegQuality) -> tuple[float, float] | None:
+        x, y = get(c), get(b)
+        return None if x is None or y is None else (x, y)
+
+    return pair
 
 
-def _field(key: str, *, flag: bool = False) -> Extract:
-    def get(c: Mapping[str, Any], b: Mapping[str, Any], _r: Record) -> tuple[float, float] | None:
-        x, y = c.get(key), b.get(key)
-        if x is None or y is None:
-            return None
-        return (float(bool(x)), float(bool(y))) if flag else (float(x), float(y))
+def _flag(get: Callable[[LegQuality], bool | None]) -> Extract:
+    def pair(c: LegQuality, b: LegQuality) -> tuple[float, float] | None:
+        x, y = get(c), get(b)
+        return None if x is None or y is None else (float(x), float(y))
 
-    return get
+    return pair
 
 
-def _tool(c: Mapping[str, Any], b: Mapping[str, Any], _r: Record) -> tuple[float, float] | None:
-    if not (c.get("tool_calls") or b.get("tool_calls")):
+def _tool(c: LegQuality, b: LegQuality) -> tuple[float, float] | None:
+    if not (c.tool_calls or b.tool_calls):
         return None
-    return float(c.get("tool_valid") is True), float(b.get("tool_valid") is True)
+    return float(c.tool_valid is True), float(b.tool_valid is True)
 
 
-def _cites(c: Mapping[str, Any], b: Mapping[str, Any], _r: Record) -> tuple[float, float] | None:
-    return float((c.get("citations") or 0) > 0), float((b.get("citations") or 0) > 0)
+def _cites(c: LegQuality, b: LegQuality) -> tuple[float, float] | None:
+    return float(c.citations > 0), float(b.citations > 0)
 
 
 EXTRACT: dict[str, Extract] = {
-    "similarity": _field("similarity"),
-    "length_ratio": _field("units"),
-    "finish_length_rate": _field("finish_length", flag=True),
-    "distinct_2": _field("distinct_2"),
-    "repetition": _field("repetition"),
-    "longest_repeat_ratio": _field("longest_repeat"),
-    "refusal_rate": _field("refusal", flag=True),
-    "json_valid_rate": _field("json_valid", flag=True),
+    "similarity": _value(lambda q: q.similarity),
+    "length_ratio": _value(lambda q: q.units),
+    "finish_length_rate": _flag(lambda q: q.finish_length),
+    "distinct_2": _value(lambda q: q.distinct_2),
+    "repetition": _value(lambda q: q.repetition),
+    "longest_repeat_ratio": _value(lambda q: q.longest_repeat),
+    "refusal_rate": _flag(lambda q: q.refusal),
+    "json_valid_rate": _flag(lambda q: q.json_valid),
     "tool_valid_rate": _tool,
     "citation_rate": _cites,
 }
 
 
-def _loglik(record: Record, backend: str) -> float | None:
-    lk = record.get("likelihood")
-    if not isinstance(lk, Mapping):
-        return None
-    entry = (lk.get("legs") or {}).get(backend)
-    return num(entry.get("mean_logprob")) if isinstance(entry, Mapping) else None
-
-
 Row = tuple[dict[str, tuple[float, float]], "np.ndarray | None"]
+Partner = Literal["baseline", "primary"]
 
 
 @dataclass(slots=True)
@@ -376,28 +371,20 @@ class _Pairs:
         return [d for _, d in self.rows if d is not None]
 
 
-def _pair(
-    record: Record, backend: str | None
-) -> tuple[Mapping[str, Any], Mapping[str, Any], Literal["baseline", "primary"]] | None:
-    if record.get("greedy"):
+def _pair(record: Record, backend: str | None) -> tuple[Leg, Leg, Partner] | None:
+    """The candidate leg and its partner (the baseline, else the primary) of a sampled exchange
+    where both completed with quality scalars."""
+    if record.greedy:
         return None
-    cand = candidate_leg(record, backend)
-    roles = by_role(record)
-    partner_leg, partner = roles.get("baseline"), "baseline"
-    if not leg_ok(partner_leg):
-        partner_leg, partner = roles.get("primary"), "primary"
-    if not leg_ok(cand) or not leg_ok(partner_leg):
+    cand = record.candidate_leg(backend)
+    partner_leg, partner = record.baseline, "baseline"
+    if partner_leg is None or not partner_leg.ok:
+        partner_leg, partner = record.primary, "primary"
+    if cand is None or partner_leg is None or not cand.ok or not partner_leg.ok:
         return None
-    assert cand is not None
-    assert partner_leg is not None
-    cq, bq = _q(cand), _q(partner_leg)
-    if cq is None or bq is None:
+    if cand.quality is None or partner_leg.quality is None:
         return None
-    return (
-        {**cq, "_backend": cand.get("backend")},
-        {**bq, "_backend": partner_leg.get("backend")},
-        partner,  # type: ignore[return-value]
-    )
+    return cand, partner_leg, partner  # type: ignore[return-value]
 
 
 def collect(records: Sequence[Record], backend: str | None) -> dict[str, _Pairs]:
@@ -407,24 +394,27 @@ def collect(records: Sequence[Record], backend: str | None) -> dict[str, _Pairs]
         got = _pair(r, backend)
         if got is None:
             continue
-        c, b, partner = got
+        c_leg, b_leg, partner = got
+        c, b = c_leg.quality, b_leg.quality
+        assert c is not None
+        assert b is not None
         row: dict[str, tuple[float, float]] = {}
         for name, get in EXTRACT.items():
             if name == "similarity" and partner != "baseline":
                 continue
-            v = get(c, b, r)
+            v = get(c, b)
             if v is not None:
                 row[name] = v
-        lc, lb = _loglik(r, str(c["_backend"])), _loglik(r, str(b["_backend"]))
+        lc, lb = r.mean_logprob(c_leg.backend), r.mean_logprob(b_leg.backend)
         if lc is not None and lb is not None:
             row["loglik"] = (lc, lb)
-        sk_c, sk_b = c.get("sketch"), b.get("sketch")
+        sk_c, sk_b = c.sketch, b.sketch
         diff = (
             np.asarray(sk_c, dtype=float) - np.asarray(sk_b, dtype=float)
-            if isinstance(sk_c, list) and isinstance(sk_b, list) and len(sk_c) == len(sk_b)
+            if sk_c is not None and sk_b is not None and len(sk_c) == len(sk_b)
             else None
         )
-        for cat in (category(r), ALL):
+        for cat in (r.category, ALL):
             slot = out.setdefault(cat, _Pairs())
             # One partner kind per group: a baseline, once seen, is the partner for the group.
             if slot.partner == "baseline" and partner == "primary":

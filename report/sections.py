@@ -2,7 +2,7 @@
 ways, quality against the noise floor, the decision gate, resources, worst examples (pure;
 numpy only through :mod:`loadgen.speedup`).
 
-Each function reads records through :mod:`report.records`; those about a candidate take
+Each function reads records through :mod:`evidence.reader`'s typed views; those about a candidate take
 its backend, so several candidates are reported side by side from the same exchanges. The raw
 speed-ups here pair every mirrored exchange at whatever load the candidate ran at; verdicts use
 the load-true estimates of :mod:`report.load` instead.
@@ -16,21 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.stats import mean, percentiles, wilson
+from evidence.reader import Leg, Record, TimingName, num
 from loadgen.speedup import Speedup, paired_speedup
-from report.records import (
-    ALL,
-    Record,
-    by_role,
-    candidate_leg,
-    category,
-    comparison,
-    leg_ok,
-    legs,
-    num,
-    text,
-)
+from report.records import ALL
 
-LATENCY_METRICS = ("ttft_s", "tpot_s", "chunk_gap_p50_s", "e2e_s")
+LATENCY_METRICS: tuple[TimingName, ...] = ("ttft_s", "tpot_s", "chunk_gap_p50_s", "e2e_s")
 DIVERGENCE_TOLERANCE = 0.02  # absolute, on top of the noise floor's own uncertainty
 
 LatencyTable = dict[tuple[str, str], dict[str, tuple[float | None, float | None, float | None]]]
@@ -118,10 +108,10 @@ def leg_labels(latency: Mapping[tuple[str, str], Any]) -> list[str]:
     )
 
 
-def leg_label(leg: Mapping[str, Any], several_candidates: bool) -> str:
+def leg_label(leg: Leg, several_candidates: bool) -> str:
     """``primary``, ``baseline``, ``candidate`` — or ``candidate <backend>`` among several."""
-    role = str(leg.get("role"))
-    return f"{role} {leg.get('backend')}" if role == "candidate" and several_candidates else role
+    role = str(leg.role)
+    return f"{role} {leg.backend}" if role == "candidate" and several_candidates else role
 
 
 def latency(
@@ -132,13 +122,13 @@ def latency(
     counts: dict[tuple[str, str], list[int]] = {}
     for r in records:
         seen: set[str] = set()
-        for leg in legs(r):
+        for leg in r.legs:
             label = leg_label(leg, several_candidates)
             if label in seen:
                 continue
             seen.add(label)
-            ok = leg_ok(leg)
-            for cat in (category(r), ALL):
+            ok = leg.ok
+            for cat in (r.category, ALL):
                 key = (label, cat)
                 tally = counts.setdefault(key, [0, 0])
                 tally[0] += 1
@@ -147,7 +137,7 @@ def latency(
                     continue
                 bucket = values.setdefault(key, {m: [] for m in LATENCY_METRICS})
                 for m in LATENCY_METRICS:
-                    v = num(leg.get(m))
+                    v = leg.timing(m)
                     if v is not None:
                         bucket[m].append(v)
     table = {
@@ -165,22 +155,19 @@ def raw_speedups(
     """Paired primary/candidate ratios of every mirrored exchange (at the candidate's own load)."""
     pairs: dict[str, dict[str, list[tuple[float | None, float | None]]]] = {}
     for r in records:
-        roles = by_role(r)
-        primary = roles.get("primary")
-        if not leg_ok(primary):
+        primary = r.primary
+        if primary is None or not primary.ok:
             continue
-        assert primary is not None
-        cand = candidate_leg(r, backend)
-        base = roles.get("baseline")
-        for cat in (category(r), ALL):
+        cand = r.candidate_leg(backend)
+        base = r.baseline
+        for cat in (r.category, ALL):
             slot = pairs.setdefault(cat, {"e2e": [], "tpot": [], "ttft": [], "baseline_e2e": []})
-            if leg_ok(cand):
-                assert cand is not None
-                for m in ("e2e", "tpot", "ttft"):
-                    slot[m].append((num(primary.get(f"{m}_s")), num(cand.get(f"{m}_s"))))
-            if leg_ok(base):
-                assert base is not None
-                slot["baseline_e2e"].append((num(primary.get("e2e_s")), num(base.get("e2e_s"))))
+            if cand is not None and cand.ok:
+                slot["e2e"].append((primary.e2e_s, cand.e2e_s))
+                slot["tpot"].append((primary.tpot_s, cand.tpot_s))
+                slot["ttft"].append((primary.ttft_s, cand.ttft_s))
+            if base is not None and base.ok:
+                slot["baseline_e2e"].append((primary.e2e_s, base.e2e_s))
     return {
         cat: {m: paired_speedup(ps, seed=0) for m, ps in ms.items()} for cat, ms in pairs.items()
     }
@@ -196,21 +183,20 @@ def acceptance(
         "concurrency": {},
     }
     for r in records:
-        leg = candidate_leg(r, backend)
-        if not leg_ok(leg):
+        leg = r.candidate_leg(backend)
+        if leg is None or not leg.ok:
             continue
-        assert leg is not None
-        acc = leg.get("acceptance") or {}
+        acc = leg.acceptance
         fields = {
-            "tokens_per_event": num(leg.get("tokens_per_event")),
-            "mean_acceptance_length": num(acc.get("mean_acceptance_length")),
-            "draft_acceptance_rate": num(acc.get("draft_acceptance_rate")),
-            "coverage": num(acc.get("coverage")),
+            "tokens_per_event": leg.tokens_per_event,
+            "mean_acceptance_length": acc.mean_acceptance_length,
+            "draft_acceptance_rate": acc.draft_acceptance_rate,
+            "coverage": acc.coverage,
         }
         keys = {
-            "category": category(r),
-            "output_length": leg.get("output_length_bucket") or r.get("output_length_bucket"),
-            "concurrency": leg.get("concurrency_bucket") or r.get("concurrency_bucket"),
+            "category": r.category,
+            "output_length": leg.output_length_bucket or r.output_length_bucket,
+            "concurrency": leg.concurrency_bucket or r.concurrency_bucket,
         }
         for dim, key in keys.items():
             if key is None:
@@ -226,35 +212,33 @@ def quality(records: Sequence[Record], backend: str | None) -> dict[str, Quality
     acc: dict[str, dict[str, list[int]]] = {}
     sims: dict[str, list[float]] = {}
     for r in records:
-        cand = comparison(r, "primary", "candidate", b_backend=backend)
-        base = comparison(r, "primary", "baseline")
-        for cat in (category(r), ALL):
+        cand = r.comparison("primary", "candidate", b_backend=backend)
+        base = r.comparison("primary", "baseline")
+        for cat in (r.category, ALL):
             t = acc.setdefault(
                 cat,
                 {k: [0, 0] for k in ("cand", "base", "json_eq", "json_valid", "tools")}
                 | {"flagged": [0, 0], "refusals": [0, 0]},
             )
             for key, c in (("cand", cand), ("base", base)):
-                if c is None or c.get("comparable") is False or c.get("exact_match") is None:
+                if c is None or not c.comparable or c.exact_match is None:
                     continue
                 t[key][1] += 1
-                t[key][0] += 0 if c["exact_match"] else 1
+                t[key][0] += 0 if c.exact_match else 1
             if cand is None:
                 continue
-            t["flagged"][0] += bool(cand.get("flag"))
-            t["refusals"][0] += bool(cand.get("one_sided_refusal"))
-            if cand.get("json_expected"):
+            t["flagged"][0] += cand.flag
+            t["refusals"][0] += cand.one_sided_refusal
+            if cand.json_expected:
                 t["json_valid"][1] += 1
-                t["json_valid"][0] += bool(cand.get("json_valid_b"))
-                if cand.get("json_equal") is not None:
+                t["json_valid"][0] += cand.json_valid_b
+                if cand.json_equal is not None:
                     t["json_eq"][1] += 1
-                    t["json_eq"][0] += bool(cand["json_equal"])
-            if cand.get("tool_names_equal") is not None:
+                    t["json_eq"][0] += cand.json_equal
+            if cand.tool_names_equal is not None:
                 t["tools"][1] += 1
-                t["tools"][0] += bool(
-                    cand.get("tool_names_equal") and cand.get("tool_arguments_equal")
-                )
-            sim = num(cand.get("similarity"))
+                t["tools"][0] += bool(cand.tool_names_equal and cand.tool_arguments_equal)
+            sim = cand.similarity
             if sim is not None:
                 sims.setdefault(cat, []).append(sim)
     return {
@@ -276,14 +260,13 @@ def gate(records: Sequence[Record]) -> dict[str, float | None]:
     """Per category: the median share of the primary's e2e spent generating (after ttft)."""
     shares: dict[str, list[float]] = {}
     for r in records:
-        leg = by_role(r).get("primary")
-        if not leg_ok(leg):
+        leg = r.primary
+        if leg is None or not leg.ok:
             continue
-        assert leg is not None
-        e2e, ttft = num(leg.get("e2e_s")), num(leg.get("ttft_s"))
+        e2e, ttft = leg.e2e_s, leg.ttft_s
         if e2e is None or ttft is None or e2e <= 0:
             continue
-        for cat in (category(r), ALL):
+        for cat in (r.category, ALL):
             shares.setdefault(cat, []).append(max(0.0, (e2e - ttft) / e2e))
     return {cat: percentiles(v, (50.0,))[0] for cat, v in shares.items()}
 
@@ -294,15 +277,13 @@ def resources(
     """KV-cache usage per backend: from the legs' load at dispatch, else the scraper's window."""
     usage: dict[str, list[float]] = {}
     for r in records:
-        for leg in legs(r):
-            load = leg.get("load") or {}
-            scraped = load.get("scraped") if isinstance(load, Mapping) else None
-            v = num((scraped or {}).get("kv_cache_usage_perc"))
+        for leg in r.legs:
+            scraped = leg.load.scraped
+            v = scraped.kv_cache_usage_perc if scraped is not None else None
             if v is None:
-                window = (leg.get("acceptance") or {}).get("backend_window") or {}
-                v = num(window.get("kv_cache_usage_perc"))
+                v = leg.acceptance.window_kv_cache_usage_perc
             if v is not None:
-                usage.setdefault(str(leg.get("backend")), []).append(v)
+                usage.setdefault(leg.backend, []).append(v)
     for row in matrix:
         v = num(row.get("kv_cache_usage_peak"))
         if v is not None:
@@ -320,18 +301,19 @@ def resources(
 def examples(records: Sequence[Record], backend: str | None, limit: int = 5) -> list[Example]:
     worst: list[tuple[float, Example]] = []
     for r in records:
-        c = comparison(r, "primary", "candidate", b_backend=backend)
-        if c is None or c.get("exact_match") is not False:
+        c = r.comparison("primary", "candidate", b_backend=backend)
+        if c is None or c.exact_match is not False:
             continue
-        sim = num(c.get("similarity"))
+        sim = c.similarity
+        prim, cand = r.primary, r.candidate_leg(backend)
         ex = Example(
-            exchange_id=str(r.get("exchange_id")),
-            category=category(r),
+            exchange_id=r.exchange_id,
+            category=r.category,
             similarity=sim,
-            first_divergence=c.get("first_divergence"),
-            divergence_unit=c.get("divergence_unit"),
-            primary_text=text(by_role(r).get("primary")),
-            candidate_text=text(candidate_leg(r, backend)),
+            first_divergence=c.first_divergence,
+            divergence_unit=c.divergence_unit,
+            primary_text=None if prim is None else prim.text,
+            candidate_text=None if cand is None else cand.text,
         )
         worst.append((sim if sim is not None else 1.0, ex))
     worst.sort(key=lambda t: t[0])

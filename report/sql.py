@@ -47,7 +47,7 @@ def _float(x: float) -> str:
 
 
 def _ok(i: str) -> str:
-    """:func:`report.records.leg_ok` of leg ``i`` (1-based; 0: no such leg)."""
+    """:attr:`evidence.reader.Leg.ok` of leg ``i`` (1-based; 0: no such leg)."""
     return (
         f"({i} > 0 AND (isNull(legs_outcome[{i}]) OR legs_outcome[{i}] = 'completed')"
         f" AND (isNull(legs_status[{i}]) OR legs_status[{i}] < 400)"

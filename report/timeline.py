@@ -3,10 +3,10 @@ with how many answers came from the candidate and how many failed over to the pr
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from report.records import Record
+from evidence.reader import Record
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,27 +30,27 @@ def timeline(records: Sequence[Record]) -> list[Segment]:
     ends in ``shadow`` is a rollback (the transition itself is in ``/admin/rollout``)."""
     by_rule: dict[str, list[Record]] = {}
     for r in records:
-        block, policy = r.get("rollout"), r.get("policy") or {}
-        if isinstance(block, Mapping) and isinstance(policy.get("rule"), str):
-            by_rule.setdefault(policy["rule"], []).append(r)
+        rule = r.policy_rule
+        if r.rollout_stage is not None and rule is not None:
+            by_rule.setdefault(rule, []).append(r)
     out: list[Segment] = []
     for rule, rs in by_rule.items():
-        rs.sort(key=lambda r: int(r.get("started_unix_ns") or 0))
+        rs.sort(key=lambda r: r.started_unix_ns)
         runs: list[list[Record]] = []
         for r in rs:
-            if runs and runs[-1][0]["rollout"]["stage"] == r["rollout"]["stage"]:
+            if runs and runs[-1][0].rollout_stage == r.rollout_stage:
                 runs[-1].append(r)
             else:
                 runs.append([r])
         out += [
             Segment(
                 rule=rule,
-                stage=str(run[0]["rollout"]["stage"]),
-                first_unix_ns=int(run[0].get("started_unix_ns") or 0),
-                last_unix_ns=int(run[-1].get("started_unix_ns") or 0),
+                stage=str(run[0].rollout_stage),
+                first_unix_ns=run[0].started_unix_ns,
+                last_unix_ns=run[-1].started_unix_ns,
                 exchanges=len(run),
-                served_by_candidate=sum(1 for x in run if x.get("served_by") == "candidate"),
-                failovers=sum(1 for x in run if x["rollout"].get("failover")),
+                served_by_candidate=sum(1 for x in run if x.served_by == "candidate"),
+                failovers=sum(1 for x in run if x.rollout_failover),
             )
             for run in runs
         ]

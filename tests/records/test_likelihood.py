@@ -28,6 +28,7 @@ from aiohttp.test_utils import TestServer
 
 from core import jsonx
 from core.exchange import Exchange
+from evidence.reader import read_all
 from evidence.store import query_records
 from policies.compile import parse_policy
 from policies.errors import PolicyError
@@ -143,7 +144,7 @@ async def test_each_legs_score_is_the_targets_exact_likelihood_and_it_separates_
     assert abs(means["lossless"] - means["baseline"]) < 0.1, means
     rng = np.random.default_rng(0)
     for b in CANDIDATES:
-        pairs = collect(records, b)["all"]
+        pairs = collect(read_all(records), b)["all"]
         arr = np.asarray(pairs.values["loglik"], dtype=float)
         assert len(arr) == EXCHANGES
         test = mean_test("loglik", arr[:, 0], arr[:, 1], 0.1, 0.05, rng)

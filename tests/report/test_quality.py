@@ -23,6 +23,7 @@ import pytest
 from core.quality import DEFAULT_MARGINS
 from evidence.compare import similarity
 from evidence.quality import repetition_stats, sketch
+from evidence.reader import read_all
 from report.quality import MIN_EXCHANGES, collect, holm, judge, rate_test
 
 VOCAB = [f"w{i}" for i in range(400)]
@@ -105,7 +106,7 @@ def records(n: int, candidate: Model, baseline: Model, seed: int) -> list[dict[s
 
 
 def verdict(n: int, candidate: Model, seed: int, margins: dict[str, float] | None = None) -> Any:
-    pairs = collect(records(n, candidate, Model(), seed), "cand")["all"]
+    pairs = collect(read_all(records(n, candidate, Model(), seed)), "cand")["all"]
     return judge(pairs, None, seed=seed, margins={**DEFAULT_MARGINS, **(margins or {})})
 
 
@@ -189,7 +190,7 @@ def test_memory_is_bounded_the_tests_run_on_a_uniform_sample() -> None:
         }
         for i in range(MAX_PAIRS + 2000)
     ]
-    pairs = collect(recs, "cand")["all"]
+    pairs = collect(read_all(recs), "cand")["all"]
     assert pairs.n == MAX_PAIRS + 2000 and len(pairs.rows) == MAX_PAIRS
     kept = [c for c, _ in pairs.values["length_ratio"]]
     assert max(kept) >= MAX_PAIRS  # later exchanges do enter the sample

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from evidence.reader import read
 from policies.compile import parse_policy
 from policies.parse import read_yaml
 from report.analysis import ALL, analyze
@@ -116,4 +117,4 @@ def test_a_reported_schedule_is_read_or_left_out_never_a_crash(
     record = {"legs": [{"role": "primary", "backend": "p"},
                        {"role": "candidate", "backend": "c",
                         "speculative": {"method": "ngram", "reported": {"schedule": schedule}}}]}  # fmt: skip
-    assert speculation([record], "c").schedule == expected
+    assert speculation([read(record)], "c").schedule == expected
