@@ -111,10 +111,12 @@ async def test_a_failing_primary_reaches_the_client_as_its_own_failure_and_is_re
         primary_url = (await sims(faults=parse_faults(fault))).base_url
     candidate = await sims(mode="speculative")
     text = shadow_policy(primary_url, candidate.base_url, extra=NEVER_OPEN)
+    # The idle timeout is what ends the hung cases; it is 1 s, not less, so that a healthy
+    # primary's chunk gap on a loaded 2-core machine is never mistaken for a hang.
     gw = await gateway(
         None,
         policy_path=write_policy(text),
-        upstream=UpstreamSettings(idle_timeout_s=0.3, retry_initial_s=0.01, retry_max_s=0.02),
+        upstream=UpstreamSettings(idle_timeout_s=1.0, retry_initial_s=0.01, retry_max_s=0.02),
     )
     body = chat(stream=stream)
     direct = None
