@@ -240,3 +240,58 @@ def test_population_of_nothing_is_empty_and_reports_nothing() -> None:
     pop = population_of([])
     assert pop == Population(0, 0, (), (), pop.production, {}, {})
     assert analyze([], population=pop).candidates == {}
+
+
+@pytest.mark.parametrize(
+    "brackets",
+    [(0.02, 0.1), (1e-9,), (0.5,)],
+    ids=["default", "always-missed", "wide"],
+)
+def test_the_engines_order_statistics_are_exact_whatever_the_brackets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, brackets: tuple[float, ...]
+) -> None:
+    """The engine's percentiles (a sampled bracket, then only the values inside it sorted) equal
+    :func:`core.stats.percentile` over the same values: with ties, nulls, one value, negative
+    values, and brackets that always miss (every target then falls back to the whole range)."""
+    from core.stats import percentile
+    from report import sql
+
+    monkeypatch.setattr(sql, "_BRACKETS", brackets)
+
+    def value(i: int) -> float | None:
+        g = i % 4
+        if i % 7 == 0:
+            return None
+        if g == 0:
+            return ((i * 7919) % 1000) / 10 - 30  # spread, negative too
+        if g == 1:
+            return float(i % 3)  # three values, heavy ties
+        if g == 2:
+            return 5.5  # one value
+        return math.exp(((i * 104729) % 997) / 100)  # long right tail
+
+    n = 30_000
+    source = (
+        "SELECT toString(number % 4) AS g, multiIf(number % 7 = 0, NULL,"
+        " number % 4 = 0, ((number * 7919) % 1000) / 10 - 30,"
+        " number % 4 = 1, toFloat64(number % 3), number % 4 = 2, 5.5,"
+        f" exp(((number * 104729) % 997) / 100)) AS v FROM numbers({n})"
+    )
+    from evidence.stores import open_writer
+
+    open_writer(f"chdb://{tmp_path}/chdb").close()  # an empty store: the source is generated
+    store = open_column_store(f"chdb://{tmp_path}/chdb")
+    try:
+        stats = sql._Query(store, None, None).order_stats(
+            source, ("g",), ("v",), (0, 5, 50, 95, 100)
+        )
+    finally:
+        store.close()
+    for g in range(4):
+        values = [v for i in range(n) if i % 4 == g and (v := value(i)) is not None]
+        count, got = stats[(str(g),)][0]
+        assert count == len(values)
+        for q, x in zip((0, 5, 50, 95, 100), got, strict=True):
+            want = percentile(values, q)
+            assert x is not None and want is not None
+            assert math.isclose(x, want, rel_tol=1e-12, abs_tol=1e-12), (g, q, x, want)
