@@ -40,6 +40,7 @@ _QS = (5, 25, 50, 75, 95)  # the percentiles the report reads (25/50/75: the str
 # rank error at 8,192 samples is about 0.006): tried in turn, then the whole range.
 _BRACKETS = (0.02, 0.1)
 _HUGE = 1e308  # beyond every finite value the report sorts
+_NAN = float("nan")
 
 
 def _lit(text: str) -> str:
@@ -161,7 +162,8 @@ class _Query:
         for r in self.rows(f"SELECT {cols}, {aggs} FROM ({inner}) GROUP BY {cols}"):
             key = tuple(str(r[k]) for k in keys)
             approx[key] = [
-                (int(r[f"n{j}"]), [float(x) for x in r[f"a{j}"]]) for j in range(len(values))
+                (int(r[f"n{j}"]), [_NAN if x is None else float(x) for x in r[f"a{j}"]])
+                for j in range(len(values))
             ]
         out = {key: [(n, [None] * len(qs)) for n, _ in per] for key, per in approx.items()}  # type: dict[tuple[str, ...], list[tuple[int, list[float | None]]]]
         pending = {
@@ -180,7 +182,8 @@ class _Query:
                 below, above = qs[i] / 100 - width, qs[i] / 100 + width
                 lo = -_HUGE if below <= 0 else qa[levels.index(min(1.0, below))]
                 hi = _HUGE if above >= 1 else qa[levels.index(above)]
-                brackets[(key, j, i)] = (lo, hi)
+                # (an engine writes a NaN quantile as null: no bracket, the whole range)
+                brackets[(key, j, i)] = (lo, hi) if lo == lo and hi == hi else (-_HUGE, _HUGE)
             got = self._inside(inner, keys, len(values), qs, brackets)
             for (key, j, i), (b, c, lo_v, hi_v) in got.items():
                 n = approx[key][j][0]
