@@ -60,6 +60,14 @@ def _ok(i: str) -> str:
     )
 
 
+# A pair (report.analysis._pairs' primary pairs): the engine decoded it speculatively, both legs
+# completed with an end-to-end time, and production's load is known.
+_PAIR = (
+    f"(ifNull(speculation_skip, '') = '' AND {_ok('ci')} AND {_ok('pi')}"
+    " AND isNotNull(legs_e2e_s[pi]) AND isNotNull(legs_e2e_s[ci]) AND isNotNull(prod))"
+)
+
+
 def _where(since: int | None, until: int | None) -> str:
     parts = []
     if since is not None:
@@ -336,9 +344,7 @@ class _Query:
             " log(legs_e2e_s[pi] / legs_e2e_s[ci]), NULL) AS e2e,"
             " if(legs_tpot_s[pi] > 0 AND legs_tpot_s[ci] > 0,"
             " log(legs_tpot_s[pi] / legs_tpot_s[ci]), NULL) AS tpot"
-            f" FROM ({self._per_backend(backends)})"
-            f" WHERE ifNull(speculation_skip, '') = '' AND {_ok('ci')} AND {_ok('pi')}"
-            " AND isNotNull(legs_e2e_s[pi]) AND isNotNull(legs_e2e_s[ci]) AND isNotNull(prod)"
+            f" FROM ({self._per_backend(backends)}) WHERE {_PAIR}"
         )
 
     def cells(
@@ -346,63 +352,20 @@ class _Query:
         backends: Sequence[str],
         cats: Sequence[str],
         production: Mapping[str, lt.ProductionLoad],
-    ) -> dict[tuple[str, str], lt.Cell]:
+    ) -> tuple[dict[tuple[str, str], lt.Cell], dict[str, dict[str, Counter[str]]]]:
+        """Per backend and ``g``: the pairs' per-stratum statistics (:class:`report.load.Cell`),
+        and why each shadow exchange is or is not a matched pair (the exclusions). One scan of
+        every exchange per backend serves both: grouped by the exclusion's code and the pair's
+        load stratum, then summed each way here."""
         if not backends:
-            return {}
-        pairs = self._pairs(backends)
-        lo, hi = _float(1 / lt.PARITY_BAND), _float(lt.PARITY_BAND)
-        matched = f"(isNotNull(parity) AND parity >= {lo} AND parity <= {hi})"
-        stratum = self._stratum({g: p.edges for g, p in production.items()})
-        sql = (
-            f"SELECT b, g, {stratum} AS stratum, count() AS pairs,"
-            f" countIf({matched}) AS matched,"
-            f" countIf({matched} AND isNotNull(e2e)) AS e2e_n,"
-            f" sumIf(assumeNotNull(e2e), {matched} AND isNotNull(e2e)) AS e2e_sum,"
-            f" sumIf(assumeNotNull(e2e) * assumeNotNull(e2e), {matched} AND isNotNull(e2e))"
-            " AS e2e_sq,"
-            f" countIf({matched} AND isNotNull(tpot)) AS tpot_n,"
-            f" sumIf(assumeNotNull(tpot), {matched} AND isNotNull(tpot)) AS tpot_sum,"
-            f" sumIf(assumeNotNull(tpot) * assumeNotNull(tpot), {matched} AND isNotNull(tpot))"
-            " AS tpot_sq"
-            f" FROM ({pairs}) GROUP BY b, g, stratum"
-        )
-        got: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
-        for r in self.rows(sql):
-            got.setdefault((str(r["b"]), str(r["g"])), {})[int(r["stratum"])] = r
-        parity, cload = self._medians(pairs, ("parity", "cload"))
-        out: dict[tuple[str, str], lt.Cell] = {}
-        for b in backends:
-            for g in [*cats, ALL]:
-                k = len(production[g].edges) + 1
-                rows = got.get((b, g), {})
-                out[(b, g)] = lt.Cell(
-                    mirrored=sum(int(r["pairs"]) for r in rows.values()),
-                    matched=tuple(int(rows[i]["matched"]) if i in rows else 0 for i in range(k)),
-                    e2e=_moments(rows, "e2e", k),
-                    tpot=_moments(rows, "tpot", k),
-                    parity_p50=parity.get((b, g)),
-                    candidate_load_p50=cload.get((b, g)),
-                )
-        return out
-
-    def _medians(self, pairs: str, columns: Sequence[str]) -> list[dict[tuple[str, str], float]]:
-        """Per backend ``b`` and ``g``, each column's exact median (:meth:`order_stats`)."""
-        stats = self.order_stats(pairs, ("b", "g"), columns, (50,))
-        out: list[dict[tuple[str, str], float]] = [{} for _ in columns]
-        for (b, g), per in stats.items():
-            for i, (n, (median,)) in enumerate(per):
-                if n and median is not None:
-                    out[i][(b, g)] = median
-        return out
-
-    def exclusions(self, backends: Sequence[str]) -> dict[str, dict[str, Counter[str]]]:
-        """backend → ``g`` → why its shadow exchanges are or are not a matched pair."""
-        if not backends:
-            return {}
+            return {}, {}
         lo, hi = _float(1 / lt.PARITY_BAND), _float(lt.PARITY_BAND)
         parity = "legs_load_parity[ci]"
-        sql = (
-            "SELECT b, g, code, detail, count() AS n FROM (SELECT b, g, multiIf("
+        matched = f"(isNotNull(parity) AND parity >= {lo} AND parity <= {hi})"
+        stratum = self._stratum({g: p.edges for g, p in production.items()})
+        ratio = "if(legs_{m}_s[pi] > 0 AND legs_{m}_s[ci] > 0, log(legs_{m}_s[pi] / legs_{m}_s[ci]), NULL)"
+        rows = (
+            "SELECT b, g, multiIf("
             "ci = 0 AND has(dropped_backends, b), 'dropped',"
             " ci = 0, 'not_mirrored',"
             f" NOT {_ok('pi')}, 'primary',"
@@ -414,13 +377,65 @@ class _Query:
             "code = 'dropped', dropped_reasons[indexOf(dropped_backends, b)],"
             " code = 'primary', if(pi = 0, 'missing', ifNull(legs_outcome[pi], 'None')),"
             " code = 'candidate', ifNull(legs_outcome[ci], 'None'),"
-            " code = 'skip', speculation_skip, '') AS detail"
-            f" FROM ({self._per_backend(backends)})) GROUP BY b, g, code, detail"
+            " code = 'skip', speculation_skip, '') AS detail,"
+            f" toUInt8(ifNull({_PAIR}, 0)) AS pair, if(pair = 1, {stratum}, 0) AS stratum,"
+            f" {parity} AS parity, {ratio.format(m='e2e')} AS e2e,"
+            f" {ratio.format(m='tpot')} AS tpot"
+            f" FROM ({self._per_backend(backends)})"
         )
-        out: dict[str, dict[str, Counter[str]]] = {b: {} for b in backends}
+        when = f"pair = 1 AND {matched}"
+        sql = (
+            "SELECT b, g, code, detail, stratum, count() AS n, countIf(pair = 1) AS pairs,"
+            f" countIf({when}) AS matched,"
+            f" countIf({when} AND isNotNull(e2e)) AS e2e_n,"
+            f" sumIf(assumeNotNull(e2e), {when} AND isNotNull(e2e)) AS e2e_sum,"
+            f" sumIf(assumeNotNull(e2e) * assumeNotNull(e2e), {when} AND isNotNull(e2e))"
+            " AS e2e_sq,"
+            f" countIf({when} AND isNotNull(tpot)) AS tpot_n,"
+            f" sumIf(assumeNotNull(tpot), {when} AND isNotNull(tpot)) AS tpot_sum,"
+            f" sumIf(assumeNotNull(tpot) * assumeNotNull(tpot), {when} AND isNotNull(tpot))"
+            " AS tpot_sq"
+            f" FROM ({rows}) GROUP BY b, g, code, detail, stratum"
+        )
+        sums = ("pairs", "matched", "e2e_n", "e2e_sum", "e2e_sq", "tpot_n", "tpot_sum", "tpot_sq")
+        got: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
+        exclusions: dict[str, dict[str, Counter[str]]] = {b: {} for b in backends}
         for r in self.rows(sql):
+            b, g = str(r["b"]), str(r["g"])
             reason = exclusion_text(str(r["code"]), str(r["detail"] or ""))
-            out[str(r["b"])].setdefault(str(r["g"]), Counter())[reason] += int(r["n"])
+            exclusions[b].setdefault(g, Counter())[reason] += int(r["n"])
+            if int(r["pairs"]):
+                slot = got.setdefault((b, g), {}).setdefault(
+                    int(r["stratum"]), dict.fromkeys(sums, 0.0)
+                )
+                for name in sums:  # (18.16 sums no Nullable rows to null, not 0)
+                    slot[name] += float(r[name] or 0)
+        parity_p50, cload_p50 = self._medians(self._pairs(backends), ("parity", "cload"))
+        out: dict[tuple[str, str], lt.Cell] = {}
+        for b in backends:
+            for g in [*cats, ALL]:
+                k = len(production[g].edges) + 1
+                strata = got.get((b, g), {})
+                out[(b, g)] = lt.Cell(
+                    mirrored=sum(int(x["pairs"]) for x in strata.values()),
+                    matched=tuple(
+                        int(strata[i]["matched"]) if i in strata else 0 for i in range(k)
+                    ),
+                    e2e=_moments(strata, "e2e", k),
+                    tpot=_moments(strata, "tpot", k),
+                    parity_p50=parity_p50.get((b, g)),
+                    candidate_load_p50=cload_p50.get((b, g)),
+                )
+        return out, exclusions
+
+    def _medians(self, pairs: str, columns: Sequence[str]) -> list[dict[tuple[str, str], float]]:
+        """Per backend ``b`` and ``g``, each column's exact median (:meth:`order_stats`)."""
+        stats = self.order_stats(pairs, ("b", "g"), columns, (50,))
+        out: list[dict[tuple[str, str], float]] = [{} for _ in columns]
+        for (b, g), per in stats.items():
+            for i, (n, (median,)) in enumerate(per):
+                if n and median is not None:
+                    out[i][(b, g)] = median
         return out
 
     def sample(self, size: int) -> list[dict[str, Any]]:
@@ -458,8 +473,8 @@ def _population(q: _Query) -> Population:
     records, shadow, cats = q.counts()
     backends = q.backends()
     production = q.production(cats)
-    cells = q.cells(backends, cats, production)
-    exclusions: dict[str, Mapping[str, Counter[str]]] = dict(q.exclusions(backends))
+    cells, excluded = q.cells(backends, cats, production)
+    exclusions: dict[str, Mapping[str, Counter[str]]] = dict(excluded)
     return Population(
         records=records,
         shadow=shadow,
