@@ -142,11 +142,11 @@ async def run(urls: Mapping[str, str], store: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def analysis(
+def quality_records(
     vllm_env: VllmEnv,
     vllm_servers: dict[str, VllmServer],
     tmp_path_factory: pytest.TempPathFactory,
-) -> Analysis:
+) -> list[dict[str, Any]]:
     store = tmp_path_factory.mktemp("quality") / "r.sqlite"
     with running_servers([VllmServerSpec("other", "plain", weights="draft")], vllm_env) as (other,):
 
@@ -166,11 +166,21 @@ def analysis(
         asyncio.run(go())
     records = list(query_records(store))
     assert len(records) == EXCHANGES
-    return analyze(records)
+    return records
 
 
-def test_the_lossless_ngram_candidate_is_not_rejected(analysis: Analysis) -> None:
-    eq = analysis.candidates["ngram"].equivalence["all"]
+@pytest.fixture(scope="module")
+def analysis(quality_records: list[dict[str, Any]]) -> Analysis:
+    return analyze(quality_records)
+
+
+def test_the_lossless_ngram_candidate_is_not_rejected(
+    quality_records: list[dict[str, Any]],
+) -> None:
+    # A lossless candidate is rejected at most at the test's family-wise level: at the default
+    # 5 % one clean CI run in twenty would fail here by construction (one did: distinct bigrams,
+    # Holm-corrected). Judged at 1 %, the false-alarm rate this assertion accepts is 1 %.
+    eq = analyze(quality_records, alpha=0.01).candidates["ngram"].equivalence["all"]
     print("ngram:", eq.verdict, eq.decided_by, eq.n, eq.mmd, eq.reasons)
     assert eq.n >= EXCHANGES - 3
     assert eq.verdict != "not_equivalent", eq.reasons
