@@ -71,6 +71,11 @@ def _bool(value: Any) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
+def _key(value: Any) -> str:
+    """A name as text, ``""`` when absent (the wide row's ``key`` kind)."""
+    return "" if value is None else str(value)
+
+
 def _map(value: Any) -> Mapping[str, Any] | None:
     return value if isinstance(value, Mapping) else None
 
@@ -293,8 +298,7 @@ class Leg(_View):
 
     @property
     def backend(self) -> str:
-        b = self.raw.get("backend")
-        return "" if b is None else str(b)
+        return _key(self.raw.get("backend"))
 
     @property
     def outcome(self) -> str | None:
@@ -464,8 +468,7 @@ class Drop(_View):
 
     @property
     def backend(self) -> str:
-        b = self.raw.get("backend")
-        return "" if b is None else str(b)
+        return _key(self.raw.get("backend"))
 
     @property
     def reason(self) -> str:
