@@ -314,7 +314,9 @@ class RolloutController:
         if t is None:
             return
         self.transitions = [*self.transitions[-99:], t]
-        log.warning(
+        # A guard's rollback is news; a planned step (the schedule, an operator, the policy) is not.
+        log.log(
+            logging.WARNING if t.by == "guard" else logging.INFO,
             "rollout %s: %s → %s (serve ratio %.2f) by %s: %s",
             t.rule, t.from_stage, t.to_stage, t.serve_ratio, t.by, t.reason,
         )  # fmt: skip

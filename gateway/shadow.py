@@ -12,6 +12,13 @@ The one promise: a shadow never slows, changes or breaks what the client gets.
   and becomes the leg's outcome.
 - A shadow stream is read to its end; an exchange deadline (``timeouts.total_s``) bounds the wait,
   after which the remaining legs are cancelled and recorded as ``deadline``.
+
+What the log says: a failing shadow leg is logged with its backend, the backend's URL (no
+credentials, no query string) and the error (``UpstreamConnectError: …``, ``HTTP 503``,
+``timeout (UpstreamTimeout)``) — the first failure at once, then at most one line per backend per
+:data:`FAILURE_LOG_INTERVAL_S` with the count of those not logged (:class:`FailureLog`); every
+breaker transition (closed → open, open → half-open, half-open → closed or open) is logged with
+the backend, its URL and the last error.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from opentelemetry.trace import Span
 
@@ -44,20 +52,100 @@ log = logging.getLogger(__name__)
 
 # Breaker states, also the value of the ``specshadow.shadow.breaker.state`` gauge.
 CLOSED, HALF_OPEN, OPEN = 0, 1, 2
+STATE_NAMES = {CLOSED: "closed", HALF_OPEN: "half-open", OPEN: "open"}
+FAILURE_LOG_INTERVAL_S = 10.0  # after a backend's first logged failure, one line per this long
+
+
+def safe_url(url: str) -> str:
+    """``url`` fit for a log line: scheme, host, port and path — no user, password, query or
+    fragment (a policy's URLs carry no credentials, but a log line must not depend on that)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "<unparsable URL>"
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{port}" if port is not None else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def failure_text(
+    outcome: str, status: int | None, error_type: str | None, detail: str | None = None
+) -> str:
+    """One leg's failure in a few words: ``HTTP 503``, ``timeout (UpstreamTimeout)``,
+    ``UpstreamConnectError: …``."""
+    if outcome == "upstream_status":
+        return f"HTTP {status}"
+    text = error_type or outcome
+    if outcome == "upstream_timeout" and "timeout" not in text.lower():
+        text = f"timeout ({text})"
+    return f"{text}: {detail}" if detail else text
+
+
+class FailureLog:
+    """Failing shadow legs, logged per backend without flooding: a backend's first failure at
+    once, then at most one line per ``interval_s``, which counts the failures not logged since."""
+
+    def __init__(
+        self,
+        interval_s: float = FAILURE_LOG_INTERVAL_S,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.interval_ns = int(interval_s * 1e9)
+        self.clock = clock
+        self._last_ns: dict[str, int] = {}
+        self._suppressed: Counter[str] = Counter()
+
+    def failed(self, backend: str, url: str, role: str, error: str) -> bool:
+        """Log (or count) one failed leg; True when a line was written."""
+        now = self.clock()
+        last = self._last_ns.get(backend)
+        if last is not None and now - last < self.interval_ns:
+            self._suppressed[backend] += 1
+            return False
+        self._last_ns[backend] = now
+        suppressed = self._suppressed.pop(backend, 0)
+        more = (
+            f" ({suppressed} more failure{'s' if suppressed != 1 else ''} of this backend not "
+            f"logged in the last {self.interval_ns / 1e9:g} s)"
+            if suppressed
+            else ""
+        )
+        log.warning(
+            "shadow leg to backend %s (%s, %s) failed: %s%s",
+            backend,
+            safe_url(url),
+            role,
+            error,
+            more,
+        )
+        return True
 
 
 class CircuitBreaker:
-    """Opens after ``failures`` failed legs within ``window_s``; probes once after ``cooldown_s``."""
+    """Opens after ``failures`` failed legs within ``window_s``; probes once after ``cooldown_s``.
+
+    ``name`` and ``url`` name the backend in the log line of every transition, with the last
+    error a leg reported (:meth:`observe`'s ``error``).
+    """
 
     def __init__(
         self,
         spec: BreakerSpec,
         clock: Callable[[], int] = time.perf_counter_ns,
         on_change: Callable[[int], None] | None = None,
+        *,
+        name: str = "",
+        url: str = "",
     ) -> None:
         self.spec = spec
         self.clock = clock
         self.on_change = on_change
+        self.name = name or "?"
+        self.url = safe_url(url) if url else "no URL"
+        self.last_error: str | None = None
         self._state = CLOSED
         self._failures: list[int] = []
         self._opened_ns = 0
@@ -70,9 +158,29 @@ class CircuitBreaker:
     @state.setter
     def state(self, value: int) -> None:
         if value != self._state:
-            self._state = value
+            old, self._state = self._state, value
+            self._log_transition(old, value)
             if self.on_change is not None:
                 self.on_change(value)
+
+    def _log_transition(self, old: int, new: int) -> None:
+        where = f"shadow breaker for backend {self.name} ({self.url})"
+        last = self.last_error or "none recorded"
+        if new == OPEN and old == CLOSED:
+            log.warning(
+                "%s: closed → open after %d failures within %g s; last error: %s; "
+                "no legs for %g s, then one probe",
+                where, self.spec.failures, self.spec.window_s, last, self.spec.cooldown_s,
+            )  # fmt: skip
+        elif new == OPEN:
+            log.warning(
+                "%s: half-open → open, the probe failed: %s; next probe in %g s",
+                where, last, self.spec.cooldown_s,
+            )  # fmt: skip
+        elif new == HALF_OPEN:
+            log.info("%s: open → half-open, the next leg probes; last error: %s", where, last)
+        else:
+            log.info("%s: %s → closed, the probe succeeded", where, STATE_NAMES[old])
 
     def allow(self) -> bool:
         if self.state == CLOSED:
@@ -84,23 +192,24 @@ class CircuitBreaker:
             return True
         return False
 
-    def observe(self, ok: bool | None) -> None:
+    def observe(self, ok: bool | None, error: str | None = None) -> None:
         """A leg's verdict on its backend (:func:`backend_verdict`); ``None`` (the leg said
         nothing about the backend: cancelled, deadline, client gone, never sent) only hands back
         a half-open probe, so that the next leg may probe — a probe that never reports would keep
-        the breaker half-open, and the backend unused, for good."""
+        the breaker half-open, and the backend unused, for good. ``error`` (a failure's
+        :func:`failure_text`) is kept for the transition log lines."""
         if ok is None:
             self._probing = False
         else:
-            self.record(ok)
+            self.record(ok, error)
 
-    def record(self, ok: bool) -> None:
+    def record(self, ok: bool, error: str | None = None) -> None:
         now = self.clock()
         if ok:
-            if self.state != CLOSED:
-                log.info("shadow breaker closed after a successful probe")
             self.state, self._probing, self._failures = CLOSED, False, []
             return
+        if error is not None:
+            self.last_error = error
         if self.state == HALF_OPEN:
             self._open(now)
             return
@@ -111,8 +220,8 @@ class CircuitBreaker:
             self._open(now)
 
     def _open(self, now: int) -> None:
-        self.state, self._opened_ns, self._probing, self._failures = OPEN, now, False, []
-        log.warning("shadow breaker opened")
+        self._opened_ns, self._probing, self._failures = now, False, []
+        self.state = OPEN
 
 
 def backend_verdict(outcome: str, status: int | None) -> bool | None:
@@ -211,6 +320,7 @@ class ShadowDispatcher:
         self.in_flight = 0
         self.rate = RateLimiter()
         self.breakers: dict[str, CircuitBreaker] = {}
+        self.failure_log = FailureLog()
         self.clients: dict[tuple[str, str, float, float, int], UpstreamClient] = {}
         # (event, role, backend, reason) → count; events: sampled, sent, completed, failed, dropped
         self.counts: Counter[tuple[str, str, str, str]] = Counter()
@@ -229,7 +339,11 @@ class ShadowDispatcher:
             def report(state: int) -> None:
                 self.telemetry.set_breaker_state(name, state)
 
-            breaker = self.breakers[name] = CircuitBreaker(spec, on_change=report)
+            breaker = self.breakers[name] = CircuitBreaker(
+                spec, on_change=report, name=name, url=backend.url
+            )
+        elif breaker.url != safe_url(backend.url):  # a reload moved the backend
+            breaker.url = safe_url(backend.url)
         return breaker
 
     def client(self, backend: BackendSpec) -> UpstreamClient:
@@ -319,6 +433,7 @@ class ShadowDispatcher:
         )
         outcome: StreamOutcome = "upstream_error"
         error_type: str | None = None
+        detail: str | None = None  # what the error said, for the log
         shaped = False  # a request the gateway could not shape is no fault of the backend's
         backend_load = None
         try:
@@ -352,13 +467,13 @@ class ShadowDispatcher:
                 outcome, error_type = await drain(up, tee)
         except UpstreamError as exc:
             outcome = "upstream_timeout" if exc.status == 504 else "upstream_error"
-            error_type = type(exc).__name__
+            error_type, detail = type(exc).__name__, exc.message
         except asyncio.CancelledError:
             outcome, error_type = batch.cancel_reason[0], None
         # The task boundary: whatever goes wrong in a shadow is contained here and recorded.
         except Exception as exc:  # noqa: BLE001
-            log.warning("shadow leg to %s failed: %r", backend.name, exc)
             outcome, error_type = "upstream_error", type(exc).__name__
+            detail = str(exc)[:200] or None
         finally:
             self.in_flight -= 1
             if backend_load is not None:
@@ -366,8 +481,13 @@ class ShadowDispatcher:
         ok = outcome == "completed"
         # Only what the backend did counts: a client sending JSON that cannot be re-encoded (nested
         # deeper than orjson.dumps allows) must not be able to open the breaker for everyone.
-        self.breaker(backend, policy.budgets.breaker).observe(
-            backend_verdict(outcome, run.status) if shaped else None
-        )
+        verdict = backend_verdict(outcome, run.status) if shaped else None
+        error = None
+        if verdict is False or (not shaped and outcome == "upstream_error"):
+            error = failure_text(outcome, run.status, error_type, detail)
+            if not shaped:
+                error = f"the request could not be shaped for this backend: {error}"
+            self.failure_log.failed(backend.name, backend.url, leg.role, error)
+        self.breaker(backend, policy.budgets.breaker).observe(verdict, error)
         self.count("completed" if ok else "failed", leg.role, backend.name, "" if ok else outcome)
         return run.finish(outcome, error_type)
