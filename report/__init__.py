@@ -53,13 +53,17 @@ def build_report(
     margins: Mapping[str, float] | None = None,
     alpha: float | None = None,
     population: Population | None = None,
+    rollout_state: str | Path | None = None,
+    transitions: Sequence[Mapping[str, Any]] = (),
 ) -> ReportPaths:
     """Write ``report.html``, ``report.md`` and ``report.json`` into ``out_dir`` (created if
     missing) — and, when a configuration is recommended, ``rollout.yaml``, an Argo Rollouts
     ``AnalysisTemplate`` and Flagger metric templates with the guards (:mod:`.rollout`).
 
     ``population``: the window's aggregates when ``records`` is its bounded sample
-    (:func:`report.population.gather`, what ``specshadow report`` does)."""
+    (:func:`report.population.gather`, what ``specshadow report`` does). ``rollout_state``: the
+    gateway's rollout state file (``--state``) and/or ``transitions`` (``GET /admin/rollout``'s
+    ``last_transition``s): who rolled a rule back inside the window, and on which reading."""
     from core import jsonx
     from counterfactual.cli import write_outputs
     from counterfactual.matrix import build_matrix
@@ -68,6 +72,7 @@ def build_report(
     from report.markdown import render_markdown
     from report.plots import figures
     from report.render import render_html
+    from report.rollbacks import load_transitions
     from report.rollout import (
         argo_analysis_template,
         flagger_metric_templates,
@@ -85,6 +90,10 @@ def build_report(
         margins={**DEFAULT_MARGINS, **(margins or {})},
         alpha=alpha if alpha is not None else DEFAULT_ALPHA,
         population=population,
+        transitions=[
+            *transitions,
+            *(load_transitions(rollout_state) if rollout_state is not None else ()),
+        ],
     )
     if any(r.get("tokens") for r in records):
         # The policy asked for token ids: score every proposer and depth on them.

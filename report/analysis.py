@@ -6,6 +6,9 @@ every leg, the raw paired speed-ups, acceptance three ways, quality against the 
 the **load-true** speed-up at the load production runs at (:mod:`report.load`), which is
 what the verdict uses. The verdict per category, in order:
 
+0. more than half of the candidate's attempted legs failed or were dropped with its breaker open
+   (:mod:`report.failures`) → ``candidate_failing``, with the counts by kind and the first error:
+   a candidate that does not answer is not judged on speed, load or capacity;
 1. the candidate cannot sustain production's rate (admission drops, a queue that does not drain,
    KV cache too small for production's peak) → ``do_not_adopt`` with the capacity reason;
 2. fewer than :data:`MIN_PAIRS` paired exchanges → ``not_enough_data``;
@@ -18,6 +21,14 @@ what the verdict uses. The verdict per category, in order:
 5. the speed-up at production load: CI above 1 → ``adopt``; below 1 → ``do_not_adopt``; within
    ±:data:`NO_GAIN` → ``do_not_adopt`` (no material gain); otherwise ``not_enough_data`` with
    the pairs needed for the CI to exclude 1 at the measured effect.
+
+Then, over the whole analysis: a category the candidate alone cannot decide (too few pairs) while
+the candidate as a whole ran off production's load says ``not_load_matched`` with the candidate's
+fix; an ``adopt`` whose measured numbers already breach its own rollback trigger (the checklist's:
+p99 TPOT or e2e past today's primary's) becomes ``do_not_adopt`` with that trigger as its reason;
+and a candidate a rollout rolled back inside the report's window (:mod:`report.rollbacks`) is
+``rolled_back`` for every category — never recommended for that window — with when, by which
+guard, the reading against its threshold, and what its shadow evidence had said before.
 
 Size: the verdict logic for one candidate and the assembly of all of them; the statistics it calls
 live in ``load``, ``sections`` and ``candidates``.
@@ -49,9 +60,11 @@ from report.candidates import (
     recommend,
     speculation,
 )
+from report.failures import Failures, failures
 from report.population import Population, population_of
 from report.quality import Equivalence, equivalence
 from report.records import ALL
+from report.rollbacks import Rollback, by_backend, rollbacks
 from report.sections import (
     Example,
     LatencyTable,
@@ -83,12 +96,21 @@ MATCHED_SHARE = 0.5  # at least this share of pairs at parity: the load is right
 NO_GAIN = 0.03  # a speedup CI inside [1/1.03, 1.03] is "no material gain"
 GATE_SHARE = 0.5
 
-Decision = Literal["adopt", "do_not_adopt", "not_enough_data", "not_load_matched"]
+Decision = Literal[
+    "adopt",
+    "do_not_adopt",
+    "not_enough_data",
+    "not_load_matched",
+    "candidate_failing",
+    "rolled_back",
+]
 DECISION_LABELS: dict[str, str] = {
     "adopt": "adopt",
     "do_not_adopt": "do not adopt",
     "not_enough_data": "not enough data",
     "not_load_matched": "not load-matched",
+    "candidate_failing": "candidate failing",
+    "rolled_back": "rolled back",
 }
 
 
@@ -103,6 +125,8 @@ class Verdict:
     tpot: Speedup | None
     at_load: lt.LoadTrue | None = None  # the speed-ups at production's load
     fix: str | None = None  # not_load_matched: the share or replicas that would give parity
+    rollback: Rollback | None = None  # rolled_back: the rollback inside the window
+    before: Decision | None = None  # rolled_back: what the shadow evidence had said
 
     @property
     def label(self) -> str:
@@ -129,6 +153,16 @@ class CandidateAnalysis:
     depth: int | None  # num_speculative_tokens, as the records show it
     speculation: Speculation | None = None  # who the candidate is (method, depth, label, …)
     lossless: Lossless | None = None  # whether the report may call it lossless
+    failures: Failures = field(default_factory=Failures)  # its legs and drops, by how they failed
+    rollback: Rollback | None = None  # a rollout rolled it back inside the window
+
+    @property
+    def failing(self) -> bool:
+        return self.failures.failing
+
+    @property
+    def overall(self) -> Verdict | None:
+        return next((v for v in self.verdicts if v.category == ALL), None)
 
     @property
     def label(self) -> str:
@@ -160,6 +194,8 @@ class Analysis:
     # The detail sections' sample size when the window held more exchanges (report.population);
     # None: they read every exchange.
     sample: int | None = None
+    rollbacks: list[Rollback] = field(default_factory=list)  # inside the window, in time order
+    window: tuple[int, int] | None = None  # first and last exchange start (unix ns)
 
     @property
     def gate_overall(self) -> float | None:
@@ -287,6 +323,7 @@ def _verdict(
     *,
     share: float | None,
     replicas: int | None,
+    failing: Failures | None = None,
 ) -> Verdict:
     e2e_raw, tpot_raw = raw.get("e2e"), raw.get("tpot")
     pairs = at.matched_pairs if at is not None else 0
@@ -295,6 +332,9 @@ def _verdict(
     def make(decision: Decision, needed: int | None = None, fix: str | None = None) -> Verdict:
         return Verdict(cat, decision, tuple(reasons), pairs, needed, e2e_raw, tpot_raw, at, fix)
 
+    if failing is not None and failing.failing:
+        reasons.extend(failing.reasons())
+        return make("candidate_failing")
     if capacity:
         reasons.extend(f"cannot sustain production's rate: {c}" for c in capacity)
         return make("do_not_adopt")
@@ -412,13 +452,15 @@ def analyze_candidate(
     eqv = equivalence(records, backend, qual, margins=margins, alpha=alpha)
     share, replicas = _share_and_replicas(records, backend)
     exclusions = {cat: Counter(n) for cat, n in pop.exclusions.get(backend, {}).items()}
+    failed = failures(records, backend)
     verdicts = [
         _verdict(
             cat, raw.get(cat, {}), eqv.get(cat), load.get(cat), problems,
-            share=share, replicas=replicas,
+            share=share, replicas=replicas, failing=failed,
         )
         for cat in [*categories, ALL]
     ]  # fmt: skip
+    verdicts = _mismatched_categories(verdicts)
     claim = lossless_claim(spec, qual.get(ALL))
     if spec.verification == "lossy":
         verdicts = [
@@ -442,7 +484,63 @@ def analyze_candidate(
         depth=depth,
         speculation=spec,
         lossless=claim,
+        failures=failed,
     )
+
+
+def _mismatched_categories(verdicts: list[Verdict]) -> list[Verdict]:
+    """A category with too few pairs of its own, of a candidate that as a whole ran off
+    production's load, says the load mismatch and its fix — not "not enough data": more pairs at
+    the wrong load would not decide it either."""
+    overall = next((v for v in verdicts if v.category == ALL), None)
+    if overall is None or overall.decision != "not_load_matched" or overall.at_load is None:
+        return verdicts
+    parity = overall.at_load.parity_p50
+    out = []
+    for v in verdicts:
+        at = v.at_load
+        matched = at is not None and at.matched_pairs >= at.mirrored_pairs * MATCHED_SHARE > 0
+        if v.decision != "not_enough_data" or matched:
+            out.append(v)
+            continue
+        mirrored = at.mirrored_pairs if at is not None else 0
+        at_parity = f"{parity:.2f}×" if parity is not None else "an unknown multiple of"
+        reasons = (
+            f"the candidate ran at {at_parity} production's per-replica arrival rate (p50 over "
+            f"all its pairs); {mirrored} pairs of this category, "
+            f"{at.matched_pairs if at is not None else 0} of them at production's load",
+            f"to measure it at production's load: {overall.fix}",
+        )
+        out.append(
+            dataclasses.replace(
+                v, decision="not_load_matched", reasons=reasons, pairs_needed=None,
+                fix=overall.fix,
+            )
+        )  # fmt: skip
+    return out
+
+
+def _rolled_back(c: CandidateAnalysis, rb: Rollback) -> None:
+    """Every verdict of ``c`` becomes ``rolled_back``: what the rollout saw first, then what the
+    shadow evidence had said."""
+    out = []
+    for v in c.verdicts:
+        before = "; ".join(v.reasons)
+        reasons = (
+            rb.text(),
+            "not recommended for this window: the rollout's guard saw it fail in production",
+            f"its shadow evidence alone said: {v.label}" + (f" — {before}" if before else ""),
+        )
+        if rb.by not in (None, "guard"):
+            reasons = (rb.text(), "not recommended for this window", reasons[2])
+        out.append(
+            dataclasses.replace(
+                v, decision="rolled_back", reasons=reasons, pairs_needed=None, rollback=rb,
+                before=v.decision,
+            )
+        )  # fmt: skip
+    c.verdicts = out
+    c.rollback = rb
 
 
 def _notes(
@@ -484,6 +582,14 @@ def _notes(
     return out
 
 
+def _breached(v: Verdict, triggers: Sequence[str]) -> Verdict:
+    """An ``adopt`` whose measured numbers are already past its own rollback triggers: a rollout
+    would roll it back at once, so it is ``do_not_adopt``, those triggers its reasons."""
+    if v.decision != "adopt" or not triggers:
+        return v
+    return dataclasses.replace(v, decision="do_not_adopt", reasons=(*triggers, *v.reasons))
+
+
 def analyze(
     records: Iterable[Record | Mapping[str, Any]],
     results: Iterable[Mapping[str, Any]] | None = None,
@@ -491,13 +597,16 @@ def analyze(
     margins: Mapping[str, float] = DEFAULT_MARGINS,
     alpha: float = DEFAULT_ALPHA,
     population: Population | None = None,
+    transitions: Iterable[Mapping[str, Any]] = (),
 ) -> Analysis:
     """Everything the report shows, from records and optional loadgen/matrix result rows.
 
     ``population``: the window's aggregates when ``records`` is only its sample
-    (:func:`report.population.gather`); by default they are summed from ``records``."""
+    (:func:`report.population.gather`); by default they are summed from ``records``.
+    ``transitions``: rollout transitions (:func:`report.rollbacks.load_transitions`) naming who
+    rolled a rule back and why; without them, the records still show that it happened."""
     from loadgen.matrix import stable_regions
-    from report.checklist import checklist
+    from report.checklist import breaches, checklist
 
     everything = read_all(records)
     pop = population if population is not None else population_of(everything)
@@ -531,6 +640,15 @@ def analyze(
         loadgen=loadgen,
         head_to_head=head_to_head(recs, backends, cats),
     )
+    if everything:
+        starts = [r.started_unix_ns for r in everything]
+        a.window = (min(starts), max(starts))
+    for c in a.candidates.values():
+        c.verdicts = [_breached(v, breaches(a, c, v.category)) for v in c.verdicts]
+    a.rollbacks = rollbacks(everything, transitions)
+    for backend, rb in by_backend(a.rollbacks).items():
+        if backend in a.candidates:
+            _rolled_back(a.candidates[backend], rb)
     specs = {b: c.speculation for b, c in a.candidates.items() if c.speculation is not None}
     for cat in [*cats, ALL]:
         verdicts = {b: v for b, c in a.candidates.items() for v in c.verdicts if v.category == cat}

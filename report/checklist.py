@@ -28,6 +28,26 @@ def leg_key(a: Analysis, c: CandidateAnalysis) -> str:
     return f"candidate {c.backend}" if a.several else "candidate"
 
 
+def breaches(a: Analysis, c: CandidateAnalysis, cat: str) -> list[str]:
+    """The rollback triggers of :func:`_category_triggers` that ``c``'s measured numbers in
+    ``cat`` already breach (p99 TPOT or e2e past today's primary's p99): reasons for its
+    verdict, since a rollout of it would roll back at once."""
+    out = []
+    key = leg_key(a, c)
+    for metric, name, trigger in (
+        ("tpot_s", "p99 TPOT", "candidate p99 tpot"),
+        ("e2e_s", "p99 e2e", "p99 e2e"),
+    ):
+        mine, prod = p99(a, key, cat, metric), p99(a, "primary", cat, metric)
+        if mine is not None and prod is not None and mine > prod:
+            out.append(
+                f"measured {name} {_ms(mine)} is already past its rollback trigger "
+                f"({trigger} above today's primary p99 of {_ms(prod)}): shipping it would trip "
+                "that trigger at once"
+            )
+    return out
+
+
 def _category_triggers(a: Analysis, c: CandidateAnalysis, cat: str) -> list[str]:
     """Rollback triggers for one category served by ``c``, from ``c``'s measured numbers."""
     items: list[str] = []

@@ -1,12 +1,14 @@
 """``report.json``: the report's decisions and load-true numbers, machine-readable (pure).
 
-Schema ``specshadow.report/1``, documented in docs/report.md. Top level: ``overall`` and
-``categories.<name>`` (each ``verdict``, ``e2e_speedup_at_production_load``, ``load``, …) for
-the candidate named by ``candidate`` (the one recommended for all traffic, else the first),
-``speedup_vs_load``, ``crossover_load``, ``speculation_schedule``, ``capacity``; then
-``candidates.<backend>`` with the same shape for every candidate, ``recommendation.<category>``
-(a backend name or ``null``) with its reasons, rule and policy fragment, and ``head_to_head``.
-Unknown values are ``null``.
+Schema ``specshadow.report/1``, documented in docs/report.md. Top level: ``summary.<backend>``
+(each candidate's verdict for all traffic and per category, in one line each), ``rollbacks``
+(rollouts rolled back inside the window); with **one** candidate also ``verdict`` (its decision
+for all traffic) and that candidate's ``overall`` and ``categories.<name>`` (each ``verdict``,
+``e2e_speedup_at_production_load``, ``load``, …), ``speedup_vs_load``, ``crossover_load``,
+``speculation_schedule``, ``capacity`` — with several, no top-level verdict: no one candidate's
+numbers read as *the* verdict; then ``candidates.<backend>`` with that shape for every candidate,
+``recommendation.<category>`` (a backend name or ``null``) with its reasons, rule and policy
+fragment, and ``head_to_head``. Unknown values are ``null``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ def _verdict(v: Verdict, c: CandidateAnalysis) -> dict[str, Any]:
         "coverage": at.coverage if at is not None else None,
         "exclusions": dict(c.exclusions.get(v.category, {})),
         "quality": eq.to_json() if (eq := c.equivalence.get(v.category)) is not None else None,
+        # not_load_matched: what would give parity 1 (the same words as the reasons' last)
+        "fix": v.fix,
+        # rolled_back: the rollback, and what the shadow evidence had said before it
+        "rollback": v.rollback.to_json() if v.rollback is not None else None,
+        "before_rollback": v.before,
     }
 
 
@@ -58,6 +65,8 @@ def candidate_json(c: CandidateAnalysis) -> dict[str, Any]:
         "speculation_schedule": c.schedule,
         "num_speculative_tokens": c.depth,
         "label": c.label,
+        "failures": c.failures.to_json(),
+        "rollback": c.rollback.to_json() if c.rollback is not None else None,
         "speculative": c.speculation.to_json() if c.speculation is not None else None,
         "lossless": c.lossless.to_json() if c.lossless is not None else None,
         "capacity": {
@@ -74,6 +83,22 @@ def candidate_json(c: CandidateAnalysis) -> dict[str, Any]:
     }
 
 
+def summary(a: Analysis) -> dict[str, Any]:
+    """Each candidate in a line: its verdict for all traffic (with the first reason) and per
+    category."""
+    out = {}
+    for b, c in a.candidates.items():
+        overall = c.overall
+        out[b] = {
+            "label": c.label,
+            "verdict": overall.decision if overall is not None else None,
+            "reason": overall.reasons[0] if overall is not None and overall.reasons else None,
+            "fix": overall.fix if overall is not None else None,
+            "categories": {v.category: v.decision for v in c.verdicts if v.category != ALL},
+        }
+    return out
+
+
 def report_json(a: Analysis) -> dict[str, Any]:
     main = a.main
     out: dict[str, Any] = {
@@ -82,7 +107,8 @@ def report_json(a: Analysis) -> dict[str, Any]:
         # null: every section read every exchange; else the detail sections' sample size
         "sample": a.sample,
         "categories_seen": a.categories,
-        "candidate": main.backend if main is not None else None,
+        "summary": summary(a),
+        "rollbacks": [rb.to_json() for rb in a.rollbacks],
         "notes": a.notes,
         "recommendation": {cat: r.backend for cat, r in a.recommendations.items()},
         "recommendation_reasons": {cat: r.to_json() for cat, r in a.recommendations.items()},
@@ -96,17 +122,22 @@ def report_json(a: Analysis) -> dict[str, Any]:
             {"category": h.category, **h.to_json()} for h in a.head_to_head if h.mirrored
         ],
     }
-    body = (
-        candidate_json(main)
-        if main is not None
-        else {
-            "overall": None,
-            "categories": {},
-            "speedup_vs_load": [],
-            "crossover_load": None,
-            "speculation_schedule": [],
-        }
-    )
-    out.update(body)
+    if not a.several:
+        # One candidate: its verdict is the report's; several: only ``summary`` and
+        # ``candidates`` speak, per candidate.
+        overall = main.overall if main is not None else None
+        out["candidate"] = main.backend if main is not None else None
+        out["verdict"] = overall.decision if overall is not None else None
+        out.update(
+            candidate_json(main)
+            if main is not None
+            else {
+                "overall": None,
+                "categories": {},
+                "speedup_vs_load": [],
+                "crossover_load": None,
+                "speculation_schedule": [],
+            }
+        )
     out["candidates"] = {b: candidate_json(c) for b, c in a.candidates.items()}
     return out

@@ -510,6 +510,12 @@ class Capacity:
     def drop_share(self) -> float:
         return sum(self.dropped.values()) / self.sampled if self.sampled else 0.0
 
+    @property
+    def admission_drops(self) -> int:
+        """Drops for the shadow budget: not those of an open breaker, which only the
+        candidate's failures open (:mod:`report.failures`), not its speed."""
+        return sum(n for r, n in self.dropped.items() if r != "breaker_open")
+
     def max_concurrency(self, backend: str) -> float | None:
         per = self.kv_per_request.get(backend)
         return 1.0 / per if per else None
@@ -517,10 +523,13 @@ class Capacity:
     def problems(self, candidate: str) -> list[str]:
         """Why the candidate cannot sustain production's rate (empty: it can)."""
         out = []
-        if self.sampled and self.drop_share > MAX_DROP_SHARE:
-            reasons = ", ".join(f"{n} {r}" for r, n in self.dropped.most_common())
+        share = self.admission_drops / self.sampled if self.sampled else 0.0
+        if share > MAX_DROP_SHARE:
+            reasons = ", ".join(
+                f"{n} {r}" for r, n in self.dropped.most_common() if r != "breaker_open"
+            )
             out.append(
-                f"admission dropped {self.drop_share:.0%} of the candidate's legs ({reasons}): it "
+                f"admission dropped {share:.0%} of the candidate's legs ({reasons}): it "
                 "fell behind production's rate, and the survivors' latency is not production's"
             )
         if self.growth is not None and self.growth >= GROWTH_FACTOR:

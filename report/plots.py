@@ -27,6 +27,8 @@ DECISION_COLORS = {
     "do_not_adopt": "#c62828",
     "not_enough_data": "#757575",
     "not_load_matched": "#f2a900",
+    "candidate_failing": "#c62828",
+    "rolled_back": "#c62828",
 }
 _DPI = 110
 

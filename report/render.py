@@ -49,7 +49,8 @@ ol.check li{margin:4px 0}.muted{color:var(--muted)}code{background:#eef1f5;paddi
 pre{white-space:pre-wrap;background:#fff;border:1px solid var(--line);padding:8px;border-radius:6px;font-size:12px;max-height:160px;overflow:auto}
 """
 
-_CLASS = {"adopt": "adopt", "do_not_adopt": "no", "not_enough_data": "nd", "not_load_matched": "nd"}
+_CLASS = {"adopt": "adopt", "do_not_adopt": "no", "not_enough_data": "nd", "not_load_matched": "nd",
+          "candidate_failing": "no", "rolled_back": "no"}  # fmt: skip
 
 
 def _ms(v: float | None) -> str:

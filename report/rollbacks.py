@@ -1,0 +1,196 @@
+"""Which candidates a rollout rolled back inside the report's window, and why (pure).
+
+Two sources, merged per rule:
+
+- **The records.** Each exchange of a rolling-out rule carries its stage (``rollout.stage``); a
+  rule whose records go from ``canary`` or ``live`` to ``shadow`` was rolled back, at about the
+  first ``shadow`` exchange. The records name the rule's candidates (``sampling.candidates``,
+  its candidate legs) but not who rolled it back or why.
+- **The rollout transitions** (the gateway's state file, ``--state``, whose ``rules.<name>.last``
+  is each rule's last transition; or ``GET /admin/rollout``'s ``last_transition``): the exact
+  time, the actor (``guard``, ``operator``, ``policy``), the guard's name and its reading —
+  ``guard tpot_p99_ratio: 2.41 against 1.5, e-value …`` — from which the observed value and the
+  threshold are read back. A transition counts when its exchange is one of the window's, or its
+  time lies inside the window (up to :data:`SLACK_S` after its last exchange started: a guard
+  judges an exchange when it has ended).
+
+A candidate rolled back in the window is not adopted for that window: the report's verdict for
+it is ``rolled_back`` (:mod:`report.analysis`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from core import jsonx
+from evidence.reader import Record
+
+SLACK_S = 120.0
+_ACTIVE = frozenset({"canary", "live"})
+# gateway.rollout's breach text: "guard <name>: <value> against <threshold>, …" and
+# "guard kv_usage: <value> sustained at or above <threshold>".
+_BREACH = re.compile(
+    r"guard (?P<guard>[\w.]+): (?P<observed>[-+0-9.eE?]+) "
+    r"(?:against|sustained at or above) (?P<threshold>[-+0-9.eE]+)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Rollback:
+    rule: str
+    backends: tuple[str, ...]  # the candidates the rule rolled out
+    at_unix_ns: int
+    from_stage: str
+    by: str | None = None  # guard, operator, policy; None: only the records tell it
+    guard: str | None = None
+    observed: float | None = None
+    threshold: float | None = None
+    reason: str | None = None  # the transition's own words
+    exchange_id: str | None = None
+
+    def at(self) -> str:
+        return datetime.fromtimestamp(self.at_unix_ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    def text(self) -> str:
+        """``rolled back at <time> by guard <name>: observed <v> against threshold <t>``."""
+        head = f"rolled back at {self.at()}"
+        if self.by is None:
+            return (
+                f"{head} (rule {self.rule}: its exchanges went from {self.from_stage} to shadow; "
+                "which guard or operator did it is in the gateway's rollout state, "
+                "GET /admin/rollout)"
+            )
+        if self.guard is not None and self.observed is not None and self.threshold is not None:
+            return (
+                f"{head} by guard {self.guard}: observed {self.observed:g} against threshold "
+                f"{self.threshold:g} (rule {self.rule}, {self.from_stage} → shadow)"
+            )
+        who = f"guard {self.guard}" if self.guard else str(self.by)
+        why = f": {self.reason}" if self.reason else ""
+        return f"{head} by {who}{why} (rule {self.rule}, {self.from_stage} → shadow)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "backends": list(self.backends),
+            "at": self.at(),
+            "at_unix_ns": self.at_unix_ns,
+            "from_stage": self.from_stage,
+            "by": self.by,
+            "guard": self.guard,
+            "observed": self.observed,
+            "threshold": self.threshold,
+            "reason": self.reason,
+            "exchange_id": self.exchange_id,
+            "text": self.text(),
+        }
+
+
+def load_transitions(path: str | Path) -> list[dict[str, Any]]:
+    """The transitions a gateway's rollout state file holds (each rule's last one); a missing or
+    unreadable file holds none."""
+    try:
+        data = jsonx.loads(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return []
+    rules = data.get("rules") if isinstance(data, dict) else None
+    if not isinstance(rules, dict):
+        return []
+    return [
+        s["last"] for s in rules.values() if isinstance(s, dict) and isinstance(s.get("last"), dict)
+    ]
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _rule_backends(records: Iterable[Record]) -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    for r in records:
+        for b in r.named_candidates():
+            seen[b] = None
+    return tuple(seen)
+
+
+def _from_records(records: Sequence[Record]) -> list[Rollback]:
+    by_rule: dict[str, list[Record]] = {}
+    for r in records:
+        if r.rollout_stage is not None and r.policy_rule is not None:
+            by_rule.setdefault(r.policy_rule, []).append(r)
+    out = []
+    for rule, rs in by_rule.items():
+        rs.sort(key=lambda r: r.order_key)
+        for before, after in itertools.pairwise(rs):
+            if before.rollout_stage in _ACTIVE and after.rollout_stage == "shadow":
+                out.append(
+                    Rollback(rule, _rule_backends(rs), after.started_unix_ns,
+                             str(before.rollout_stage))
+                )  # fmt: skip
+    return out
+
+
+def rollbacks(
+    records: Sequence[Record], transitions: Iterable[Mapping[str, Any]] = ()
+) -> list[Rollback]:
+    """Every rollback inside the window of ``records`` (see the module doc), in time order."""
+    if not records:
+        return []
+    found = _from_records(records)
+    first = min(r.started_unix_ns for r in records)
+    last = max(r.started_unix_ns for r in records) + int(SLACK_S * 1e9)
+    ids = {r.exchange_id for r in records}
+    for t in transitions:
+        if t.get("to_stage") != "shadow" or t.get("from_stage") not in _ACTIVE:
+            continue
+        at = _float(str(t.get("at_unix")))
+        rule = str(t.get("rule") or "")
+        if at is None or not rule:
+            continue
+        at_ns = int(at * 1e9)
+        if t.get("exchange_id") not in ids and not first <= at_ns <= last:
+            continue
+        same = [x for x in found if x.rule == rule]
+        nearest = min(same, key=lambda x: abs(x.at_unix_ns - at_ns), default=None)
+        if nearest is not None:
+            # The transition replaces the records' approximation of the same rollback.
+            found.remove(nearest)
+        if t.get("by") == "policy":  # a policy edit put the rule back in shadow: no rollback
+            continue
+        reason = t.get("reason")
+        m = _BREACH.search(reason) if isinstance(reason, str) else None
+        guard = t.get("guard") or (m.group("guard") if m else None)
+        rule_records = [r for r in records if r.policy_rule == rule]
+        found.append(
+            Rollback(
+                rule=rule,
+                backends=nearest.backends if nearest is not None else _rule_backends(rule_records),
+                at_unix_ns=at_ns,
+                from_stage=str(t.get("from_stage")),
+                by=str(t.get("by")) if t.get("by") else None,
+                guard=str(guard) if guard else None,
+                observed=_float(m.group("observed")) if m else None,
+                threshold=_float(m.group("threshold")) if m else None,
+                reason=reason if isinstance(reason, str) else None,
+                exchange_id=str(t["exchange_id"]) if t.get("exchange_id") else None,
+            )
+        )
+    return sorted(found, key=lambda x: x.at_unix_ns)
+
+
+def by_backend(found: Sequence[Rollback]) -> dict[str, Rollback]:
+    """Each rolled-back candidate's last rollback in the window."""
+    out: dict[str, Rollback] = {}
+    for rb in found:
+        for b in rb.backends:
+            out[b] = rb
+    return out
