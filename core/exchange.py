@@ -124,6 +124,16 @@ class LegResult:
 
 
 @dataclass(frozen=True, slots=True)
+class Recount:
+    """Output token counts of one exchange's legs from one tokenizer, fetched after it ended
+    (evidence.counts): ``counts`` lines up with ``Exchange.legs`` (None: that leg had no output
+    to count); ``source`` names the backend whose ``/tokenize`` counted them."""
+
+    source: str
+    counts: tuple[int | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TokenIds:
     """Token ids of one exchange for counterfactual scoring, fetched after it ended.
 
@@ -210,6 +220,9 @@ class Exchange:
     # Target-likelihood scores of the shadow legs, added off the request path
     # (evidence.likelihood), or None.
     likelihood: Likelihood | None = None
+    # Output token counts by the engine's tokenizer, added off the request path when a leg's
+    # response carried no usage (evidence.counts), or None.
+    recount: Recount | None = None
 
     @property
     def legs(self) -> tuple[LegResult, ...]:

@@ -10,6 +10,7 @@ in :mod:`core.assemble`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from array import array
 from itertools import pairwise
@@ -45,6 +46,47 @@ def _output_chars(choices: tuple[ChoiceOutput, ...]) -> int:
         for t in c.tool_calls:
             total += len(t.name or "") + len(t.arguments)
     return total
+
+
+def estimate_tokens(choices: tuple[ChoiceOutput, ...], output_events: int) -> int | None:
+    """The rough count when nothing exact is known: ``max(output events, ⌈characters / 4⌉)``;
+    None when nothing was output. Only ever compared with an estimate made the same way."""
+    if output_events == 0:
+        return None
+    return max(output_events, math.ceil(_output_chars(choices) / _CHARS_PER_TOKEN))
+
+
+def tpot(ttft_s: float | None, e2e_s: float | None, output_tokens: int | None) -> float | None:
+    """``(e2e − ttft) / (output_tokens − 1)``: the one definition (None below 2 tokens)."""
+    if ttft_s is None or e2e_s is None or output_tokens is None or output_tokens < 2:
+        return None
+    return (e2e_s - ttft_s) / (output_tokens - 1)
+
+
+def tokens_per_event(output_tokens: int | None, output_events: int) -> float | None:
+    return output_tokens / output_events if output_tokens is not None and output_events else None
+
+
+def recounted(rec: Recording, tokens: int | None, source: TokensSource | None) -> Recording:
+    """``rec`` counted as ``tokens`` from ``source`` instead of its own count: every timing that
+    divides by the count follows (tpot, tokens per event); what the leg itself reported stays in
+    ``reported_tokens`` / ``reported_source``. The identity when nothing changes."""
+    if tokens == rec.output_tokens and source == rec.tokens_source:
+        return rec
+    t = rec.timings
+    first = rec.reported_source is None and rec.reported_tokens is None
+    return dataclasses.replace(
+        rec,
+        output_tokens=tokens,
+        tokens_source=source,
+        reported_tokens=rec.output_tokens if first else rec.reported_tokens,
+        reported_source=rec.tokens_source if first else rec.reported_source,
+        timings=dataclasses.replace(
+            t,
+            tpot_s=tpot(t.ttft_s, t.e2e_s, tokens),
+            tokens_per_event=tokens_per_event(tokens, rec.output_events),
+        ),
+    )
 
 
 def _seconds(ns: float | None) -> float | None:
@@ -338,11 +380,8 @@ class StreamRecorder:
             return completion, ("usage" if asm.final_usage else "continuous_usage")
         if asm.logprobs_seen:
             return asm.logprob_tokens, "logprobs"
-        events = len(self._output_ns)
-        if events == 0:
-            return None, None
-        chars = _output_chars(choices)
-        return max(events, math.ceil(chars / _CHARS_PER_TOKEN)), "estimated"
+        estimate = estimate_tokens(choices, len(self._output_ns))
+        return estimate, ("estimated" if estimate is not None else None)
 
     def _timings(self, output_tokens: int | None) -> StreamTimings:
         t0 = self._t0_ns
@@ -357,9 +396,9 @@ class StreamRecorder:
         elif self._last_received_ns is not None:
             e2e_ns = self._last_received_ns - t0
         tpot_s = None
-        if output_tokens is not None and output_tokens >= 2 and ttft_ns is not None:
+        if ttft_ns is not None:
             assert e2e_ns is not None  # set together with ttft_ns
-            tpot_s = (e2e_ns - ttft_ns) / ((output_tokens - 1) * _NS_PER_S)
+            tpot_s = tpot(ttft_ns / _NS_PER_S, e2e_ns / _NS_PER_S, output_tokens)
         p50, p90, p99 = _summary_s(gaps_ns, (50.0, 90.0, 99.0))
         o50, o99 = _summary_s(self._overhead_ns, (50.0, 99.0))
         return StreamTimings(
@@ -371,9 +410,7 @@ class StreamRecorder:
             chunk_gap_p90_s=p90,
             chunk_gap_p99_s=p99,
             chunk_gap_max_s=_seconds(max(gaps_ns)) if gaps_ns else None,
-            tokens_per_event=(output_tokens / len(out))
-            if output_tokens is not None and out
-            else None,
+            tokens_per_event=tokens_per_event(output_tokens, len(out)),
             overhead_p50_s=o50,
             overhead_p99_s=o99,
             overhead_max_s=_seconds(self._overhead_max_ns),

@@ -36,9 +36,17 @@ StreamOutcome = Literal[
 
 EventKind = Literal["output", "role", "usage", "error", "other"]
 
-# Where ``output_tokens`` came from: the final usage object, per-chunk continuous usage,
-# counted logprobs entries, or an estimate (see StreamRecorder).
-TokensSource = Literal["usage", "continuous_usage", "logprobs", "estimated"]
+# Where ``output_tokens`` came from. What the leg itself said: the final usage object, per-chunk
+# continuous usage, counted logprobs entries (see StreamRecorder); what the evidence worker put in
+# its place so every leg of one exchange is counted on the same footing (evidence.counts): the
+# exact count of another leg that answered the very same output (``matched``), the engine's own
+# tokenizer over the output text (``tokenize``); or a rough estimate, characters / 4
+# (``estimated``), which is only ever compared with estimates made the same way.
+TokensSource = Literal["usage", "continuous_usage", "logprobs", "matched", "tokenize", "estimated"]
+# The sources that count tokens exactly (as the engine's tokenizer does).
+EXACT_TOKENS: frozenset[TokensSource] = frozenset(
+    ("usage", "continuous_usage", "logprobs", "matched", "tokenize")
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,3 +130,7 @@ class Recording:
     # Per-request speculative stats other engines put elsewhere, verbatim, by where they were
     # found: "meta_info" (SGLang), "choice_stats" (vLLM's earlier per-choice form).
     engine_stats: Mapping[str, Any] | None = None
+    # When the evidence worker counted this leg on another footing (evidence.counts): the count
+    # and source the leg itself gave. None: ``output_tokens`` is the leg's own count.
+    reported_tokens: int | None = None
+    reported_source: TokensSource | None = None

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from core.evidence import NO_ACCEPTANCE, EngineAcceptanceSource, LegAcceptance
 from core.jsonx import as_int, as_number
-from core.timings import Recording
+from core.timings import EXACT_TOKENS, Recording
 
 # Upper bounds (exclusive) and labels; the last label takes everything above.
 OUTPUT_LENGTH_BUCKETS: tuple[tuple[int, str], ...] = (
@@ -49,7 +49,6 @@ CONCURRENCY_BUCKETS: tuple[tuple[int, str], ...] = (
     (64, "17-64"),
 )
 CONCURRENCY_TOP = ">64"
-_EXACT_SOURCES = ("usage", "continuous_usage", "logprobs")
 
 
 def _first(stats: Mapping[str, Any], names: tuple[str, ...], kind: Any) -> Any:
@@ -154,7 +153,7 @@ def tokens_per_pass(rec: Recording) -> float | None:
         or rec.outcome != "completed"
         or rec.output_events == 0
         or rec.output_tokens is None
-        or rec.tokens_source not in _EXACT_SOURCES
+        or rec.tokens_source not in EXACT_TOKENS
     ):
         return None
     return rec.output_tokens / rec.output_events

@@ -342,6 +342,18 @@ class Leg(_View):
         return num(self.raw.get("output_tokens"))
 
     @property
+    def tokens_source(self) -> str | None:
+        """Where ``output_tokens`` came from (core.timings.TokensSource)."""
+        return _str(self.raw.get("tokens_source"))
+
+    @property
+    def tokens_reported_source(self) -> str | None:
+        """The source of the leg's own count when the worker counted it on another footing
+        (evidence.counts); None when ``output_tokens`` is the leg's own."""
+        reported = self.raw.get("tokens_reported")
+        return _str(reported.get("source")) if isinstance(reported, Mapping) else None
+
+    @property
     def tokens_per_event(self) -> float | None:
         return num(self.raw.get("tokens_per_event"))
 

@@ -186,6 +186,10 @@ def leg_record(
         "chunk_gap_p99_s": t.chunk_gap_p99_s if t else None,
         "output_tokens": rec.output_tokens if rec else None,
         "tokens_source": rec.tokens_source if rec else None,
+        # What the leg itself reported, when the worker counted it on another footing.
+        "tokens_reported": {"count": rec.reported_tokens, "source": rec.reported_source}
+        if rec is not None and rec.reported_source is not None
+        else None,
         "prompt_tokens": rec.prompt_tokens if rec else None,
         "events": rec.output_events if rec else None,
         "tokens_per_event": t.tokens_per_event if t else None,

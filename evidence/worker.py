@@ -5,7 +5,7 @@ built once, off the event loop, and handed to every consumer.
 more than ``maxsize`` waiting exchanges drops the newest and counts it (``dropped``,
 ``on_drop``) — evidence is bounded in memory and never back-pressures the data path. One worker
 thread wakes every ``interval_s`` and, per exchange: classifies the request, computes every leg's acceptance,
-compares each shadow leg with the primary (candidate vs primary; baseline vs primary — the noise
+puts every leg's token count on one footing (:mod:`evidence.counts`), compares each shadow leg with the primary (candidate vs primary; baseline vs primary — the noise
 floor), and calls each consumer's ``handle`` in turn — the record store, metrics and spans, OTLP
 logs, rollout guards. The comparison record itself is built only if a consumer reads it.
 
@@ -35,6 +35,7 @@ from core.sinks import ThreadedSink
 from core.tasks import TaskSet
 from evidence.acceptance import leg_acceptance
 from evidence.compare import compare, is_greedy
+from evidence.counts import reconcile
 from evidence.quality import leg_quality, speculation_skip
 from evidence.schema import BackendFacts, build_record
 from evidence.scrape import MetricsScraper
@@ -50,7 +51,12 @@ def build_evidence(
     scraper: MetricsScraper | None = None,
     probe: ServerInfoProbe | None = None,
 ) -> Evidence:
-    """Classify, measure acceptance and compare one exchange (pure, apart from the pollers)."""
+    """Classify, measure acceptance and compare one exchange (pure, apart from the pollers).
+
+    Acceptance reads each leg's own count; everything that compares legs reads them counted on
+    one footing (:func:`evidence.counts.reconcile`), and so does every consumer."""
+    acceptance = tuple(leg_acceptance(leg.recording) for leg in exchange.legs)
+    exchange = reconcile(exchange)
     category, source = categorize(exchange.category, exchange.request_json)
     greedy = is_greedy(exchange.temperature, exchange.seed)
     comparisons: tuple[Comparison, ...] = ()
@@ -84,7 +90,7 @@ def build_evidence(
         category_source=source,
         greedy=greedy,
         comparisons=comparisons,
-        acceptance=tuple(leg_acceptance(leg.recording) for leg in exchange.legs),
+        acceptance=acceptance,
         record=record,
         # Only mirrored exchanges are compared; the rest pay nothing for quality.
         quality=tuple(

@@ -99,6 +99,7 @@ from typing import Literal, TypeVar
 from core.evidence import Evidence, LegQuality
 from core.exchange import Exchange, LegResult, Role
 from core.stats import percentile_sorted
+from core.timings import EXACT_TOKENS, Recording
 from gateway.sequential import SequentialTest
 from policies.compiled import GuardSpec
 
@@ -626,12 +627,18 @@ def observe(evidence: Evidence, candidate_backend: str) -> Observation | None:
     cand_rec = cand.recording if _ok(cand) else None
     prim_rec = prim.recording if prim is not None and _ok(prim) else None
     tpe = None
-    if (
-        cand_rec is not None
-        and cand_rec.streaming
-        and cand_rec.tokens_source in ("usage", "continuous_usage", "logprobs")
-    ):
+    if cand_rec is not None and cand_rec.streaming and cand_rec.tokens_source in EXACT_TOKENS:
         tpe = cand_rec.timings.tokens_per_event
+    # TPOT divides by the token count: an estimated count (a stream without usage) is compared
+    # only with the other leg of its own exchange, estimated the same way (evidence.counts),
+    # never paired with a leg of another exchange counted exactly.
+    both = cand_rec is not None and prim_rec is not None
+
+    def tpot(rec: Recording | None) -> float | None:
+        if rec is None or (rec.tokens_source not in EXACT_TOKENS and not both):
+            return None
+        return rec.timings.tpot_s
+
     diverged = baseline = None
     for c in evidence.comparisons:
         if not c.comparable or not c.greedy or c.exact_match is None:
@@ -659,9 +666,9 @@ def observe(evidence: Evidence, candidate_backend: str) -> Observation | None:
         candidate_ok=_ok(cand) if cand.outcome not in _UNJUDGED else None,
         primary_ok=_ok(prim) if prim is not None and prim.outcome not in _UNJUDGED else None,
         candidate_e2e=cand_rec.timings.e2e_s if cand_rec is not None else None,
-        candidate_tpot=cand_rec.timings.tpot_s if cand_rec is not None else None,
+        candidate_tpot=tpot(cand_rec),
         primary_e2e=prim_rec.timings.e2e_s if prim_rec is not None else None,
-        primary_tpot=prim_rec.timings.tpot_s if prim_rec is not None else None,
+        primary_tpot=tpot(prim_rec),
         candidate_tokens_per_event=tpe,
         diverged=diverged,
         baseline_diverged=baseline,

@@ -19,6 +19,7 @@ from aiohttp import web
 from core.evidence import EvidenceConsumer
 from core.exchange import ExchangeSink
 from evidence.clickhouse import ClickHouseWriter
+from evidence.counts import TOKENIZE_KINDS, CountPlan, CountTap, Tokenizer
 from evidence.likelihood import SCORING_KINDS, LikelihoodPlan
 from evidence.scrape import MetricsScraper
 from evidence.serverinfo import INFO_PATHS, InfoTarget, ServerInfoProbe
@@ -63,6 +64,19 @@ def token_plan(policy: CompiledPolicy) -> TokenPlan | None:
     )
 
 
+def count_plan(policy: CompiledPolicy) -> CountPlan:
+    """Who may count a leg's output tokens when its response carried no usage: every backend but
+    the primary that serves ``/tokenize`` (the counterfactual tokenizer first, when named)."""
+    primary = policy.primary.name if policy.primary is not None else None
+    tokenizers = {
+        name: Tokenizer(b.url, b.auth_header)
+        for name, b in policy.backends.items()
+        if b.kind in TOKENIZE_KINDS and name != primary
+    }
+    c = policy.counterfactual
+    return CountPlan(tokenizers, preferred=c.tokenizer.name if c is not None else None)
+
+
 def likelihood_plan(policy: CompiledPolicy) -> LikelihoodPlan | None:
     """The likelihood scorer's plan from the policy's ``quality.likelihood`` (None: off)."""
     lk = policy.quality.likelihood
@@ -100,12 +114,18 @@ class _PlanOf:
         self._generation = -1
         self._plan: TokenPlan | None = None
         self._likelihood: LikelihoodPlan | None = None
+        self._counts: CountPlan | None = None
 
     def _refresh(self) -> None:
         current = self._store.current
         if current.generation != self._generation:
             self._plan, self._likelihood = token_plan(current), likelihood_plan(current)
+            self._counts = count_plan(current)
             self._generation = current.generation
+
+    def counts(self) -> CountPlan | None:
+        self._refresh()
+        return self._counts
 
     def __call__(self) -> TokenPlan | None:
         self._refresh()
@@ -177,4 +197,14 @@ def build_app(
         # Visible as specshadow.telemetry.dropped{signal=likelihood, reason=budget|error}.
         on_likelihood_drop=lambda reason: tel.count_telemetry_dropped("likelihood", reason, 1),
     )
-    return create_app(settings, sinks=[tap, *sinks], policy=store, telemetry=tel, rollout=rollout)
+    # In front of both: a mirrored exchange whose primary streamed without usage (the SDK's
+    # default) has its legs' outputs counted by a shadow backend's tokenizer (evidence.counts).
+    counts = CountTap(
+        tap,
+        plans.counts,
+        # Visible as specshadow.telemetry.dropped{signal=counts, reason=budget|error}.
+        on_drop=lambda reason: tel.count_telemetry_dropped("counts", reason, 1),
+    )
+    return create_app(
+        settings, sinks=[counts, *sinks], policy=store, telemetry=tel, rollout=rollout
+    )

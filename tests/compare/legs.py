@@ -30,8 +30,11 @@ def leg(
     outcome: str = "completed",
     metrics: dict[str, Any] | None = None,
     per_event: int = 1,
+    usage: int | None = None,
+    backend: str | None = None,
 ) -> LegResult:
-    """A streamed chat leg: ``pieces`` as content deltas, ``per_event`` pieces per event."""
+    """A streamed chat leg: ``pieces`` as content deltas, ``per_event`` pieces per event;
+    ``usage``: a final usage chunk with that many completion tokens (as ``include_usage`` asks)."""
     t0 = 10_000 * MS
     rec = StreamRecorder(t0_ns=t0)
     now = t0 + ttft_ms * MS
@@ -58,11 +61,15 @@ def leg(
     if metrics is not None:
         final["metrics"] = metrics
     rec.feed(sse(final), now)
+    if usage is not None:
+        rec.feed(
+            sse({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": usage}}), now
+        )
     rec.feed(b"data: [DONE]\n\n", now)
     recording = rec.finish(outcome=outcome, status=200)  # type: ignore[arg-type]
     return LegResult(
         role=role,
-        backend=role,
+        backend=backend or role,
         server_address="127.0.0.1:1",
         upstream_model="m",
         status=200,

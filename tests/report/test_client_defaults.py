@@ -1,0 +1,183 @@
+"""The verdict does not depend on what the client asked: the official SDK at its defaults streams
+without usage, and the report must read the same traffic as it does with ``include_usage``.
+
+Ground truth: scripted upstreams (:mod:`tests.fakes.scripted_llm`) answer the very same 48 tokens;
+the candidate streams them 2.5× faster per token (two tokens every 8 ms against one every 10 ms),
+so its TPOT speed-up is known from the script, its output is byte-identical, and nothing
+about it may read as "not equivalent" or "do not adopt". The gateway is the policy-free start
+(``--primary`` and ``--shadow``), the client the ``openai`` SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from evidence.reader import read
+from evidence.store import query_records
+from report.analysis import ALL, analyze
+from tests.conftest import start_server
+from tests.fakes.scripted_llm import ANSWER, ScriptedLLM
+
+REQUESTS = 24
+CONCURRENCY = 4
+TEXT = "".join(ANSWER)
+
+
+async def scripted(servers: list[Any], llm: ScriptedLLM) -> str:
+    server = await start_server(llm.app())
+    servers.append(server)
+    return str(server.make_url("")).rstrip("/")
+
+
+async def traffic(
+    gateway: Any,
+    servers: list[Any],
+    tmp_path: Path,
+    *,
+    candidates: dict[str, ScriptedLLM],
+    route: str = "chat",
+    stream: bool = True,
+    include_usage: bool = False,
+    temperature: float | None = None,
+) -> list[dict[str, Any]]:
+    """Drive ``REQUESTS`` requests through a policy-free gateway with the SDK; its records."""
+    primary = await scripted(servers, ScriptedLLM())
+    shadows = [await scripted(servers, llm) for llm in candidates.values()]
+    store = tmp_path / f"{route}-{stream}-{include_usage}.sqlite"
+    gw = await gateway(primary, shadow_urls=tuple(shadows), store_path=str(store))
+    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-test", max_retries=0)
+    gate = asyncio.Semaphore(CONCURRENCY)
+    extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if include_usage else {}
+    if temperature is not None:
+        extra["temperature"] = temperature
+
+    async def one(i: int) -> str:
+        async with gate:
+            if route == "chat":
+                messages: Any = [{"role": "user", "content": f"question {i}"}]
+                if not stream:
+                    done = await client.chat.completions.create(
+                        model="scripted", messages=messages, **extra
+                    )
+                    return done.choices[0].message.content or ""
+                chunks = await client.chat.completions.create(
+                    model="scripted", messages=messages, stream=True, **extra
+                )
+                return "".join(
+                    [c.choices[0].delta.content or "" async for c in chunks if c.choices]
+                )
+            if not stream:
+                plain = await client.completions.create(
+                    model="scripted", prompt=f"question {i}", **extra
+                )
+                return plain.choices[0].text
+            pieces = await client.completions.create(
+                model="scripted", prompt=f"question {i}", stream=True, **extra
+            )
+            return "".join([c.choices[0].text async for c in pieces if c.choices])
+
+    try:
+        answers = await asyncio.gather(*(one(i) for i in range(REQUESTS)))
+        assert answers == [TEXT] * REQUESTS  # the client got the primary's answer, whole
+        for _ in range(REQUESTS):
+            await gw.sink.wait_for(lambda e: len(gw.sink.exchanges) >= REQUESTS)
+    finally:
+        await client.close()
+        await gw.server.close()  # drains the evidence pipeline into the store
+    records = list(query_records(store))
+    assert len(records) == REQUESTS
+    return records
+
+
+def candidate_backend(analysis: Any, index: int = 1) -> Any:
+    return analysis.candidates[f"shadow-{index}"]
+
+
+def verdict_all(cand: Any) -> Any:
+    return next(v for v in cand.verdicts if v.category == ALL)
+
+
+FAST = {"fast": ScriptedLLM(gap_s=0.008, tokens_per_event=2)}
+TRUTH = ScriptedLLM().tpot_s() / FAST["fast"].tpot_s()  # 2.55 by the scripts
+
+
+async def test_the_sdk_defaults_give_the_verdict_include_usage_gives(gateway, servers, tmp_path):
+    default = await traffic(gateway, servers, tmp_path, candidates=FAST)
+    with_usage = await traffic(gateway, servers, tmp_path, candidates=FAST, include_usage=True)
+
+    # Each leg says where its count came from: the primary's stream had no usage, so it takes
+    # the count of the candidate that answered the very same bytes.
+    for r in map(read, default):
+        primary, cand = r.primary, r.legs[1]
+        assert primary is not None
+        assert primary.tokens_source == "matched"
+        assert primary.tokens_reported_source == "estimated"
+        assert cand.tokens_source == "usage" and cand.tokens_reported_source is None
+        assert primary.output_tokens == cand.output_tokens == len(ANSWER)
+        assert primary.tokens_per_event == pytest.approx(1.0)
+    for r in map(read, with_usage):
+        assert {leg.tokens_source for leg in r.legs} == {"usage"}
+
+    speedups = {}
+    for name, records in (("default", default), ("include_usage", with_usage)):
+        cand = candidate_backend(analyze(records))
+        v = verdict_all(cand)
+        assert v.decision != "do_not_adopt", (name, v.reasons)
+        for eq in cand.equivalence.values():
+            assert eq.verdict != "not_equivalent", (name, eq.summary())
+            length = eq.metrics.get("length_ratio")
+            assert length is None or length.difference == pytest.approx(0.0, abs=1e-12)
+        assert v.tpot is not None
+        speedups[name] = v.tpot.point
+    assert speedups["default"] == pytest.approx(speedups["include_usage"], rel=0.05)
+    assert speedups["default"] == pytest.approx(TRUTH, rel=0.15)
+
+
+@pytest.mark.parametrize(
+    ("route", "stream"),
+    [("chat", False), ("completions", True), ("completions", False)],
+    ids=["chat-whole", "completions-stream", "completions-whole"],
+)
+async def test_byte_identical_outputs_are_never_judged_different(
+    route, stream, gateway, servers, tmp_path
+):
+    records = await traffic(gateway, servers, tmp_path, candidates=FAST, route=route, stream=stream)
+    for r in map(read, records):
+        counts = {leg.output_tokens for leg in r.legs}
+        assert counts == {len(ANSWER)}, [(leg.tokens_source, leg.output_tokens) for leg in r.legs]
+        assert r.comparisons[0].exact_match is True
+    cand = candidate_backend(analyze(records))
+    for eq in cand.equivalence.values():
+        assert eq.verdict != "not_equivalent", eq.summary()
+    if stream:
+        assert verdict_all(cand).tpot.point == pytest.approx(TRUTH, rel=0.15)
+
+
+async def test_three_candidates_without_usage_recommend_the_fast_lossless_one(
+    gateway, servers, tmp_path
+):
+    other = tuple(" " + w for w in ("A", "different", "answer", "entirely") * 12)
+    candidates = {
+        "slow": ScriptedLLM(gap_s=0.009),
+        "fast": ScriptedLLM(gap_s=0.008, tokens_per_event=2),
+        "lossy": ScriptedLLM(answer=other, gap_s=0.006, tokens_per_event=3),
+    }
+    # Greedy requests (temperature 0, otherwise the SDK's defaults): the exact-match path judges
+    # quality, so a few dozen exchanges decide.
+    records = await traffic(gateway, servers, tmp_path, candidates=candidates, temperature=0)
+    for r in map(read, records):
+        by = {leg.backend: leg for leg in r.legs}
+        # The lossy candidate's output differs, so no leg was matched to it; the primary is
+        # matched to the identical ones, and every count is exact.
+        assert by["primary"].tokens_source == "matched"
+        assert by["shadow-3"].tokens_source == "usage"
+    a = analyze(records)
+    assert a.recommendations[ALL] is not None
+    assert a.recommendations[ALL].backend == "shadow-2", {
+        b: [(v.decision, v.reasons) for v in c.verdicts] for b, c in a.candidates.items()
+    }
