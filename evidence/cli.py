@@ -50,27 +50,82 @@ def parse_time_unix_ns(text: str) -> int:
     return int(when.timestamp() * 1e9)
 
 
+STORE_HELP = (
+    "a record store: a SQLite path, clickhouse://host:port/db (a ClickHouse server) or "
+    "chdb:///dir (ClickHouse embedded)"
+)
+
+
+def add_store_argument(
+    parser: argparse.ArgumentParser, *, read: bool = True, required: bool = False
+) -> None:
+    """The one ``--store`` of every command, described the same way everywhere.
+
+    ``read`` (``records``, ``report``, …): repeatable — one per gateway replica, deduplicated by
+    exchange id — and records JSONL or a collector's OTLP JSON file are read too; ``args.store``
+    is a list. Otherwise (``serve``): the one store records are written to, ``args.store`` a
+    string or None.
+    """
+    if read:
+        parser.add_argument(
+            "--store",
+            action="append",
+            default=None if required else [],
+            required=required,
+            metavar="STORE",
+            help=f"{STORE_HELP}; also records JSONL or a collector's OTLP JSON file. Repeatable "
+            "(one per gateway replica): records are deduplicated by exchange id",
+        )
+    else:
+        parser.add_argument(
+            "--store",
+            default=None,
+            metavar="STORE",
+            help=f"{STORE_HELP}, where comparison records are written (default: none kept)",
+        )
+
+
+def add_window_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--since ISO`` or ``--last DURATION`` (one of them), and ``--until ISO``: the window of
+    exchanges a command reads; :func:`window_since` turns ``--last`` into a start time."""
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument(
+        "--since",
+        type=parse_time_unix_ns,
+        default=None,
+        metavar="ISO",
+        help="only exchanges that started at or after this ISO 8601 time (UTC if no zone)",
+    )
+    when.add_argument(
+        "--last",
+        type=parse_duration_s,
+        default=None,
+        metavar="DURATION",
+        help="only exchanges of the last 30s / 15m / 1h / 7d",
+    )
+    parser.add_argument(
+        "--until",
+        type=parse_time_unix_ns,
+        default=None,
+        metavar="ISO",
+        help="only exchanges that started before this ISO 8601 time",
+    )
+
+
+def window_since(args: argparse.Namespace, now_ns: int | None = None) -> int | None:
+    """The window's start in unix ns: ``--since``, or ``--last`` back from now; None: no start."""
+    if getattr(args, "last", None) is not None:
+        return (time.time_ns() if now_ns is None else now_ns) - int(args.last * 1e9)
+    since: int | None = args.since
+    return since
+
+
 def register(subparsers: Any) -> None:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "records", help="print comparison records from a store as JSON lines"
     )
-    p.add_argument(
-        "--store",
-        action="append",
-        default=[],
-        metavar="STORE",
-        help="a record store (a SQLite path, chdb:///dir or clickhouse://host:port/db), records "
-        "JSONL, or a collector's OTLP JSON file; repeatable (one per gateway replica): records "
-        "are deduplicated by exchange id",
-    )
-    when = p.add_mutually_exclusive_group()
-    when.add_argument(
-        "--since", type=parse_time_unix_ns, default=None, help="ISO 8601 time (UTC if no zone)"
-    )
-    when.add_argument(
-        "--last", type=parse_duration_s, default=None, help="only the last 30s / 15m / 1h / 7d"
-    )
-    p.add_argument("--until", type=parse_time_unix_ns, default=None, help="ISO 8601 time")
+    add_store_argument(p)
+    add_window_arguments(p)
     p.add_argument("--category", default=None, help="only this category")
     p.add_argument("--limit", type=int, default=None, help="at most N records (the newest)")
     p.set_defaults(func=run)
@@ -128,9 +183,7 @@ def run(args: argparse.Namespace) -> int:
             "specshadow records: give --store (or: records copy --from S --to S2)", file=sys.stderr
         )
         return 2
-    since = args.since
-    if args.last is not None:
-        since = time.time_ns() - int(args.last * 1e9)
+    since = window_since(args)
     try:
         if (
             len(args.store) == 1

@@ -21,7 +21,9 @@ import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_type_hints
+
+from policies.compiled import BackendKind
 
 MIB = 1024 * 1024
 PREFIX = "SPECSHADOW_"
@@ -84,6 +86,12 @@ class Settings:
     shadow_urls: tuple[str, ...] = ()  # policy-free start: candidate legs (--shadow)
     baseline_url: str | None = None  # policy-free start: a baseline leg (--baseline)
     shadow_ratio: float = 1.0  # policy-free start: share of requests mirrored (--shadow-ratio)
+    # Policy-free start: what each backend is (vllm, sglang, sim, openai), as stated by
+    # --primary-kind / --shadow-kind (one for all shadows or one each) / --baseline-kind.
+    # None (or empty): `specshadow serve` asks the backend (evidence.detect); elsewhere openai.
+    primary_kind: str | None = None
+    shadow_kinds: tuple[str, ...] = ()
+    baseline_kind: str | None = None
     max_body_bytes: int = 32 * MIB  # long RAG prompts fit; larger → 413
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
     shutdown_timeout_s: float = 30.0  # in-flight streams and shadow legs get this long to finish
@@ -117,6 +125,23 @@ class Settings:
             out.append(("port", f"must be 0–65535, got {self.port}"))
         if not 0.0 <= self.shadow_ratio <= 1.0:
             out.append(("shadow_ratio", f"must be between 0 and 1, got {self.shadow_ratio}"))
+        kinds = get_args(BackendKind)
+        for name, values in (
+            ("primary_kind", (self.primary_kind,)),
+            ("shadow_kinds", self.shadow_kinds),
+            ("baseline_kind", (self.baseline_kind,)),
+        ):
+            for value in values:
+                if value is not None and value not in kinds:
+                    out.append((name, f"must be one of {', '.join(kinds)}, got {value!r}"))
+        if len(self.shadow_kinds) > 1 and len(self.shadow_kinds) != len(self.shadow_urls):
+            out.append(
+                (
+                    "shadow_kinds",
+                    f"give one kind for every shadow or one per shadow ({len(self.shadow_urls)}), "
+                    f"got {len(self.shadow_kinds)}",
+                )
+            )
         if self.gil_switch_interval_s is not None and not self.gil_switch_interval_s > 0:
             out.append(("gil_switch_interval_s", "must be positive"))
         out += [(f"upstream_{name}", msg) for name, msg in self.upstream.problems()]

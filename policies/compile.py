@@ -22,6 +22,7 @@ from core import jsonx
 from core.exchange import CaptureSpec, SpeculativeSpec
 from core.quality import DEFAULT_MARGINS
 from policies.compiled import (
+    BackendKind,
     BackendSpec,
     BreakerSpec,
     Budgets,
@@ -109,11 +110,16 @@ def policy_from_flags(
     shadow_urls: Sequence[str],
     baseline_url: str | None,
     ratio: float,
+    primary_kind: BackendKind | None = None,
+    shadow_kinds: Sequence[BackendKind] = (),
+    baseline_kind: BackendKind | None = None,
 ) -> CompiledPolicy:
     """A policy for ``serve --shadow URL… --baseline URL --shadow-ratio R`` without a file.
 
-    Backends are named ``primary``, ``shadow-1``, ``shadow-2``, … and ``baseline``, all of kind
-    ``openai`` (only standard fields are sent; use a policy file for vLLM's extra fields). Every
+    Backends are named ``primary``, ``shadow-1``, ``shadow-2``, … and ``baseline``. Each is of
+    the kind given (``--primary-kind``, ``--shadow-kind`` — one for every shadow, or one per
+    shadow in order — ``--baseline-kind``; ``specshadow serve`` passes the stated or detected
+    kind), else ``openai`` (only standard fields are sent, no ``/metrics`` are read). Every
     request is decided by one rule named ``flags`` at ``ratio``.
     """
     problems = [f"--shadow: {_url_problem(u)}" for u in shadow_urls if _url_problem(u)]
@@ -122,16 +128,26 @@ def policy_from_flags(
             problems.append(f"{flag}: {_url_problem(url)}")
     if not 0.0 <= ratio <= 1.0:
         problems.append(f"--shadow-ratio: must be between 0 and 1, got {ratio}")
+    if len(shadow_kinds) > 1 and len(shadow_kinds) != len(shadow_urls):
+        problems.append(
+            f"--shadow-kind: give one for every --shadow or one per --shadow "
+            f"({len(shadow_urls)}), got {len(shadow_kinds)}"
+        )
     if problems:
         raise PolicyError(problems, source="flags")
+    kinds = list(shadow_kinds) * len(shadow_urls) if len(shadow_kinds) == 1 else list(shadow_kinds)
     backends: dict[str, object] = {
-        f"shadow-{i}": {"url": u, "kind": "openai"} for i, u in enumerate(shadow_urls, 1)
+        f"shadow-{i}": {"url": u, "kind": kinds[i - 1] if kinds else "openai"}
+        for i, u in enumerate(shadow_urls, 1)
     }
     legs: list[object] = [{"backend": n, "role": "candidate"} for n in backends]
     if baseline_url is not None:
-        backends["baseline"] = {"url": baseline_url, "kind": "openai"}
+        backends["baseline"] = {"url": baseline_url, "kind": baseline_kind or "openai"}
         legs.append({"backend": "baseline", "role": "baseline"})
     raw: dict[str, object] = {"version": 1, "backends": backends}
+    if primary_url is not None and primary_kind is not None:
+        backends[PRIMARY_NAME] = {"url": primary_url, "kind": primary_kind}
+        raw["primary"] = PRIMARY_NAME
     if legs:
         raw["rules"] = [{"name": FLAGS_RULE_NAME, "ratio": float(ratio), "legs": legs}]
     return parse_policy(raw, source="flags", primary_url=primary_url)

@@ -1,5 +1,5 @@
-"""``specshadow report --store S --out DIR [--results FILE] [--since T] [--until T] [--sample N]``:
-build the adoption report (memory bounded: :mod:`report.population`)."""
+"""``specshadow report --store S --out DIR [--results FILE] [--since T | --last D] [--until T]
+[--sample N]``: build the adoption report (memory bounded: :mod:`report.population`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from core.extras import require
-from evidence.cli import parse_time_unix_ns
+from evidence.cli import add_store_argument, add_window_arguments, window_since
 
 __all__ = ["register"]
 
@@ -40,7 +40,10 @@ def _run(args: argparse.Namespace) -> int:
     try:
         population, records = (
             gather(
-                args.store, since_unix_ns=args.since, until_unix_ns=args.until, sample=args.sample
+                args.store,
+                since_unix_ns=window_since(args),
+                until_unix_ns=args.until,
+                sample=args.sample,
             )
             if args.store
             else (None, [])
@@ -92,27 +95,8 @@ def register(subparsers: Any) -> None:
         "report",
         help="build the adoption report (HTML + Markdown) from records and/or matrix results",
     )
-    p.add_argument(
-        "--store",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="record store (a SQLite path, chdb:///dir or clickhouse://host:port/db), records "
-        "JSONL, or a collector's OTLP JSON file; repeatable (one per gateway replica; "
-        "deduplicated by exchange id)",
-    )
-    p.add_argument(
-        "--since",
-        type=parse_time_unix_ns,
-        default=None,
-        help="only exchanges that started at or after this ISO 8601 time (UTC if no zone)",
-    )
-    p.add_argument(
-        "--until",
-        type=parse_time_unix_ns,
-        default=None,
-        help="only exchanges that started before this ISO 8601 time",
-    )
+    add_store_argument(p)
+    add_window_arguments(p)
     p.add_argument(
         "--results", action="append", default=[], help="loadgen/matrix results JSONL (repeatable)"
     )
