@@ -187,3 +187,31 @@ def test_the_state_file_round_trips_and_a_damaged_one_starts_empty(tmp_path: Pat
     path.write_text("{not json")
     assert load_state(path) == {}
     assert load_state(None) == {} and load_state(tmp_path / "absent.json") == {}
+
+
+def test_an_estimated_tpot_is_paired_only_within_its_own_exchange() -> None:
+    """A stream without usage has an estimated count: its TPOT may meet the other leg of its own
+    exchange (estimated alike, evidence.counts) but never a leg of another exchange."""
+    from evidence.worker import build_evidence
+    from gateway.guards import observe
+    from tests.compare.legs import exchange, leg
+
+    words = tuple(f" word{i:02d}" for i in range(40))
+    other = tuple(f" other{i:02d}" for i in range(30))
+    served = exchange(  # a canary answer streamed without usage, the primary not mirrored
+        primary=leg("candidate", words, backend="cand"), shadows=[]
+    )
+    alone = observe(build_evidence(served), "cand")
+    assert alone is not None and alone.candidate_tpot is None
+    counted = exchange(primary=leg("candidate", words, usage=40, backend="cand"), shadows=[])
+    exact = observe(build_evidence(counted), "cand")
+    assert exact is not None and exact.candidate_tpot is not None
+    both = build_evidence(
+        exchange(
+            primary=leg("primary", words),
+            shadows=[leg("candidate", other, usage=30, backend="cand")],
+        )
+    )
+    paired = observe(both, "cand")
+    assert paired is not None
+    assert paired.candidate_tpot is not None and paired.primary_tpot is not None
