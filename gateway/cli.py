@@ -34,13 +34,22 @@ def register(subparsers: Any) -> None:
     status.add_argument("--json", action="store_true", help="the raw JSON")
     status.set_defaults(func=run_status)
     promote = sub.add_parser("promote", parents=[common], help="one step up, or to --stage")
-    promote.add_argument("rule")
-    promote.add_argument("--stage", choices=["canary", "live"], default=None)
-    promote.add_argument("--serve-ratio", type=float, default=None, help="canary share, 0–1")
+    promote.add_argument("rule", help="the policy rule whose rollout moves")
+    promote.add_argument(
+        "--stage",
+        choices=["canary", "live"],
+        default=None,
+        help="the stage to move to (default: the next one)",
+    )
+    promote.add_argument(
+        "--serve-ratio", type=float, default=None, help="canary share, 0–1 (default: the policy's)"
+    )
     promote.set_defaults(func=run_promote)
     rollback = sub.add_parser("rollback", parents=[common], help="back to shadow, sticky")
-    rollback.add_argument("rule")
-    rollback.add_argument("--reason", default="operator rollback")
+    rollback.add_argument("rule", help="the policy rule whose rollout goes back to shadow")
+    rollback.add_argument(
+        "--reason", default="operator rollback", help="recorded with the transition"
+    )
     rollback.set_defaults(func=run_rollback)
 
 

@@ -5,6 +5,10 @@ function; this module imports them all (it is the top of the package graph, the 
 may), assembles the parser, sets up logging and dispatches. Registering imports no heavy library:
 each command imports what it needs (numpy, matplotlib, the openai SDK) when it runs, and says which
 extra to install when that is missing.
+
+The help is finished here for every command at once (:func:`finish_help`): each subcommand's
+description is its one-line help where it gives none, and every option shows its default
+(:class:`HelpFormatter`). ``specshadow --version`` prints the installed version.
 """
 
 from __future__ import annotations
@@ -12,7 +16,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import tomllib
 from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
 
 from backends import cli as vllm_cli
 from core.extras import MissingExtra
@@ -26,13 +34,81 @@ from simulator import cli as simulator_cli
 from specshadow import agreement, demo, serve
 
 
+def version() -> str:
+    """The installed distribution's version, else the source tree's ``pyproject.toml``."""
+    try:
+        return metadata.version("specshadow")
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+            found = tomllib.load(f).get("project", {}).get("version")
+    except (OSError, tomllib.TOMLDecodeError):
+        found = None
+    return str(found) if found else "unknown"
+
+
+class _Version(argparse.Action):
+    """``--version``, looked up only when asked (the metadata scan costs a few milliseconds)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any, **__: Any) -> None:
+        print(f"{parser.prog} {version()}")
+        parser.exit()
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in ``--help``, where there is one to show: not for flags that
+    default to nothing (None, False, an empty list) and not twice where the help names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or (isinstance(default, list | tuple) and not default)
+            or "default" in text.lower()
+        ):
+            return text
+        return super()._get_help_string(action)
+
+
+def finish_help(parser: argparse.ArgumentParser) -> None:
+    """Give ``parser`` and every subcommand under it :class:`HelpFormatter`, a description (the
+    subcommand's help where it has none) and, for an option with a default but no help, a help
+    that shows the default."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if (
+            action.help is None
+            and action.option_strings
+            and HelpFormatter._get_help_string(HelpFormatter(parser.prog), action)
+        ):
+            action.help = "(default: %(default)s)"
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, child in action.choices.items():
+                if child.description is None and helps.get(name):
+                    text = str(helps[name])
+                    child.description = text[:1].upper() + text[1:] + "."
+                finish_help(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specshadow",
         description="Shadow-test speculative decoding on live OpenAI-compatible traffic.",
     )
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="how much the log says",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve.register(sub)
@@ -45,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     report_cli.register(sub)
     counterfactual_cli.register(sub)
     rollout_cli.register(sub)
+    finish_help(parser)
     return parser
 
 
