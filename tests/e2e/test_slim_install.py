@@ -107,10 +107,15 @@ async def test_the_gateway_starts_and_relays_without_numpy_matplotlib_or_openai(
 
 
 def test_a_command_that_needs_an_extra_names_it(tmp_path: Path) -> None:
+    """Here, the clone's own editable install: the hint installs the extra from the clone, with
+    this environment's interpreter (`pip install 'specshadow[report]'` would ask an index).
+    tests/e2e/test_wheel.py has the installed-from-a-wheel and installed-from-a-clone cases."""
     proc = blocked("report", "--store", str(tmp_path / "none.sqlite"), "--out", str(tmp_path))
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
+    python = Path(sys.executable)
+    shown = python.relative_to(ROOT) if python.is_relative_to(ROOT) else python
     assert err.strip() == (
         "specshadow report needs numpy, matplotlib, which the 'report' extra installs: "
-        "pip install 'specshadow[report]'"
+        f"{shown} -m pip install -e '.[report]'"
     )
