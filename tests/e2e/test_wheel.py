@@ -191,12 +191,6 @@ def test_the_source_tree_run_as_it_is_points_at_itself(clone: Path) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="setuptools copies all of build/lib into the wheel; needs a build_py that empties it "
-    "first (a cmdclass module), see issue 27",
-)
 def test_a_stale_build_tree_does_not_ship(clone: Path, tmp_path: Path) -> None:
     stale = {"build/lib/specshadow-out/demo/report/report.md", "build/lib/report/removed.py"}
     for name in stale:
