@@ -173,7 +173,9 @@ def time_per_output_token(meter: HistogramSource) -> HistogramLike:
     """``specshadow.time_per_output_token`` (s), one observation per leg with ≥ 2 output tokens.
 
     Measured as (e2e − ttft) / (output_tokens − 1): from the first output-bearing event to the last,
-    divided over the tokens after the first (vLLM bench TPOT; GuideLLM calls it ITL).
+    divided over the tokens after the first (vLLM bench TPOT; GuideLLM calls it ITL). Only legs
+    whose count is exact (their own usage or logprobs, or matched or tokenized: evidence.counts):
+    an estimated count never sits beside an exact one on a dashboard.
     """
     return meter.create_histogram(
         sc.METRIC_TIME_PER_OUTPUT_TOKEN,
@@ -214,7 +216,8 @@ def gateway_overhead(meter: HistogramSource) -> HistogramLike:
 
 
 def tokens_per_event(meter: HistogramSource) -> HistogramLike:
-    """``specshadow.tokens_per_event`` ({token}), one observation per leg with output.
+    """``specshadow.tokens_per_event`` ({token}), one observation per leg with output and an
+    exact count (as ``time_per_output_token``).
 
     Measured as output tokens / output-bearing SSE events of one leg. On a speculative backend this
     estimates tokens per target forward pass.

@@ -38,6 +38,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from core import jsonx
 from core.evidence import Evidence
 from core.exchange import Exchange, LegResult
+from core.timings import EXACT_TOKENS
 from otel import attributes as at, instruments as inst, semconv as sc
 from otel.attributes import Attributes, EvaluationResult
 from otel.prometheus import CONTENT_TYPE, PullMetricReader, render
@@ -604,7 +605,10 @@ def _record_leg(
     if t.ttft_s is not None:
         for names in genai:
             names.time_to_first_chunk.record(t.ttft_s, _genai_attributes(names, base))
-    if t.tpot_s is not None:
+    # Per-token figures only from exact counts (a stream without usage has an estimate, which
+    # would sit beside other backends' exact ones on one dashboard; evidence.counts).
+    exact = rec.tokens_source in EXACT_TOKENS
+    if t.tpot_s is not None and exact:
         instruments.time_per_output_token.record(t.tpot_s, base)
     gaps = t.chunk_gaps_s
     # One Histogram.record per gap is the costliest part of recording (profiled): a long stream
@@ -616,7 +620,7 @@ def _record_leg(
         attributes = _genai_attributes(names, base)
         names.time_per_output_chunk.record_many(sampled, attributes)
         names.record_usage(rec.prompt_tokens, rec.output_tokens, attributes)
-    if t.tokens_per_event is not None:
+    if t.tokens_per_event is not None and exact:
         instruments.tokens_per_event.record(t.tokens_per_event, {**base, **category})
     mean_length, _rate = at.vllm_acceptance(rec)
     if mean_length is not None:
