@@ -6,7 +6,8 @@ Pure: :func:`from_vllm` reads vLLM's ``GET /server_info?config_format=json`` (se
 and how drafts are verified — ``rejection_sample_method`` ``standard`` or ``block`` (lossless),
 ``synthetic`` (drafts accepted at a calibrated rate whatever the target says: lossy), or the
 older ``acceptance_method`` ``typical_acceptance_sampler`` (lossy). :func:`from_sglang` reads
-SGLang's ``GET /get_server_info``: ``speculative_algorithm``, ``speculative_num_steps``, and
+SGLang's ``GET /get_server_info`` (``GET /server_info`` in newer releases, asked when the old
+path is not served): ``speculative_algorithm``, ``speculative_num_steps``, and
 ``speculative_accept_threshold_single`` / ``_acc`` — below 1.0 SGLang accepts drafts the target
 would not have sampled (lossy). :func:`resolve` merges the policy's declaration with the report:
 the backend's answer wins for what it reports; ``lossy`` from either side wins over
@@ -44,6 +45,9 @@ INFO_PATHS: Mapping[str, tuple[str, InfoSource]] = {
     "sim": ("/server_info?config_format=json", "vllm_server_info"),
     "sglang": ("/get_server_info", "sglang_server_info"),
 }
+# Where a kind's newer releases moved the endpoint: asked when the first path is not served
+# (SGLang renamed /get_server_info to /server_info, keeping the old name for a while).
+FALLBACK_PATHS: Mapping[str, str] = {"sglang": "/server_info"}
 _LOSSLESS_VLLM = frozenset({"standard", "block"})
 _LOSSY_VLLM = frozenset({"synthetic"})
 
@@ -277,6 +281,7 @@ class _InfoTarget:
     reported: ReportedSpec | None = None
     last_error: str | None = None
     warned: frozenset[str] = frozenset()
+    fallback: str | None = None  # the URL to ask when ``url`` is not served (FALLBACK_PATHS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,7 +311,14 @@ class ServerInfoProbe:
         for name, t in targets.items():
             path = INFO_PATHS.get(t.kind)
             if path is not None:
-                self._targets[name] = _InfoTarget(name, t.url + path[0], path[1], t.declared)
+                fallback = FALLBACK_PATHS.get(t.kind)
+                self._targets[name] = _InfoTarget(
+                    name,
+                    t.url + path[0],
+                    path[1],
+                    t.declared,
+                    fallback=t.url + fallback if fallback else None,
+                )
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -334,6 +346,11 @@ class ServerInfoProbe:
     async def _poll(self, session: aiohttp.ClientSession, target: _InfoTarget) -> None:
         try:
             async with session.get(target.url) as resp:
+                if resp.status == 404 and target.fallback is not None:
+                    # A newer release serves it elsewhere: ask there from now on.
+                    target.url, target.fallback = target.fallback, None
+                    await self._poll(session, target)
+                    return
                 if resp.status in (401, 403, 404, 405):
                     target.status, target.last_error = "not_served", f"HTTP {resp.status}"
                     return

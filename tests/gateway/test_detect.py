@@ -9,10 +9,12 @@ import socket
 import time
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 from evidence.detect import detect_kinds
+from evidence.serverinfo import InfoTarget, ServerInfoProbe
 from policies.compile import policy_from_flags
 from policies.errors import PolicyError
 from specshadow.app import info_targets, scrape_targets
@@ -132,3 +134,18 @@ def test_the_kind_decides_metrics_and_server_info_in_a_policy_free_start():
             ratio=1.0,
             shadow_kinds=["vllm", "sim"],
         )
+
+
+async def test_the_probe_asks_a_newer_sglang_at_server_info(servers):
+    """SGLang renamed ``/get_server_info`` to ``/server_info``: a backend detected as ``sglang``
+    by its new path is also asked there for what it runs."""
+    server = await start_server(app_serving(SGLANG_NEW))
+    servers.append(server)
+    base = str(server.make_url("")).rstrip("/")
+    assert (await detect_kinds({"b": base}))["b"].kind == "sglang"
+    probe = ServerInfoProbe({"b": InfoTarget(base, "sglang")})
+    async with aiohttp.ClientSession() as session:
+        await probe.poll_once(session)
+    reported = probe.reported("b")
+    assert probe.status("b") == "reported" and reported is not None
+    assert reported.method == "eagle" and reported.source == "sglang_server_info"
