@@ -469,6 +469,11 @@ def prepare(
         _check_primary(primary_url, settings, asyncio.run(_preflight(primary_url, {}))[0])
         kinds = None
     else:
+        if not settings.primary_url:
+            raise StartupError(
+                "a primary upstream is required: --primary URL or `primary:` in the policy"
+            )
+        flags_policy(settings, {})  # every URL checked (PolicyError) before one is asked
         backends = flag_backends(settings)
         ask = {name: url for name, (url, _f, stated) in backends.items() if stated is None}
         problem, detected = asyncio.run(_preflight(settings.primary_url, ask))
