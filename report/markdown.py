@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from report.analysis import ALL, Analysis
 from report.candidates import RULE
+from report.front import first_use, front
 from report.load import OPEN_LOOP
 from report.render import (
     CAND_HEAD,
@@ -40,14 +41,52 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     ]
 
 
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    kept = "".join(ch for ch in heading.lower() if ch.isalnum() or ch in " -_")
+    return kept.replace(" ", "-")
+
+
+def _contents(lines: Sequence[str]) -> list[str]:
+    """A table of contents of the ``## `` headings in ``lines`` (code blocks aside)."""
+    out, code = [], False
+    for line in lines:
+        if line.startswith("```"):
+            code = not code
+        elif not code and line.startswith("## "):
+            name = line[3:].strip()
+            out.append(f"- [{name}](#{slug(name)})")
+    return out
+
+
+def _glossed(text: str) -> str:
+    """``text`` with each term's gloss after the block (paragraph, table, list) where it first
+    appears; headings and code never glossed."""
+    blocks = text.split("\n\n")
+    return "\n\n".join(
+        first_use(
+            blocks,
+            lambda b: b,
+            lambda term, meaning: f"> *{term}*: {meaning}",
+            skip=lambda b: b.lstrip().startswith(("#", "```", ">")),
+        )
+    )
+
+
 def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
-    lines = [
+    top = [
         f"# {title}",
         "",
         f"Full report with figures: `{html_name}`. {a.records} comparison records"
         + (f" (detail sections: a sample of {a.sample})." if a.sample else "."),
         "",
     ]
+    glance = front(a)
+    if glance:
+        top += ["## At a glance", ""]
+        top += [f"- **{line.title}** — {line.text}" for line in glance]
+        top.append("")
+    lines: list[str] = []
     if a.candidates:
         lines += ["## Bottom line", ""]
         if a.several:
@@ -142,7 +181,8 @@ def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
         lines += ["## Release checklist", ""]
         lines += [f"{i}. {item}" for i, item in enumerate(a.checklist, start=1)]
         lines.append("")
-    return "\n".join(lines)
+    contents = ["## Contents", "", *_contents(lines), ""] if lines else []
+    return _glossed("\n".join([*top, *contents, *lines]))
 
 
 def _load(a: Analysis) -> list[str]:

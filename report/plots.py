@@ -118,7 +118,10 @@ def latency_bars(a: Analysis) -> str | None:
         ax.set_xticks(range(len(cats)), cats, rotation=15)
         ax.set_title(f"{title} (ms): bar p50, tick p99", fontsize=10)
         _style(ax)
-    axes[0].legend(frameon=False, fontsize=8)
+    # Above both panels, never over a bar: a tall p99 tick can sit anywhere inside an axes.
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside upper center", ncols=min(len(roles), 4),
+               frameon=False, fontsize=8)  # fmt: skip
     return _uri(fig)
 
 
@@ -173,7 +176,13 @@ def quality_bars(c: CandidateAnalysis, categories: Sequence[str]) -> str | None:
     """Divergence rate, candidate vs baseline (the noise floor), per category, Wilson 95 % CI."""
     quality = c.quality
     cats = [k for k in [*categories, ALL] if k in quality and quality[k].candidate_divergence.n]
-    if not cats:
+    rates = [
+        r.value
+        for k in cats
+        for r in (quality[k].candidate_divergence, quality[k].baseline_divergence)
+        if r.n
+    ]
+    if not any(rates):  # nothing, or every bar zero: the page says "0 of n differ" instead
         return None
     fig = _figure(8.0, 3.0)
     ax = fig.add_subplot()

@@ -12,6 +12,7 @@ reused by the Markdown summary.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from html import escape
@@ -20,6 +21,7 @@ from typing import Any
 from loadgen.speedup import Speedup
 from report.analysis import ALL, GATE_SHARE, Analysis, CandidateAnalysis, Verdict
 from report.candidates import RULE
+from report.front import first_use, front
 from report.load import MIN_COVERAGE, OPEN_LOOP, PARITY_BAND, Estimate
 from report.sections import Rate, bucket_order, leg_labels
 
@@ -46,6 +48,9 @@ table{border-collapse:collapse;width:100%;font-size:12.5px;font-variant-numeric:
 th,td{padding:4px 7px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap}tr:last-child td{border-bottom:0}
 th:first-child,td:first-child,th.l,td.l,td.wrap{text-align:left}td.wrap{white-space:normal;min-width:14em}th{background:#eef1f5;font-weight:600;white-space:normal;vertical-align:bottom;line-height:1.25}
 ol.check li{margin:4px 0}.muted{color:var(--muted)}code{background:#eef1f5;padding:0 4px;border-radius:3px}
+.callout.bad{border-left:6px solid var(--no)}.glance{margin:6px 0 4px}.glance ul{margin:6px 0;padding-left:20px}.glance li{margin:3px 0}
+nav.toc{background:#fff;border:1px solid var(--line);border-radius:8px;padding:8px 16px;margin:14px 0;font-size:13.5px;columns:2 22em}
+nav.toc ol{margin:4px 0;padding-left:20px}nav.toc a{color:var(--ink)}p.gloss{color:var(--muted);font-size:13px;margin:4px 0 10px;padding-left:10px;border-left:3px solid var(--line)}
 pre{white-space:pre-wrap;background:#fff;border:1px solid var(--line);padding:8px;border-radius:6px;font-size:12px;max-height:160px;overflow:auto}
 """
 
@@ -462,7 +467,7 @@ def _candidate_sections(
         _table(EQUIVALENCE_HEAD, equivalence_rows(c, a.categories)),
         f"<h2>Quality: greedy exact match against the noise floor{of}</h2>",
         '<p class="muted">A candidate divergence rate means something only next to the baseline\'s (two plain copies of the primary also diverge: batching, kernels, numerics).</p>',
-        _figure(figs.get(f"quality:{c.backend}"), "Share of exchanges not exactly equal to the primary, with Wilson 95 % CI", "No comparisons recorded."),
+        _figure(figs.get(f"quality:{c.backend}"), "Share of exchanges not exactly equal to the primary, with Wilson 95 % CI", quality_empty(c)),
         _table(["category", "candidate diverges", "baseline diverges (noise)", "vs noise", "flagged (greedy)", "JSON valid", "JSON equal", "tool calls equal", "one-sided refusals", "similarity p50"], quality_rows(c, a.categories)),
     ]  # fmt: skip
     if c.examples:
@@ -513,6 +518,89 @@ def _bottom_line(a: Analysis) -> list[str]:
     return parts
 
 
+def quality_empty(c: CandidateAnalysis) -> str:
+    """What stands in for the divergence chart when it would be empty or all zero."""
+    q = c.quality.get(ALL)
+    if q is None or not q.candidate_divergence.n:
+        return "No comparisons recorded."
+    cand, base = q.candidate_divergence, q.baseline_divergence
+    floor = f"; baseline {base.k} of {base.n}" if base.n else ""
+    return (
+        f"{cand.k} of {cand.n} greedy outputs differ from the primary's{floor} — no chart: "
+        "every bar would be zero."
+    )
+
+
+def head_to_head_empty(a: Analysis) -> str:
+    """What stands in for the head-to-head chart: never "no request reached two candidates"
+    beside a table of requests that did."""
+    mirrored = max((h.mirrored for h in a.head_to_head if h.category == ALL), default=0)
+    if not mirrored:
+        return "No request reached two candidates."
+    return (
+        f"{mirrored} requests reached two candidates (the table below), but too few with both "
+        "at production's load for a ratio with a confidence interval: no chart."
+    )
+
+
+def _glance(a: Analysis) -> list[str]:
+    """The first screen: rollbacks, failing candidates and the fix first, then each verdict
+    with what it rests on, what to ship, and the window."""
+    lines = front(a)
+    if not lines:
+        return []
+    parts = ['<section class="glance" id="at-a-glance">']
+    for line in lines:
+        if line.kind in ("rollback", "failing", "fix"):
+            cls = "warn" if line.kind == "fix" else "bad"
+            parts.append(
+                f'<div class="callout {cls}"><b>{escape(line.title)}</b> — {escape(line.text)}</div>'
+            )
+    rest = [line for line in lines if line.kind not in ("rollback", "failing", "fix")]
+    items = "".join(f"<li><b>{escape(x.title)}</b> — {escape(x.text)}</li>" for x in rest)
+    parts += [f"<ul>{items}</ul>", "</section>"]
+    return ["\n".join(parts)]
+
+
+_H2 = re.compile(r"<h2>(.*?)</h2>", re.S)
+_TAGS = re.compile(r"<[^>]+>")
+
+
+def _with_contents(parts: Sequence[str]) -> list[str]:
+    """Every ``<h2>`` gets an id; a table of contents links them, after the first screen."""
+    seen: dict[str, int] = {}
+    entries: list[str] = []
+
+    def anchor(m: re.Match[str]) -> str:
+        text = _TAGS.sub("", m.group(1))
+        base = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "section"
+        seen[base] = seen.get(base, 0) + 1
+        ident = base if seen[base] == 1 else f"{base}-{seen[base]}"
+        entries.append(f'<li><a href="#{ident}">{m.group(1)}</a></li>')
+        return f'<h2 id="{ident}">{m.group(1)}</h2>'
+
+    out = [_H2.sub(anchor, p) for p in parts]
+    nav = f'<nav class="toc"><b>Contents</b><ol>{"".join(entries)}</ol></nav>'
+    return [nav if p == _TOC else p for p in out]
+
+
+_TOC = "<!-- contents -->"
+
+
+def _gloss(parts: Sequence[str]) -> list[str]:
+    def text(part: str) -> str:
+        return _TAGS.sub(" ", re.sub(r'\s(alt|src|href)="[^"]*"', "", part))
+
+    return first_use(
+        parts,
+        text,
+        lambda term, meaning: f'<p class="gloss"><b>{escape(term)}</b>: {escape(meaning)}</p>',
+        skip=lambda p: p.startswith(
+            ("<!doctype", "<meta", "<h1", "<h2", "<h3", '<p class="sub"', "<nav")
+        ),
+    )
+
+
 def render_html(
     a: Analysis, figs: Mapping[str, str | None], *, title: str, sources: Sequence[str]
 ) -> str:
@@ -526,6 +614,8 @@ def render_html(
         f"{a.records} comparison records"
         + (f" (detail sections: a sample of {a.sample})" if a.sample else "")
         + f" · categories: {escape(', '.join(a.categories) or '—')}</p>",
+        *_glance(a),
+        _TOC,
         *_bottom_line(a),
     ]  # fmt: skip
     if a.candidates:
@@ -542,7 +632,7 @@ def render_html(
             '<p class="muted">Every request mirrored to two candidates is a paired comparison between them: ratio of their e2e (and tpot), '
             "geometric mean with a bootstrap 95 % interval, counting only requests where both ran at production's load (load parity within the band). "
             "A CI that excludes 1 makes “B beats A on this category” a measured statement.</p>",
-            _figure(figs.get("head_to_head"), "e2e ratio per pair and category, 95 % CI (green: the first named is faster)", "No request reached two candidates."),
+            _figure(figs.get("head_to_head"), "e2e ratio per pair and category, 95 % CI (green: the first named is faster)", head_to_head_empty(a)),
             _table(["category", "pair", "e2e ratio", "tpot ratio", "pairs at load / mirrored", "result"], head_to_head_rows(a)),
             _figure(figs.get("speedup_vs_load"), "Speed-up against each candidate's per-replica arrival rate, 95 % CI; shaded: production's operating range (p5–p95)",
                     "No pairs at a known load: no speed-up against load."),
@@ -572,7 +662,7 @@ def render_html(
         ]  # fmt: skip
     parts += _tail(a, figs)
     parts.append("</main></body></html>")
-    return "\n".join(parts)
+    return "\n".join(_with_contents(_gloss(parts)))
 
 
 def counterfactual_rows(a: Analysis) -> tuple[list[list[str]], list[list[str]]]:

@@ -115,11 +115,17 @@ def _float(text: str | None) -> float | None:
 
 
 def _rule_backends(records: Iterable[Record]) -> tuple[str, ...]:
-    seen: dict[str, None] = {}
+    """The candidate a rule rolled out: the one that answered its canary exchanges; else the
+    candidates the rule names (``sampling.candidates``); else every candidate leg it mirrored."""
+    answered: dict[str, None] = {}
+    named: dict[str, None] = {}
+    mirrored: dict[str, None] = {}
     for r in records:
-        for b in r.named_candidates():
-            seen[b] = None
-    return tuple(seen)
+        if r.served_by == "candidate" and (leg := r.candidate_leg(None)) is not None:
+            answered[leg.backend] = None
+        named.update(dict.fromkeys(r.sampling.candidates))
+        mirrored.update(dict.fromkeys(r.named_candidates()))
+    return tuple(answered or named or mirrored)
 
 
 def _from_records(records: Sequence[Record]) -> list[Rollback]:

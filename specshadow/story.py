@@ -277,8 +277,9 @@ async def run_story(args: argparse.Namespace, rows: Sequence[Any], out: Path) ->
     records = _records(out)
     write_results(out / "loadgen.jsonl", results)
     final = build_report(
-        records, [r.to_json() for r in results], out / "report", sources=["demo (simulated)"]
-    )
+        records, [r.to_json() for r in results], out / "report", sources=["demo (simulated)"],
+        rollout_state=out / "rollout-state.json",  # who rolled back, on which reading
+    )  # fmt: skip
     print(
         "\nact 4 — report (the whole run: shadow, canary, the rollback; act 2's report is in shadow-report/)"
     )

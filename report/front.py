@@ -1,0 +1,228 @@
+"""The report's first screen and its reading aids, shared by HTML and Markdown (pure).
+
+:func:`front` — what a person must see before anything else, in this order: a rollback inside
+the window (when, which guard, its reading against the threshold), a failing candidate (its
+failures by kind and the first error), the one fix of a load-mismatched candidate, then each
+candidate's verdict for all traffic with what it rests on, and what to ship.
+
+:data:`GLOSSARY` and :func:`first_use` — a one-line gloss of each term of art, placed right after
+the block where the term first appears.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+from report.analysis import ALL, DECISION_LABELS, Analysis, CandidateAnalysis, Verdict
+
+Kind = Literal["rollback", "failing", "fix", "verdict", "ship", "window"]
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    kind: Kind
+    title: str  # a few words, bold where rendered
+    text: str
+
+
+def _at(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _speed(v: Verdict) -> str:
+    at = v.at_load.e2e if v.at_load is not None else None
+    if at is None:
+        return ""
+    return f" · {at.estimate:.2f}× at production load [{at.low:.2f}, {at.high:.2f}]"
+
+
+def rests_on(a: Analysis, c: CandidateAnalysis, v: Verdict) -> str:
+    """What ``c``'s verdict ``v`` rests on, in one sentence."""
+    parts = []
+    if v.decision == "candidate_failing":
+        f = c.failures
+        parts.append(f"{f.attempted} attempted legs, {f.failed + f.breaker} of them failed")
+    else:
+        at = v.at_load
+        if at is not None:
+            parts.append(
+                f"{at.matched_pairs} primary/candidate pairs at production's load of "
+                f"{at.mirrored_pairs} mirrored"
+            )
+        else:
+            parts.append("no primary/candidate pairs")
+        eq = c.equivalence.get(v.category)
+        if eq is not None:
+            over = [f"{eq.n} sampled"] if eq.n else []
+            over += [f"{eq.greedy_n} greedy"] if eq.greedy_n else []
+            parts.append(
+                f"quality {eq.verdict.replace('_', ' ')}"
+                + (f" over {' and '.join(over)} exchanges" if over else "")
+            )
+    if v.rollback is not None:
+        source = (
+            "the records' rollout stages"
+            if v.rollback.by is None
+            else "the gateway's rollout transition"
+        )
+        parts.append(f"the rollback ({source})")
+    return "; ".join(parts)
+
+
+def front(a: Analysis) -> list[Line]:
+    """The first screen (see the module doc)."""
+    out: list[Line] = []
+    labels = {b: c.label for b, c in a.candidates.items()}
+    for rb in a.rollbacks:
+        named = ", ".join(labels.get(b, b) for b in rb.backends) or f"rule {rb.rule}"
+        words = f" The guard's words: “{rb.reason}”." if rb.reason and rb.guard else ""
+        out.append(
+            Line(
+                "rollback",
+                f"Rolled back: {named}",
+                f"{rb.text()}. Not recommended for this window; its verdict is rolled back."
+                + words,
+            )
+        )
+    out.extend(
+        Line("failing", f"Failing: {c.label}", "; ".join(c.failures.reasons()) + ".")
+        for c in a.candidates.values()
+        if c.failing
+    )
+    fixes: dict[str, list[str]] = {}
+    for c in a.candidates.values():
+        overall = c.overall
+        if overall is not None and overall.decision == "not_load_matched" and overall.fix:
+            fixes.setdefault(overall.fix, []).append(c.label)
+    for fix, who in fixes.items():
+        parity = [
+            f"{c.label} {c.overall.at_load.parity_p50:.2f}×"
+            for c in a.candidates.values()
+            if c.label in who
+            and c.overall is not None
+            and c.overall.at_load is not None
+            and c.overall.at_load.parity_p50 is not None
+        ]
+        ran = f" (load parity {', '.join(parity)})" if parity else ""
+        out.append(
+            Line(
+                "fix",
+                "Fix first: not load-matched",
+                f"{', '.join(who)} ran off production's per-replica arrival rate{ran}, so no "
+                f"verdict at production's load is possible yet. The fix: {fix}.",
+            )
+        )
+    for c in a.candidates.values():
+        v = c.overall
+        if v is None:
+            continue
+        lead = v.reasons[0] if v.reasons else ""
+        if v.decision == "rolled_back" and v.before is not None:
+            lead = f"before the rollback its shadow evidence said: {DECISION_LABELS[v.before]}"
+        out.append(
+            Line(
+                "verdict",
+                f"{c.label}: {v.label}",
+                f"{_speed(v).removeprefix(' · ')}{'; ' if _speed(v) and lead else ''}{lead}. "
+                f"Rests on: {rests_on(a, c, v)}.",
+            )
+        )
+    picks = {
+        cat: labels[r.backend]
+        for cat, r in a.recommendations.items()
+        if r.backend is not None and r.backend in labels
+    }
+    if a.candidates:
+        if picks:
+            by: dict[str, list[str]] = {}
+            for cat, label in picks.items():
+                by.setdefault(label, []).append("all traffic" if cat == ALL else cat)
+            text = "; ".join(f"{label} for {', '.join(cats)}" for label, cats in by.items())
+        else:
+            text = "nothing yet: no candidate passed the verdict for any category"
+        out.append(Line("ship", "Ship", text))
+    if a.window is not None and a.records:
+        out.append(
+            Line(
+                "window",
+                "Window",
+                f"{a.records} exchanges from {_at(a.window[0])} to {_at(a.window[1])}",
+            )
+        )
+    return out
+
+
+# -- glosses ------------------------------------------------------------------------------------
+
+# (pattern, term, gloss): the first block whose text matches gets the gloss after it.
+GLOSSARY: tuple[tuple[str, str, str], ...] = (
+    (
+        r"(?i:\bload parity\b)",
+        "load parity",
+        "the candidate's per-replica arrival rate over production's at dispatch; 1 means it ran "
+        "at production's load, and only pairs within ±25 % count.",
+    ),
+    (
+        r"\bMAL\b|(?i:\bmean acceptance length\b)",
+        "MAL (mean acceptance length)",
+        "tokens one target pass emits when the proposer drafted — accepted drafts plus the one "
+        "the target adds; 1 means no draft was accepted.",
+    ),
+    (
+        r"\be-value\b",
+        "e-value",
+        "a guard's running evidence that its threshold is breached (1 = none); it rolls back "
+        "once the e-value passes 1/α, valid however often it is checked (anytime-valid).",
+    ),
+    (
+        r"\bschedule\b",
+        "schedule",
+        "the speculation schedule: num_speculative_tokens per batch size — how deep to draft at "
+        "each load, 0 where speculation stops paying.",
+    ),
+    (
+        r"\bMMD\b",
+        "MMD",
+        "maximum mean discrepancy: a kernel two-sample test of whether two sets of outputs come "
+        "from the same distribution.",
+    ),
+    (
+        r"\bTOST\b",
+        "TOST",
+        "two one-sided tests: equivalence is shown when a difference's 90 % interval lies inside "
+        "its margin.",
+    ),
+    (
+        r"\bHolm\b",
+        "Holm",
+        "Holm's correction: the p-values of several tests adjusted so that the chance of any "
+        "false rejection stays at α.",
+    ),
+)
+
+
+def first_use(
+    blocks: Sequence[str],
+    text_of: Callable[[str], str],
+    gloss: Callable[[str, str], str],
+    *,
+    skip: Callable[[str], bool] = lambda _: False,
+) -> list[str]:
+    """``blocks`` with, after the first block whose text (``text_of``) names a glossary term, the
+    ``gloss(term, meaning)`` block; blocks for which ``skip`` holds are never glossed."""
+    first: dict[int, list[str]] = {}
+    for pattern, term, meaning in GLOSSARY:
+        rx = re.compile(pattern)
+        for i, block in enumerate(blocks):
+            if not skip(block) and rx.search(text_of(block)):
+                first.setdefault(i, []).append(gloss(term, meaning))
+                break
+    out: list[str] = []
+    for i, block in enumerate(blocks):
+        out.append(block)
+        out.extend(first.get(i, ()))
+    return out
