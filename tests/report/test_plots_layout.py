@@ -54,7 +54,7 @@ def problems(fig: Figure) -> list[str]:
         points += [
             c.get_offset_transform().transform(c.get_offsets())
             for c in ax.collections
-            if len(c.get_offsets())
+            if np.asarray(c.get_offsets()).size
         ]
         if points:
             xy = np.vstack([p for p in points if len(p)])
