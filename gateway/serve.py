@@ -43,18 +43,33 @@ def check_listen(host: str, port: int) -> None:
     except socket.gaierror as exc:
         raise ListenError(f"--host: cannot resolve {host!r}: {exc.strerror}") from None
     seen: set[tuple[int, object]] = set()
+    unavailable: OSError | None = None
+    bound = 0
     for family, kind, proto, _name, addr in infos:
         if (family, addr) in seen:
             continue
         seen.add((family, addr))
-        with socket.socket(family, kind, proto) as sock:
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError as exc:  # the family is not enabled here: asyncio skips it too
+            unavailable = exc
+            continue
+        with sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
                 sock.bind(addr)
             except OSError as exc:
-                raise ListenError(listen_problem(host, port, exc)) from None
+                # asyncio's create_server skips an address that is not available (an IPv6
+                # "localhost" without IPv6, bpo-30945); anything else fails the start.
+                if exc.errno != errno.EADDRNOTAVAIL:
+                    raise ListenError(listen_problem(host, port, exc)) from None
+                unavailable = exc
+                continue
+            bound += 1
+    if not bound and unavailable is not None:
+        raise ListenError(listen_problem(host, port, unavailable))
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

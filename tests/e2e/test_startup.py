@@ -233,6 +233,8 @@ def test_a_busy_port_is_one_line_and_status_2():
          "specshadow serve: backend cand: api_key_env names SPECSHADOW_TEST_UNSET_KEY, which is "
          "not set"),
         (["--policy", "MISSING"], {}, "specshadow serve: --policy: cannot read "),
+        (["--host", "192.0.2.1"], {},  # TEST-NET-1: never an address of this machine
+         "specshadow serve: cannot listen on 192.0.2.1:"),
     ],
 )  # fmt: skip
 def test_a_start_that_cannot_work_is_one_line_and_status_2(tmp_path, args, env, line):
