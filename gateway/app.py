@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from typing import cast
 
 from aiohttp import web
 
@@ -32,6 +33,7 @@ from otel.settings import TelemetrySettings
 from otel.setup import build_telemetry
 from otel.telemetry import Telemetry
 from policies.compile import policy_from_flags
+from policies.compiled import BackendKind
 from policies.store import PolicyStore
 from policies.watch import watch_policy_file
 
@@ -40,13 +42,23 @@ def open_policy(settings: Settings) -> PolicyStore:
     """The policy store from ``--policy FILE`` or from the quick flags (PolicyError if invalid)."""
     if settings.policy_path:
         return PolicyStore.open(settings.policy_path, primary_url=settings.primary_url)
+    # Stated kinds only: ``specshadow serve`` also detects the rest before it gets here.
+    kinds = settings.shadow_kinds
+    per_shadow = [kinds[0]] * len(settings.shadow_urls) if len(kinds) == 1 else list(kinds)
     policy = policy_from_flags(
         primary_url=settings.primary_url,
         shadow_urls=settings.shadow_urls,
         baseline_url=settings.baseline_url,
         ratio=settings.shadow_ratio,
+        primary_kind=_kind(settings.primary_kind),
+        shadow_kinds=[k for k in map(_kind, per_shadow) if k is not None],
+        baseline_kind=_kind(settings.baseline_kind),
     )
     return PolicyStore(policy, primary_url=settings.primary_url)
+
+
+def _kind(value: str | None) -> BackendKind | None:
+    return cast(BackendKind, value) if value is not None else None  # Settings validated it
 
 
 def _managed(sink: ExchangeSink) -> ManagedSink | None:

@@ -38,7 +38,7 @@ from gateway.forward import relay
 from gateway.headers import candidate_request_headers, upstream_request_headers
 from gateway.legs import LegRun
 from gateway.rollout import ServePlan
-from gateway.shadow import ShadowBatch, ShadowRequest, backend_verdict
+from gateway.shadow import ShadowBatch, ShadowRequest, backend_verdict, failure_text
 from gateway.state import Gateway
 from policies.compiled import BackendSpec, CompiledPolicy, LegPlan, RequestFacts
 
@@ -288,7 +288,10 @@ async def serve_candidate(call: Call, plan: ServePlan) -> web.StreamResponse:
         raise
     finally:
         load.done()
-    breaker.observe(backend_verdict(outcome, leg.status))
+    verdict = backend_verdict(outcome, leg.status)
+    breaker.observe(
+        verdict, None if verdict is not False else failure_text(outcome, leg.status, error_type)
+    )
     if failure is not None or downstream is None:
         return await _fail_over(call, plan, leg.finish(outcome, error_type), failure or outcome)
     gw.telemetry.rollout_served(plan.rule, backend.name, "candidate")

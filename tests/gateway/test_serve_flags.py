@@ -90,3 +90,27 @@ def test_the_summary_of_a_policy_file_names_roles_kinds_and_shares(tmp_path):
         "rule default",
         f"store r.sqlite; policy {path}; state s.json",
     ]
+
+
+def test_an_embedded_gateway_keeps_the_stated_kinds() -> None:
+    """``open_policy`` (the demo's, the tests' and an embedding's gateway) takes the kinds the
+    settings state; what it is not told stays ``openai``."""
+    from gateway.app import open_policy
+    from gateway.settings import Settings
+
+    one = Settings(
+        primary_url="http://127.0.0.1:1",
+        shadow_urls=("http://127.0.0.1:2", "http://127.0.0.1:3"),
+        shadow_kinds=("vllm",),
+        baseline_url="http://127.0.0.1:4",
+        baseline_kind="sim",
+    )
+    kinds = {n: b.kind for n, b in open_policy(one).current.backends.items()}
+    assert kinds == {"primary": "openai", "shadow-1": "vllm", "shadow-2": "vllm", "baseline": "sim"}
+    each = Settings(
+        primary_url="http://127.0.0.1:1",
+        shadow_urls=("http://127.0.0.1:2", "http://127.0.0.1:3"),
+        shadow_kinds=("sglang", "openai"),
+    )
+    kinds = {n: b.kind for n, b in open_policy(each).current.backends.items()}
+    assert kinds == {"primary": "openai", "shadow-1": "sglang", "shadow-2": "openai"}
