@@ -43,6 +43,10 @@ CATEGORIES = (
     "math",
     "chat",
 )
+# Every reader's name for an exchange with no category (records, reports, telemetry labels), and
+# the pooled category's: every category together.
+UNCATEGORIZED = "uncategorized"
+ALL = "all"
 
 RAG_MIN_CHARS = 8000
 SCAN_CHARS = 16_384

@@ -36,6 +36,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from core import jsonx
+from core.classify import UNCATEGORIZED
 from core.evidence import Evidence
 from core.exchange import Exchange, LegResult
 from core.timings import EXACT_TOKENS
@@ -324,7 +325,7 @@ class Telemetry:
         gateway as they happen (:meth:`count_shadow`). ``category`` (the classifier's answer)
         stands in for ``exchange.category``.
         """
-        category = category or exchange.category or "none"
+        category = category or exchange.category or UNCATEGORIZED
         for leg in exchange.legs:
             _record_leg(self.instruments, exchange, leg, category, self._max_gaps)
 
@@ -415,7 +416,11 @@ class Telemetry:
     ) -> None:
         """Count one shadow-vs-primary comparison outcome (match | diverge | …) by the non-primary
         side's role and backend."""
-        attributes = {sc.OUTCOME: outcome, sc.LEG_ROLE: role, sc.CATEGORY: category or "none"}
+        attributes = {
+            sc.OUTCOME: outcome,
+            sc.LEG_ROLE: role,
+            sc.CATEGORY: category or UNCATEGORIZED,
+        }
         if backend is not None:
             attributes[sc.BACKEND] = backend
         self.instruments.compare_results.add(1, attributes)
@@ -482,7 +487,7 @@ class Telemetry:
         attributes = {
             sc.RECORD_SCHEMA: str(record.get("schema", "")),
             sc.EXCHANGE_ID: str(record.get("exchange_id", "")),
-            sc.CATEGORY: str(record.get("category") or "none"),
+            sc.CATEGORY: str(record.get("category") or UNCATEGORIZED),
         }
         logger.emit(
             timestamp=unix_ns,

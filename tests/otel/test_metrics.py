@@ -169,7 +169,7 @@ def test_shadow_breaker_policy_and_comparison_counters(mem: InMemoryTelemetry) -
     assert only(found, sc.METRIC_SHADOW_REQUESTS, **{sc.OUTCOME: "sampled"}).value == 1
     assert only(found, sc.METRIC_BREAKER_STATE, **{sc.BACKEND: "spec"}).value == 2
     assert only(found, sc.METRIC_POLICY_RELOAD, **{sc.RESULT: "error"}).value == 1
-    assert only(found, sc.METRIC_COMPARE_RESULTS).attributes[sc.CATEGORY] == "none"
+    assert only(found, sc.METRIC_COMPARE_RESULTS).attributes[sc.CATEGORY] == "uncategorized"
     assert only(found, sc.METRIC_POLICY_GENERATION).value == 4
     assert only(found, sc.METRIC_POLICY_LAST_RELOAD_SUCCESS).value == 0
     generation["value"] = 5
