@@ -52,6 +52,7 @@ def write_outputs(matrix: Matrix, out_dir: str | Path) -> dict[str, Path]:
 def _run(args: argparse.Namespace) -> int:
     from counterfactual.matrix import build_matrix
     from counterfactual.retokenize import TokenizerError, find_tokenizer, needs_tokens, retokenized
+    from evidence.reader import read
     from evidence.sources import SourceError, iter_records
 
     try:
@@ -71,10 +72,10 @@ def _run(args: argparse.Namespace) -> int:
                 )
                 return 2
             primaries = {
-                leg.get("server_address")
-                for r in iter_records(sources)
-                for leg in r.get("legs") or ()
-                if leg.get("role") == "primary"
+                leg.server_address
+                for r in map(read, iter_records(sources))
+                for leg in r.legs
+                if leg.role == "primary"
             }
             if url.split("://", 1)[-1].rstrip("/") in primaries:
                 print(
@@ -113,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
         if pick["config"] is None:
             print(f"{cat:<20} none: {pick['reason']}")
             continue
-        s = pick["predicted_tpot_speedup"] or {}
+        s = pick["predicted_tpot_speedup"] or {}  # the matrix's own pick, not a record
         speed = (
             f"{s['estimate']:.2f}× predicted" if s.get("estimate") is not None else "no speed model"
         )

@@ -24,16 +24,18 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.classify import ALL
 from core.stats import RatioStats, paired_ratio_test
 from counterfactual.grid import DEFAULT_DEPTHS, DEFAULT_WINDOWS, Config, grid
 from counterfactual.replay import Replay, drafter_offers, ngram_offers, replay
 from counterfactual.speed import StepModel, fit_step_model, leg_batch
 from evidence.acceptance import output_length_bucket
+from evidence.reader import Leg, Record, read
 
 __all__ = ["ALL", "Matrix", "build_matrix", "live_config", "request_json"]
 
-ALL = "all"
-Record = Mapping[str, Any]
+# A record as stored (a JSON object) or already read; every field is read through the reader.
+AnyRecord = Mapping[str, Any] | Record
 
 
 @dataclass(slots=True)
@@ -115,12 +117,12 @@ class Matrix:
 
 
 def request_json(
-    record: Record, category: str, bucket: str, greedy: bool, results: Mapping[Config, Replay]
+    record: AnyRecord, category: str, bucket: str, greedy: bool, results: Mapping[Config, Replay]
 ) -> dict[str, Any]:
     """One record's replay under every configuration: its mean acceptance length, acceptance rate
     per draft position, and the counts behind them."""
     return {
-        "exchange_id": record.get("exchange_id"),
+        "exchange_id": read(record).exchange_id,
         "category": category,
         "output_length_bucket": bucket,
         "greedy": greedy,
@@ -152,67 +154,54 @@ def config_json(c: Config) -> dict[str, Any]:
     }
 
 
-def live_config(leg: Mapping[str, Any]) -> Config | None:
+def live_config(leg: Leg | Mapping[str, Any]) -> Config | None:
     """The configuration a candidate leg's backend runs, when it is one the replay can score."""
-    spec = leg.get("speculative") or {}
-    method = str(spec.get("method") or "").lower().replace("-", "").replace("_", "")
-    k = spec.get("num_speculative_tokens")
-    if not isinstance(k, int) or k < 1:
+    spec = (leg if isinstance(leg, Leg) else Leg(leg)).speculative
+    if spec is None:
         return None
-    lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
-    if method in ("ngram", "promptlookup") and isinstance(lo, int) and isinstance(hi, int):
+    method = (spec.method or "").lower().replace("-", "").replace("_", "")
+    k = spec.num_speculative_tokens
+    if k is None or k < 1:
+        return None
+    lo, hi = spec.prompt_lookup_min, spec.prompt_lookup_max
+    if method in ("ngram", "promptlookup") and lo is not None and hi is not None:
         return Config("ngram", k, lo, hi)
     return None
 
 
-def _own_ids(record: Record, backend: str) -> list[int] | None:
-    legs = (record.get("tokens") or {}).get("legs")
-    ids = legs.get(backend) if isinstance(legs, Mapping) else None
-    return ids if isinstance(ids, list) and ids else None
-
-
 def _tokens(record: Record) -> tuple[list[int], list[int], Mapping[str, list[int]]] | None:
-    t = record.get("tokens")
-    if not isinstance(t, Mapping):
+    """(prompt ids, output ids, each drafter's predicted ids); None unless both ids are there."""
+    t = record.tokens
+    if t is None:
         return None
-    prompt, output = t.get("prompt"), t.get("output")
-    if not isinstance(prompt, list) or not isinstance(output, list) or not output:
+    prompt, output = t.prompt, t.output
+    if prompt is None or not output:
         return None
-    drafters = t.get("drafters") if isinstance(t.get("drafters"), Mapping) else {}
-    return prompt, output, drafters or {}
-
-
-def _completed(leg: Mapping[str, Any]) -> bool:
-    return leg.get("outcome") == "completed" and leg.get("status") in (200, None)
-
-
-def _num(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    return prompt, output, t.drafters
 
 
 def _speed_points(record: Record) -> Iterable[tuple[str, float, float, float]]:
-    """(role, batch, slots per sequence, step seconds) for each leg that tells."""
-    for leg in record.get("legs") or ():
-        if not isinstance(leg, Mapping) or not _completed(leg):
+    """(role, batch, slots per sequence, step seconds) for each completed leg that tells
+    (:attr:`Leg.ok`: the completed-leg rule every reader of the records shares)."""
+    for leg in record.legs:
+        if not leg.ok:
             continue
-        tpot, batch = _num(leg.get("tpot_s")), leg_batch(leg)
-        out = _num(leg.get("output_tokens"))
+        tpot, batch, out = leg.tpot_s, leg_batch(leg), leg.output_tokens
         if tpot is None or batch is None or out is None or out < 2:
             continue
-        spec = leg.get("speculative") or {}
-        k = spec.get("num_speculative_tokens") if isinstance(spec, Mapping) else None
-        if leg.get("role") == "primary" and not k:
+        spec = leg.speculative
+        k = spec.num_speculative_tokens if spec is not None else None
+        if leg.role == "primary" and not k:
             yield "primary", batch, 1.0, tpot
             continue
-        acc = leg.get("acceptance") or {}
-        tpp, drafted = _num(acc.get("tokens_per_pass")), _num(acc.get("num_draft_tokens"))
-        if leg.get("role") == "candidate" and tpp and drafted is not None:
+        tpp, drafted = leg.acceptance.tokens_per_pass, leg.acceptance.num_draft_tokens
+        if leg.role == "candidate" and tpp and drafted is not None:
             passes = out / tpp
             yield "candidate", batch, 1.0 + drafted / passes, tpot * tpp
 
 
 def build_matrix(
-    open_records: Callable[[], Iterable[Record]],
+    open_records: Callable[[], Iterable[AnyRecord]],
     *,
     depths: tuple[int, ...] = DEFAULT_DEPTHS,
     windows: tuple[tuple[int, int], ...] = DEFAULT_WINDOWS,
@@ -225,9 +214,9 @@ def build_matrix(
     """
     live: set[Config] = set()
     drafter_names: set[str] = set()
-    for record in open_records():
-        for leg in record.get("legs") or ():
-            if isinstance(leg, Mapping) and leg.get("role") == "candidate":
+    for record in map(read, open_records()):
+        for leg in record.legs:
+            if leg.role == "candidate":
                 c = live_config(leg)
                 if c is not None:
                     live.add(c)
@@ -245,7 +234,7 @@ def build_matrix(
     points: list[tuple[float, float, float]] = []
     primary_batches: list[float] = []
     records = scored = 0
-    for record in open_records():
+    for record in map(read, open_records()):
         records += 1
         for role, b, slots, step in _speed_points(record):
             points.append((b, slots, step))
@@ -256,16 +245,16 @@ def build_matrix(
             continue
         scored += 1
         prompt, output, drafted = tok
-        category = str(record.get("category") or "unknown")
+        category = record.category
         bucket = output_length_bucket(len(output)) or "unknown"
-        greedy = bool(record.get("greedy"))
+        greedy = record.greedy
         results: dict[Config, Replay] = {}
         for family, members in families.items():
             proposer, lo, hi, drafter = family
             if proposer == "ngram" and lo is not None and hi is not None:
                 available, match = ngram_offers(prompt, output, lo, hi, max_k)
             else:
-                predicted = drafted.get(drafter or "")
+                predicted = drafted.get(drafter or "")  # the reader's {drafter: ids}
                 if predicted is None or len(predicted) != len(output):
                     continue
                 available, match = drafter_offers(output, predicted)
@@ -278,19 +267,18 @@ def build_matrix(
                 for bk in (bucket, ALL):
                     cell = cells.setdefault((c, cat, bk), Cell(c.num_speculative_tokens))
                     cell.add(r, greedy)
-        for leg in record.get("legs") or ():
-            if not isinstance(leg, Mapping) or leg.get("role") != "candidate":
+        own_ids = record.tokens.legs if record.tokens is not None else {}
+        for leg in record.legs:
+            if leg.role != "candidate":
                 continue
             c = live_config(leg)
-            acc = leg.get("acceptance") or {}
-            drafts, accepted = _num(acc.get("num_drafts")), _num(acc.get("num_accepted_tokens"))
+            drafts = leg.acceptance.num_drafts
+            accepted = leg.acceptance.num_accepted_tokens
             if c is None or c not in results or drafts is None or accepted is None:
                 continue
-            check = checks.setdefault(
-                (str(leg.get("backend")), c), LiveCheck(str(leg.get("backend")), c)
-            )
+            check = checks.setdefault((leg.backend, c), LiveCheck(leg.backend, c))
             check.add(greedy, results[c], drafts, accepted)
-            own = _own_ids(record, check.backend)
+            own = own_ids.get(check.backend) or None  # the reader's {backend: generated ids}
             if (
                 own is not None
                 and c.proposer == "ngram"
@@ -377,6 +365,7 @@ def _row(
 
 
 def _score(row: Mapping[str, Any]) -> float:
+    # ``row``: one of the matrix's own output rows (:func:`_row`), not a record.
     value = row.get("predicted_tpot_speedup")
     if value is None:
         value = (row.get("tokens_per_pass") or {}).get("estimate")
@@ -409,6 +398,7 @@ def _picks(rows: list[dict[str, Any]], configs: tuple[Config, ...]) -> dict[str,
 
 
 def _speedup_json(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    # ``row``: one of the matrix's own output rows (:func:`_row`), not a record.
     if row.get("predicted_tpot_speedup") is None:
         return None
     interval = row.get("predicted_tpot_speedup_interval") or {}

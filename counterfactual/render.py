@@ -2,7 +2,8 @@
 
 Every speed-up here is *predicted* (acceptance replayed on production's outputs, step time from
 the fitted model) and says so; acceptance measured on a live candidate appears only in the
-predicted-vs-measured table.
+predicted-vs-measured table. Everything here reads the matrix's own rows, picks and live checks
+(:class:`~counterfactual.matrix.Matrix`), never a record.
 """
 
 from __future__ import annotations

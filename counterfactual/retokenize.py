@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from core import jsonx
+from evidence.reader import Record, read
 
 __all__ = ["TokenizerError", "find_tokenizer", "needs_tokens", "retokenized"]
 
@@ -31,41 +32,26 @@ class TokenizerError(RuntimeError):
     """The tokenizer could not be reached or answered something else than ``/tokenize`` does."""
 
 
-def _primary(record: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    return next(
-        (
-            leg
-            for leg in record.get("legs") or ()
-            if isinstance(leg, Mapping) and leg.get("role") == "primary"
-        ),
-        None,
-    )
+def _output_text(record: Record) -> str | None:
+    """The primary's captured output text; None when there is none (or it is empty)."""
+    primary = record.primary
+    return (primary.text or None) if primary is not None else None
 
 
-def _text(obj: object) -> str | None:
-    text = obj.get("text") if isinstance(obj, Mapping) else None
-    return text if isinstance(text, str) and text else None
-
-
-def needs_tokens(record: Mapping[str, Any]) -> bool:
+def needs_tokens(record: Mapping[str, Any] | Record) -> bool:
     """No ids, but the primary's output text was captured."""
-    primary = _primary(record)
-    return (
-        not record.get("tokens")
-        and primary is not None
-        and _text(primary.get("output")) is not None
-    )
+    r = read(record)
+    return r.tokens is None and _output_text(r) is not None
 
 
-def find_tokenizer(records: Iterable[Mapping[str, Any]]) -> str | None:
+def find_tokenizer(records: Iterable[Mapping[str, Any] | Record]) -> str | None:
     """``http://host:port`` of the first candidate or baseline leg's server that is not the
     primary's (records name servers, not backends' URLs)."""
-    for record in records:
-        primary = _primary(record)
-        ours = primary.get("server_address") if primary is not None else None
-        for leg in record.get("legs") or ():
-            address = leg.get("server_address") if isinstance(leg, Mapping) else None
-            if leg.get("role") in ("candidate", "baseline") and address and address != ours:
+    for r in map(read, records):
+        ours = r.primary.server_address if r.primary is not None else None
+        for leg in r.legs:
+            address = leg.server_address
+            if leg.role in ("candidate", "baseline") and address and address != ours:
                 return f"http://{address}"
     return None
 
@@ -82,6 +68,7 @@ def _tokenize(url: str, body: Mapping[str, Any], timeout_s: float) -> list[int]:
             answer = jsonx.loads(resp.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise TokenizerError(f"{url}/tokenize: {exc}") from exc
+    # ``answer``: the tokenizer's /tokenize response, not a record.
     ids = answer.get("tokens") if isinstance(answer, Mapping) else None
     if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
         raise TokenizerError(f"{url}/tokenize: no list of token ids in the answer")
@@ -95,11 +82,12 @@ def retokenized(
     ``out`` (JSON Lines) so a second pass reads the file, not the tokenizer again."""
     with out.open("wb") as sink:
         for record in records:
-            if needs_tokens(record):
-                primary = _primary(record)
-                assert primary is not None
-                output_text = _text(primary.get("output"))
-                prompt_text = _text(record.get("request")) or ""
+            r = read(record)
+            output_text = _output_text(r)
+            if r.tokens is None and output_text is not None:
+                assert r.primary is not None
+                reported = r.primary.output_tokens  # a count, read as a number: kept an int
+                prompt_text = r.request_text or ""
                 record = {
                     **record,
                     "tokens": {
@@ -111,7 +99,7 @@ def retokenized(
                             url, {"prompt": output_text, "add_special_tokens": False}, timeout_s
                         ),
                         "output_source": f"tokenize:{url}",
-                        "output_tokens_reported": primary.get("output_tokens"),
+                        "output_tokens_reported": None if reported is None else int(reported),
                         "drafters": {},
                         "legs": {},
                     },

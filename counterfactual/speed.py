@@ -6,7 +6,8 @@ speculative one. That is the usual roofline shape — a memory-bound floor (``ba
 weights read once per step) plus a compute-bound slope (``slot_s``) — and the simulator's
 continuous-batching engine follows it, so the demo has a known answer.
 
-Fitted by least squares on the records' legs: the primary's ``tpot`` (one token per pass) at its
+Fitted by least squares on the records' completed legs (:attr:`evidence.reader.Leg.ok`, the rule
+every reader of the records shares): the primary's ``tpot`` (one token per pass) at its
 batch, and any live candidate's ``tpot × tokens_per_pass`` (its step time) at its batch and
 verification slots. The batch is the backend's scraped ``num_requests_running`` when the leg has
 it, else the gateway's in-flight count per replica. With no spread in ``slots`` the slope cannot
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.stats import percentile
+from evidence.reader import Leg
 
 __all__ = ["StepModel", "fit_step_model", "leg_batch"]
 
@@ -64,16 +66,17 @@ class StepModel:
         }
 
 
-def leg_batch(leg: Mapping[str, Any]) -> float | None:
-    """The batch a leg ran in: the scraped running requests, else in-flight per replica."""
-    load = leg.get("load") or {}
-    scraped = load.get("scraped") or {}
-    running = scraped.get("num_requests_running")
-    if isinstance(running, int | float) and running > 0:
-        return float(running)
-    per_replica = load.get("per_replica_in_flight")
-    if isinstance(per_replica, int | float) and per_replica > 0:
-        return float(per_replica)
+def leg_batch(leg: Leg | Mapping[str, Any]) -> float | None:
+    """The batch a leg ran in: the scraped running requests, else in-flight per replica (a leg
+    as stored or as read: :class:`evidence.reader.Leg`)."""
+    load = (leg if isinstance(leg, Leg) else Leg(leg)).load
+    scraped = load.scraped
+    running = scraped.num_requests_running if scraped is not None else None
+    if running is not None and running > 0:
+        return running
+    per_replica = load.per_replica_in_flight
+    if per_replica is not None and per_replica > 0:
+        return per_replica
     return None
 
 

@@ -4,7 +4,8 @@
 A record is a plain JSON object (``schema specshadow.record/1``, docs/records.md) — stored,
 copied and exported as such. Code that *reads* one wraps it in :class:`Record` and gets typed,
 lazy views of it: :class:`Leg`, :class:`Comparison`, :class:`Load`, :class:`Acceptance`,
-:class:`Speculative`, :class:`LegQuality`, :class:`Sampling`, :class:`Drop`. Nothing is copied
+:class:`Speculative`, :class:`LegQuality`, :class:`Sampling`, :class:`Drop`, :class:`Tokens`.
+Nothing is copied
 or parsed ahead of use (a view is one slot holding the dict), so a streamed fold over millions
 of records pays only for the fields it reads.
 
@@ -27,6 +28,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
+from core.classify import UNCATEGORIZED
+
 __all__ = [
     "UNCATEGORIZED",
     "Acceptance",
@@ -40,12 +43,11 @@ __all__ = [
     "Scraped",
     "Speculative",
     "TimingName",
+    "Tokens",
     "num",
     "read",
     "read_all",
 ]
-
-UNCATEGORIZED = "uncategorized"
 
 TimingName = Literal["ttft_s", "tpot_s", "e2e_s", "chunk_gap_p50_s", "chunk_gap_p99_s"]
 
@@ -78,6 +80,19 @@ def _key(value: Any) -> str:
 
 def _map(value: Any) -> Mapping[str, Any] | None:
     return value if isinstance(value, Mapping) else None
+
+
+def _ids(value: Any) -> list[int] | None:
+    """A list of token ids as stored; None unless every item is an ``int``."""
+    if not isinstance(value, list) or not all(_int(x) is not None for x in value):
+        return None
+    return value
+
+
+def _ids_by_name(value: Any) -> dict[str, list[int]]:
+    """``{name: ids}``, keeping only the entries whose ids read as :func:`_ids`."""
+    block = _map(value) or _EMPTY
+    return {str(k): ids for k, v in block.items() if (ids := _ids(v)) is not None}
 
 
 class _View:
@@ -210,6 +225,16 @@ class Speculative(_View):
         return _int(self.raw.get("num_speculative_tokens"))
 
     @property
+    def prompt_lookup_min(self) -> int | None:
+        """n-gram proposers: the shortest n-gram the lookup matches."""
+        return _int(self.raw.get("prompt_lookup_min"))
+
+    @property
+    def prompt_lookup_max(self) -> int | None:
+        """n-gram proposers: the longest n-gram the lookup matches."""
+        return _int(self.raw.get("prompt_lookup_max"))
+
+    @property
     def verification(self) -> str | None:
         return _str(self.raw.get("verification"))
 
@@ -299,6 +324,11 @@ class Leg(_View):
     @property
     def backend(self) -> str:
         return _key(self.raw.get("backend"))
+
+    @property
+    def server_address(self) -> str | None:
+        """``host:port`` of the server the leg went to (records name servers, not URLs)."""
+        return _str(self.raw.get("server_address")) or None
 
     @property
     def outcome(self) -> str | None:
@@ -514,6 +544,51 @@ class Sampling(_View):
         return _int(self.raw.get("sweep_step"))
 
 
+class Tokens(_View):
+    """The exchange's token ids for counterfactual scoring (``tokens``): the token tap's, or
+    ``specshadow counterfactual``'s re-tokenized text (``output_source`` says which)."""
+
+    __slots__ = ()
+
+    @property
+    def source(self) -> str | None:
+        """Who tokenized the prompt (``tokenize:<backend>``)."""
+        return _str(self.raw.get("source"))
+
+    @property
+    def leg(self) -> str | None:
+        """The role of the leg whose output ``output`` is (production's: ``primary``)."""
+        return _str(self.raw.get("leg"))
+
+    @property
+    def prompt(self) -> list[int] | None:
+        return _ids(self.raw.get("prompt"))
+
+    @property
+    def output(self) -> list[int] | None:
+        return _ids(self.raw.get("output"))
+
+    @property
+    def output_source(self) -> str | None:
+        """Where the output ids came from: ``engine``, ``leg:<backend>`` or a tokenizer."""
+        return _str(self.raw.get("output_source"))
+
+    @property
+    def output_tokens_reported(self) -> int | None:
+        """The leg's own output token count, beside the ids' length."""
+        return _int(self.raw.get("output_tokens_reported"))
+
+    @property
+    def drafters(self) -> dict[str, list[int]]:
+        """Per drafter backend, its greedy prediction of each output token."""
+        return _ids_by_name(self.raw.get("drafters"))
+
+    @property
+    def legs(self) -> dict[str, list[int]]:
+        """Per backend, the ids its leg generated (the live candidates' engine check)."""
+        return _ids_by_name(self.raw.get("legs"))
+
+
 class Record:
     """One exchange's comparison record, read through typed properties (see the module doc).
 
@@ -591,6 +666,17 @@ class Record:
     @property
     def sampling(self) -> Sampling:
         return Sampling(_map(self.raw.get("sampling")) or _EMPTY)
+
+    @property
+    def request_text(self) -> str | None:
+        """The prompt's text (messages' contents joined), where the capture setting kept it."""
+        return _str((_map(self.raw.get("request")) or _EMPTY).get("text"))
+
+    @property
+    def tokens(self) -> Tokens | None:
+        """The token ids block; None when the record has none (or an empty one)."""
+        t = _map(self.raw.get("tokens"))
+        return Tokens(t) if t else None
 
     @property
     def legs(self) -> tuple[Leg, ...]:

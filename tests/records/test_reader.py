@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from core.exchange import CaptureSpec, LegLoad, SpeculativeSpec
+from core.exchange import CaptureSpec, LegLoad, SpeculativeSpec, TokenIds
 from evidence.reader import Leg, Record, read, read_all
 from evidence.schema import BackendFacts, build_record
 from evidence.scrape import MetricsSample
@@ -32,7 +32,7 @@ SPEC = SpeculativeSpec(
 
 def written() -> dict[str, Any]:
     """A record as the writer writes it: a candidate with speculative counters and a baseline,
-    every leg with its load at dispatch and its backend's gauges."""
+    every leg with its load at dispatch and its backend's gauges, and the token tap's ids."""
     ex = make_exchange()
     load = LegLoad(in_flight=3, rate_rps=12.0, window_s=10.0, replicas=2)
     ex = dataclasses.replace(
@@ -41,6 +41,15 @@ def written() -> dict[str, Any]:
         shadows=tuple(
             dataclasses.replace(s, load=load, speculative=SPEC if s.role == "candidate" else None)
             for s in ex.shadows
+        ),
+        tokens=TokenIds(
+            source="tokenize:vllm-ngram",
+            leg="primary",
+            prompt=(1, 2, 3),
+            output=(4, 5),
+            drafters={"drafter": (4, 6)},
+            output_source="engine",
+            legs={"vllm-ngram": (4, 5)},
         ),
     )
 
@@ -158,6 +167,19 @@ def test_the_reader_reads_the_writers_values() -> None:
     assert c is not None and c.exact_match == raw["comparisons"][0]["exact_match"]
     assert r.comparison("primary", "candidate", b_backend="another") is None
     assert r.policy_rule == "mirror-all" and r.rollout_stage is None
+    # what the counterfactual matrix reads: the ids, the captured texts, the servers
+    t = r.tokens
+    assert t is not None and (t.prompt, t.output) == ([1, 2, 3], [4, 5])
+    assert t.drafters == {"drafter": [4, 6]} and t.legs == {"vllm-ngram": [4, 5]}
+    assert t.leg == "primary" and t.output_source == "engine"
+    assert t.output_tokens_reported == raw["legs"][0]["output_tokens"]
+    assert r.request_text == raw["request"]["text"] and r.request_text
+    assert cand.server_address == raw["legs"][1]["server_address"]
+    spec = cand.speculative
+    assert spec is not None and spec.prompt_lookup_min is None is spec.prompt_lookup_max
+    assert read({**raw, "tokens": None}).tokens is None
+    bad = read({**raw, "tokens": {"prompt": [1, True], "output": "x", "legs": {"b": [1.5]}}}).tokens
+    assert bad is not None and bad.prompt is None and bad.output is None and bad.legs == {}
 
 
 def test_a_failed_leg_is_not_ok_and_says_why() -> None:
