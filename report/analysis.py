@@ -126,7 +126,7 @@ class Verdict:
     at_load: lt.LoadTrue | None = None  # the speed-ups at production's load
     fix: str | None = None  # not_load_matched: the share or replicas that would give parity
     rollback: Rollback | None = None  # rolled_back: the rollback inside the window
-    before: Decision | None = None  # rolled_back: what the shadow evidence had said
+    without_rollback: Decision | None = None  # rolled_back: the window's evidence without it
 
     @property
     def label(self) -> str:
@@ -491,7 +491,8 @@ def analyze_candidate(
 def _mismatched_categories(verdicts: list[Verdict]) -> list[Verdict]:
     """A category with too few pairs of its own, of a candidate that as a whole ran off
     production's load, says the load mismatch and its fix — not "not enough data": more pairs at
-    the wrong load would not decide it either."""
+    the wrong load would not decide it either. Every mismatched category gives the candidate's
+    one fix (the share is the candidate's, not a category's)."""
     overall = next((v for v in verdicts if v.category == ALL), None)
     if overall is None or overall.decision != "not_load_matched" or overall.at_load is None:
         return verdicts
@@ -500,6 +501,11 @@ def _mismatched_categories(verdicts: list[Verdict]) -> list[Verdict]:
     for v in verdicts:
         at = v.at_load
         matched = at is not None and at.matched_pairs >= at.mirrored_pairs * MATCHED_SHARE > 0
+        if v.decision == "not_load_matched" and v.fix != overall.fix:
+            fix = f"to measure it at production's load: {overall.fix}"
+            reasons = tuple(fix if r.startswith("to measure it at") else r for r in v.reasons)
+            out.append(dataclasses.replace(v, reasons=reasons, fix=overall.fix))
+            continue
         if v.decision != "not_enough_data" or matched:
             out.append(v)
             continue
@@ -529,14 +535,15 @@ def _rolled_back(c: CandidateAnalysis, rb: Rollback) -> None:
         reasons = (
             rb.text(),
             "not recommended for this window: the rollout's guard saw it fail in production",
-            f"its shadow evidence alone said: {v.label}" + (f" — {before}" if before else ""),
+            f"without the rollback, this window's evidence says: {v.label}"
+            + (f" — {before}" if before else ""),
         )
         if rb.by not in (None, "guard"):
             reasons = (rb.text(), "not recommended for this window", reasons[2])
         out.append(
             dataclasses.replace(
                 v, decision="rolled_back", reasons=reasons, pairs_needed=None, rollback=rb,
-                before=v.decision,
+                without_rollback=v.decision,
             )
         )  # fmt: skip
     c.verdicts = out

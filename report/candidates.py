@@ -289,7 +289,15 @@ def recommend(
             return Recommendation(
                 category, None, "the only candidates that pass verify drafts lossily"
             )
-        return Recommendation(category, None, "no candidate passed the verdict")
+        rolled = [b for b, v in verdicts.items() if v.decision == "rolled_back"]
+        failing = [b for b, v in verdicts.items() if v.decision == "candidate_failing"]
+        why = [f"{', '.join(rolled)} rolled back in this window"] if rolled else []
+        why += [f"{', '.join(failing)} failing"] if failing else []
+        return Recommendation(
+            category,
+            None,
+            "no candidate passed the verdict" + (f" ({'; '.join(why)})" if why else ""),
+        )
 
     def speed(b: str) -> float:
         at = verdicts[b].at_load

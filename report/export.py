@@ -47,9 +47,9 @@ def _verdict(v: Verdict, c: CandidateAnalysis) -> dict[str, Any]:
         "quality": eq.to_json() if (eq := c.equivalence.get(v.category)) is not None else None,
         # not_load_matched: what would give parity 1 (the same words as the reasons' last)
         "fix": v.fix,
-        # rolled_back: the rollback, and what the shadow evidence had said before it
+        # rolled_back: the rollback, and the verdict the window's evidence gives without it
         "rollback": v.rollback.to_json() if v.rollback is not None else None,
-        "before_rollback": v.before,
+        "without_rollback": v.without_rollback,
     }
 
 

@@ -121,8 +121,9 @@ def front(a: Analysis) -> list[Line]:
         if v is None:
             continue
         lead = v.reasons[0] if v.reasons else ""
-        if v.decision == "rolled_back" and v.before is not None:
-            lead = f"before the rollback its shadow evidence said: {DECISION_LABELS[v.before]}"
+        if v.decision == "rolled_back" and v.without_rollback is not None:
+            said = DECISION_LABELS[v.without_rollback]
+            lead = f"without the rollback, this window's evidence says: {said}"
         out.append(
             Line(
                 "verdict",
@@ -154,6 +155,12 @@ def front(a: Analysis) -> list[Line]:
             )
         )
     return out
+
+
+def terminal(a: Analysis) -> list[str]:
+    """The first screen as terminal lines (the same words as report.md's): rollbacks, failing
+    candidates and the fix first."""
+    return [f"{line.title}: {line.text}" for line in front(a) if line.kind != "window"]
 
 
 # -- glosses ------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from report.render import (
     counterfactual_rows,
     equivalence_rows,
     est,
+    failure_rows,
     gate_text,
     head_to_head_rows,
     quality_rows,
@@ -126,6 +127,11 @@ def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
             ]
         lines += ["## Candidates", ""]
         lines += _table(CAND_HEAD, candidate_rows(a))
+        for c in a.candidates.values():
+            if c.failing:
+                of = f" — {c.label}" if a.several else ""
+                lines += [f"## Failures{of}", ""]
+                lines += _table(["legs", "count"], failure_rows(c))
     if a.several:
         lines += ["## Head to head (same requests, at production's load)", ""]
         lines += _table(

@@ -440,11 +440,45 @@ def _speed_rows(a: Analysis, c: CandidateAnalysis) -> list[list[str]]:
     return rows
 
 
+def failure_rows(c: CandidateAnalysis) -> list[list[str]]:
+    f = c.failures
+    rows = [
+        ["could not connect", str(f.connect)],
+        *([f"HTTP {status}", str(n)] for status, n in sorted(f.http.items())),
+        ["timed out", str(f.timeout)],
+        *([f"other: {kind}", str(n)] for kind, n in f.other.most_common()),
+        ["dropped with its breaker open", str(f.breaker)],
+        ["dropped for the shared shadow budget (not counted against it)", str(f.budget)],
+        ["sent and answered", str(f.sent - f.failed)],
+    ]
+    return rows
+
+
+def _failures_section(c: CandidateAnalysis, of: str) -> list[str]:
+    f = c.failures
+    first = (
+        f"First error: <b>{escape(f.first.kind)}</b> at {escape(f.first.at())} "
+        f"(exchange <code>{escape(f.first.exchange_id)}</code>)."
+        if f.first is not None
+        else ""
+    )
+    return [
+        f"<h2>Failures{of}</h2>",
+        f'<div class="callout bad">{f.failed + f.breaker} of its {f.attempted} attempted legs failed '
+        f"or were dropped with its breaker open. {first} Its speed, acceptance and quality are not "
+        "analysed until it answers.</div>",
+        _table(["legs", "count"], failure_rows(c)),
+    ]
+
+
 def _candidate_sections(
     a: Analysis, c: CandidateAnalysis, figs: Mapping[str, str | None]
 ) -> list[str]:
-    """Speed, load, acceptance, quality and examples of one candidate."""
+    """Speed, load, acceptance, quality and examples of one candidate; a failing candidate's
+    failures instead (its speed, load and quality say nothing while it does not answer)."""
     of = f" — {escape(c.label)}" if a.several else ""
+    if c.failing:
+        return _failures_section(c, of)
     parts = [
         f"<h2>Speed: paired candidate-vs-primary speedups{of}</h2>",
         '<p class="muted">Per exchange ratio primary / candidate on the same request; geometric mean with a bootstrap 95 % interval. '

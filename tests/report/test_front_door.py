@@ -81,7 +81,11 @@ def test_a_rolled_back_candidate_is_rolled_back_for_the_window_and_the_first_scr
     assert all(r.backend != "eagle" for r in a.recommendations.values())
     # What the shadow evidence said before is kept, not hidden.
     chat = next(v for v in eagle.verdicts if v.category == "chat")
-    assert chat.before == "adopt" and chat.at_load is not None and chat.at_load.e2e is not None
+    assert (
+        chat.without_rollback == "adopt"
+        and chat.at_load is not None
+        and chat.at_load.e2e is not None
+    )
     (rb,) = a.rollbacks
     assert (rb.guard, rb.observed, rb.threshold, rb.backends) == (
         "tpot_p99_ratio",
@@ -98,7 +102,7 @@ def test_a_rolled_back_candidate_is_rolled_back_for_the_window_and_the_first_scr
         assert "eagle3 k=3: rolled back" in screen
     js = json.loads(paths.json.read_text())
     assert js["candidates"]["eagle"]["overall"]["verdict"] == "rolled_back"
-    assert js["candidates"]["eagle"]["overall"]["before_rollback"] in ("adopt", "do_not_adopt")
+    assert js["candidates"]["eagle"]["overall"]["without_rollback"] in ("adopt", "do_not_adopt")
     assert js["candidates"]["eagle"]["rollback"]["guard"] == "tpot_p99_ratio"
     assert js["rollbacks"][0]["threshold"] == 1.5 and js["summary"]["eagle"]["verdict"] == (
         "rolled_back"
@@ -211,6 +215,8 @@ async def test_an_unreachable_candidate_is_failing_not_slow(
     assert js["candidates"]["dead"]["failures"]["breaker_open_drops"] == f.breaker
     # The page has no load diagnosis of it either: no capacity problem, no admission-drop verdict.
     assert "fell behind" not in md + html and "cannot sustain" not in md + html
+    assert "## Failures" in md and ">Failures</h2>" in html
+    assert "Load: measured at production" not in html  # no load section for it at all
 
 
 def _mismatched() -> list[dict[str, Any]]:
@@ -225,7 +231,9 @@ def _mismatched() -> list[dict[str, Any]]:
     return out
 
 
-def test_a_load_mismatched_report_leads_with_its_one_fix_everywhere(tmp_path: Path) -> None:
+def test_a_load_mismatched_report_leads_with_its_one_fix_everywhere(
+    tmp_path: Path, capsys: Any
+) -> None:
     paths = build_report(_mismatched(), None, tmp_path)
     c = paths.analysis.candidates["candidate-backend"]
     overall = c.overall
@@ -237,6 +245,13 @@ def test_a_load_mismatched_report_leads_with_its_one_fix_everywhere(tmp_path: Pa
         k: v.reasons for k, v in by.items()
     }
     assert by["code"].fix == fix and any("ran at 0.10×" in r for r in by["code"].reasons)
+    assert {v.fix for v in c.verdicts} == {fix}  # one fix: the candidate's share, not a category's
+    assert all(v.reasons[-1] == f"to measure it at production's load: {fix}" for v in c.verdicts)
+    # The terminal (the demo's act 1) prints the same words.
+    from specshadow.story import print_mismatch
+
+    print_mismatch(paths.analysis)
+    assert f"to measure it at production's load: {fix}\n" in capsys.readouterr().out
     md, html = paths.markdown.read_text(), paths.html.read_text()
     js = json.loads(paths.json.read_text())
     assert f"The fix: {fix}." in _first_screen_md(md)

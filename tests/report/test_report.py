@@ -117,6 +117,21 @@ def test_records_as_json_lines_work_too_and_an_empty_report_still_renders(tmp_pa
     assert "No paired" not in html and "cannot be computed" in html
 
 
+def _blank_chart() -> str:
+    import base64
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(2, 2), dpi=50)
+    FigureCanvasAgg(fig)
+    fig.add_subplot().set_title("nothing")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
 HARNESS = """<script>
 window.onerror = function (message) {
   document.documentElement.setAttribute("data-js-error", String(message));
@@ -124,13 +139,29 @@ window.onerror = function (message) {
 window.addEventListener("load", function () {
   var images = Array.prototype.slice.call(document.images);
   var drawn = images.filter(function (i) { return i.complete && i.naturalWidth > 0; });
+  // Data, not just axes: every chart draws its data in colour (axes and text are grey), so a
+  // chart with nothing on it has no coloured pixels.
+  var inked = drawn.filter(function (i) {
+    var c = document.createElement("canvas");
+    c.width = i.naturalWidth; c.height = i.naturalHeight;
+    var g = c.getContext("2d");
+    g.drawImage(i, 0, 0);
+    var d = g.getImageData(0, 0, c.width, c.height).data, n = 0;
+    for (var k = 0; k < d.length; k += 4) {
+      if (Math.max(d[k], d[k + 1], d[k + 2]) - Math.min(d[k], d[k + 1], d[k + 2]) > 40) n++;
+    }
+    return n > 0.001 * c.width * c.height;
+  });
   var marker = document.createElement("div");
   marker.id = "render-check";
-  marker.textContent = "images " + drawn.length + "/" + images.length;
+  marker.textContent = "images " + drawn.length + "/" + images.length + " with data " + inked.length;
   document.body.appendChild(marker);
 });
 </script>"""
 
+
+# A 64×64 white PNG with grey axes only: what an empty chart looks like.
+BLANK = _blank_chart()
 
 JS_ERROR = re.compile(r"<html[^>]*data-js-error=")
 
@@ -162,7 +193,13 @@ def test_the_report_renders_every_plot_without_errors_in_headless_chromium(tmp_p
     page = tmp_path / "checked.html"
     page.write_text(with_harness(paths.html.read_text()))
     dom = chromium("--dump-dom", page.as_uri(), profile=tmp_path / "profile")
-    assert 'id="render-check">images 8/8<' in dom
+    assert 'id="render-check">images 8/8 with data 8<' in dom
+    # The data check itself fails on a chart of nothing: the same page with a blank image.
+    blank = tmp_path / "blank.html"
+    blank.write_text(with_harness(re.sub(r'src="data:image/png;base64,[^"]+"', f'src="{BLANK}"',
+                                         paths.html.read_text(), count=1)))  # fmt: skip
+    dom = chromium("--dump-dom", blank.as_uri(), profile=tmp_path / "profile")
+    assert 'id="render-check">images 8/8 with data 7<' in dom
     assert not JS_ERROR.search(dom)
     # The hook really catches errors: the same page with a failing script says so.
     broken = tmp_path / "broken.html"
