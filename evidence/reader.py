@@ -5,15 +5,17 @@ A record is a plain JSON object (``schema specshadow.record/1``, docs/records.md
 copied and exported as such. Code that *reads* one wraps it in :class:`Record` and gets typed,
 lazy views of it: :class:`Leg`, :class:`Comparison`, :class:`Load`, :class:`Acceptance`,
 :class:`Speculative`, :class:`LegQuality`, :class:`Sampling`, :class:`Drop`, :class:`Tokens`.
-Nothing is copied
-or parsed ahead of use (a view is one slot holding the dict), so a streamed fold over millions
-of records pays only for the fields it reads.
+Nothing is copied or parsed ahead of use (a view is one slot holding the dict), so a streamed
+fold over millions of records pays only for the fields it reads.
 
 The rules every reader used to repeat by hand live here once:
 
 - a value of the wrong type reads as ``None`` (a record is data, never trusted): numbers are
   finite ``int``/``float`` (never ``bool``), read as ``float``; counts are ``int``;
-- a missing category is ``"uncategorized"``; a missing backend is ``""`` (as in the wide row);
+- a missing category is ``"uncategorized"`` (:data:`core.classify.UNCATEGORIZED`, the name
+  telemetry and the counterfactual matrix give it too); a missing backend is ``""`` (as in the
+  wide row);
+- token ids are lists of ``int`` (any other item: the whole list reads as ``None``);
 - ``legs`` holds only objects; :meth:`Record.by_role` is the first leg of each role;
 - a leg is :attr:`Leg.ok` when it completed without an error status or error type.
 
