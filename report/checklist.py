@@ -13,6 +13,8 @@ from __future__ import annotations
 from core.stats import mean
 from report.analysis import ALL, Analysis, CandidateAnalysis
 
+ERROR_MARGIN = 0.01  # the error-rate trigger: more than a point above the primary's
+
 
 def _ms(v: float | None) -> str:
     return "—" if v is None else f"{v * 1e3:.1f} ms"
@@ -29,9 +31,9 @@ def leg_key(a: Analysis, c: CandidateAnalysis) -> str:
 
 
 def breaches(a: Analysis, c: CandidateAnalysis, cat: str) -> list[str]:
-    """The rollback triggers of :func:`_category_triggers` that ``c``'s measured numbers in
-    ``cat`` already breach (p99 TPOT or e2e past today's primary's p99): reasons for its
-    verdict, since a rollout of it would roll back at once."""
+    """The rollback triggers of :func:`checklist` that ``c``'s measured numbers in ``cat``
+    already breach (p99 TPOT or e2e past today's primary's p99; an error rate more than a point
+    above the primary's): reasons for its verdict, since shipping it would trip them at once."""
     out = []
     key = leg_key(a, c)
     for metric, name, trigger in (
@@ -45,6 +47,20 @@ def breaches(a: Analysis, c: CandidateAnalysis, cat: str) -> list[str]:
                 f"({trigger} above today's primary p99 of {_ms(prod)}): shipping it would trip "
                 "that trigger at once"
             )
+    cerr, perr = a.errors.get((key, ALL)), a.errors.get(("primary", ALL))
+    c_rate = cerr.value if cerr is not None else None
+    p_rate = perr.value if perr is not None else None
+    if (
+        cerr is not None
+        and c_rate is not None
+        and p_rate is not None
+        and c_rate - p_rate > ERROR_MARGIN
+    ):
+        out.append(
+            f"measured error rate {c_rate:.1%} ({cerr.k} of {cerr.n} legs) is already past "
+            f"its rollback trigger (more than {ERROR_MARGIN * 100:g} point above the primary's "
+            f"{p_rate:.1%}): shipping it would trip that trigger at once"
+        )
     return out
 
 
@@ -109,8 +125,8 @@ def checklist(a: Analysis) -> list[str]:
         cerr = a.errors.get((leg_key(a, c), ALL))
         if cerr is not None and perr is not None and cerr.n and perr.n:
             items.append(
-                f"Roll back {c.label} if its error rate exceeds the primary's by more than 1 "
-                f"point (measured: candidate {cerr.value:.1%}, primary {perr.value:.1%})."
+                f"Roll back {c.label} if its error rate exceeds the primary's by more than "
+                f"{ERROR_MARGIN * 100:g} point (measured: candidate {cerr.value:.1%}, primary {perr.value:.1%})."
             )
     for c in a.candidates.values():
         who = f" with {c.label}" if a.several else ""

@@ -121,6 +121,8 @@ def front(a: Analysis) -> list[Line]:
         if v is None:
             continue
         lead = v.reasons[0] if v.reasons else ""
+        if v.decision == "candidate_failing":
+            lead = v.reasons[1] if len(v.reasons) > 1 else "see its failures above"
         if v.decision == "rolled_back" and v.without_rollback is not None:
             said = DECISION_LABELS[v.without_rollback]
             lead = f"without the rollback, this window's evidence says: {said}"

@@ -142,6 +142,8 @@ def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
     lines += ["## Decision gate", "", gate, ""]
     lines += _load(a)
     for c in a.candidates.values():
+        if c.failing:  # its failures are above; it has no outputs worth judging
+            continue
         eq_rows = equivalence_rows(c, a.categories)
         if eq_rows:
             of = f" — {c.label}" if a.several else ""
@@ -192,8 +194,8 @@ def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
 
 
 def _load(a: Analysis) -> list[str]:
-    if not a.candidates:
-        return []
+    if not a.candidates or all(c.failing for c in a.candidates.values()):
+        return []  # a candidate that does not answer has no load to speak of
     lines = ["## Load", "", OPEN_LOOP, ""]
     for c in a.candidates.values():
         who = f"{c.label}: " if a.several else ""

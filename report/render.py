@@ -172,10 +172,13 @@ def _load_section(
         )
     problems = cap.problems(c.backend)
     parts.append("<h3>Capacity</h3>")
+    budget = cap.admission_drops
+    breaker = cap.dropped.get("breaker_open", 0)
     parts.append(
-        f"<p>{cap.sampled} candidate legs chosen by the policy; admission dropped "
-        f"{sum(cap.dropped.values())} ({cap.drop_share:.1%}); production's peak concurrency per replica "
-        f"{_num(cap.production_peak_concurrency)}.</p>"
+        f"<p>{cap.sampled} candidate legs chosen by the policy; the shadow budget dropped "
+        f"{budget} ({budget / cap.sampled if cap.sampled else 0.0:.1%})"
+        + (f", its open breaker kept back {breaker} (failures, not load)" if breaker else "")
+        + f"; production's peak concurrency per replica {_num(cap.production_peak_concurrency)}.</p>"
     )
     if cap.kv_per_request:
         parts.append(
