@@ -3,12 +3,13 @@
 # SDK (reports and load generation are `specshadow[report]` / `[loadgen]`, not for this image).
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md MANIFEST.in _build_clean.py ./
 COPY core ./core
 COPY policies ./policies
 COPY otel ./otel
 COPY simulator ./simulator
 COPY evidence ./evidence
+COPY records ./records
 COPY gateway ./gateway
 COPY loadgen ./loadgen
 COPY report ./report

@@ -49,9 +49,9 @@ from typing import Any
 
 from bench.tables import load_line, machine, render_table, write_json
 from core import jsonx
-from evidence.sources import read_records
-from evidence.store import RecordStore
-from evidence.stores import copy_records
+from records.readback import read_records
+from records.sqlite_store import RecordStore
+from records.stores import copy_records
 
 GATEWAY_RECORD_RATE = 200.0  # records/s: one replica of a 200 req/s fleet mirroring everything
 
@@ -160,7 +160,7 @@ FORMAT JSONEachRow
 _QUERY_CHILD = """
 import sys, time
 from bench.report_scale import AGGREGATE, PAIRED
-from evidence.clickhouse import ChdbEngine
+from records.clickhouse import ChdbEngine
 engine = ChdbEngine(sys.argv[1])
 exact = sys.argv[2] == "exact"
 sql = AGGREGATE if exact else AGGREGATE.replace("quantilesExact", "quantilesTDigest")
@@ -175,7 +175,7 @@ engine.close()
 def aggregate_chdb(folder: str, rows: int) -> dict[str, Any]:
     """Replicate the typed columns to ``rows`` rows in the engine, then time the two aggregates
     in a fresh process (chDB runs in the client's process: its peak RSS is the client's)."""
-    from evidence.clickhouse import ChdbEngine
+    from records.clickhouse import ChdbEngine
 
     engine = ChdbEngine(folder)
     try:
@@ -253,7 +253,7 @@ def compare_reports(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any
 
 _GROW_CHILD = """
 import sys
-from evidence.clickhouse import ChdbEngine
+from records.clickhouse import ChdbEngine
 engine = ChdbEngine(sys.argv[1])
 seed, copies = int(engine.execute("SELECT count() FROM records").strip()), int(sys.argv[2])
 span = int(engine.execute("SELECT max(time_unix_ns) - min(time_unix_ns) + 1 FROM records").strip())

@@ -30,12 +30,12 @@ from typing import Any
 
 from backends.server import SERVED_MODEL_NAME
 from bench.tables import render_table, write_json
-from evidence.store import query_records
 from loadgen.runner import run_loadgen
 from loadgen.speedup import paired_speedup
 from loadgen.trace import TraceRecord, bundled_trace
 from policies.compile import parse_policy
 from policies.store import PolicyStore
+from records.sqlite_store import query_records
 from report.analysis import ALL, analyze
 from specshadow.inprocess import running_gateway
 

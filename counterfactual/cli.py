@@ -52,8 +52,8 @@ def write_outputs(matrix: Matrix, out_dir: str | Path) -> dict[str, Path]:
 def _run(args: argparse.Namespace) -> int:
     from counterfactual.matrix import build_matrix
     from counterfactual.retokenize import TokenizerError, find_tokenizer, needs_tokens, retokenized
-    from evidence.reader import read
-    from evidence.sources import SourceError, iter_records
+    from records.readback import SourceError, iter_records
+    from records.reader import read
 
     try:
         depths = parse_depths(args.depths)

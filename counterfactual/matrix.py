@@ -29,8 +29,8 @@ from core.stats import RatioStats, paired_ratio_test
 from counterfactual.grid import DEFAULT_DEPTHS, DEFAULT_WINDOWS, Config, grid
 from counterfactual.replay import Replay, drafter_offers, ngram_offers, replay
 from counterfactual.speed import StepModel, fit_step_model, leg_batch
-from evidence.acceptance import output_length_bucket
-from evidence.reader import Leg, Record, read
+from records.reader import Leg, Record, read
+from records.rules import output_length_bucket
 
 __all__ = ["ALL", "Matrix", "build_matrix", "live_config", "request_json"]
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from core import jsonx
-from evidence.reader import Record, read
+from records.reader import Record, read
 
 __all__ = ["TokenizerError", "find_tokenizer", "needs_tokens", "retokenized"]
 

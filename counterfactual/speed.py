@@ -6,7 +6,7 @@ speculative one. That is the usual roofline shape — a memory-bound floor (``ba
 weights read once per step) plus a compute-bound slope (``slot_s``) — and the simulator's
 continuous-batching engine follows it, so the demo has a known answer.
 
-Fitted by least squares on the records' completed legs (:attr:`evidence.reader.Leg.ok`, the rule
+Fitted by least squares on the records' completed legs (:attr:`records.reader.Leg.ok`, the rule
 every reader of the records shares): the primary's ``tpot`` (one token per pass) at its
 batch, and any live candidate's ``tpot × tokens_per_pass`` (its step time) at its batch and
 verification slots. The batch is the backend's scraped ``num_requests_running`` when the leg has
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.stats import percentile
-from evidence.reader import Leg
+from records.reader import Leg
 
 __all__ = ["StepModel", "fit_step_model", "leg_batch"]
 
@@ -68,7 +68,7 @@ class StepModel:
 
 def leg_batch(leg: Leg | Mapping[str, Any]) -> float | None:
     """The batch a leg ran in: the scraped running requests, else in-flight per replica (a leg
-    as stored or as read: :class:`evidence.reader.Leg`)."""
+    as stored or as read: :class:`records.reader.Leg`)."""
     load = (leg if isinstance(leg, Leg) else Leg(leg)).load
     scraped = load.scraped
     running = scraped.num_requests_running if scraped is not None else None

@@ -35,21 +35,6 @@ from core.evidence import NO_ACCEPTANCE, EngineAcceptanceSource, LegAcceptance
 from core.jsonx import as_int, as_number
 from core.timings import EXACT_TOKENS, Recording
 
-# Upper bounds (exclusive) and labels; the last label takes everything above.
-OUTPUT_LENGTH_BUCKETS: tuple[tuple[int, str], ...] = (
-    (64, "<64"),
-    (256, "64-256"),
-    (1024, "256-1024"),
-)
-OUTPUT_LENGTH_TOP = ">=1024"
-CONCURRENCY_BUCKETS: tuple[tuple[int, str], ...] = (
-    (1, "1"),
-    (4, "2-4"),
-    (16, "5-16"),
-    (64, "17-64"),
-)
-CONCURRENCY_TOP = ">64"
-
 
 def _first(stats: Mapping[str, Any], names: tuple[str, ...], kind: Any) -> Any:
     for name in names:
@@ -188,23 +173,6 @@ def leg_acceptance(rec: Recording | None) -> LegAcceptance:
         tokens_per_pass_source="stream_shape" if per_pass is not None else None,
         coverage=coverage,
     )
-
-
-def output_length_bucket(output_tokens: int | None) -> str | None:
-    if output_tokens is None:
-        return None
-    for bound, label in OUTPUT_LENGTH_BUCKETS:
-        if output_tokens < bound:
-            return label
-    return OUTPUT_LENGTH_TOP
-
-
-def concurrency_bucket(in_flight: int) -> str:
-    """Bucket of legs of the same role in flight at dispatch (this one included)."""
-    for bound, label in CONCURRENCY_BUCKETS:
-        if in_flight <= bound:
-            return label
-    return CONCURRENCY_TOP
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,23 +156,3 @@ def speculation_skip(request_json: Mapping[str, Any] | None) -> SpeculationSkip 
     if min_p is not None and min_p > 0:
         return "min_p"
     return None
-
-
-def quality_json(q: LegQuality | None) -> dict[str, Any] | None:
-    """The record's ``legs[].quality`` object."""
-    if q is None:
-        return None
-    return {
-        "units": q.units,
-        "finish_length": q.finish_length,
-        "distinct_2": None if q.distinct_2 is None else round(q.distinct_2, 4),
-        "repetition": None if q.repetition is None else round(q.repetition, 4),
-        "longest_repeat": q.longest_repeat,
-        "refusal": q.refusal,
-        "json_valid": q.json_valid,
-        "tool_calls": q.tool_calls,
-        "tool_valid": q.tool_valid,
-        "citations": q.citations,
-        "similarity": None if q.similarity is None else round(q.similarity, 4),
-        "sketch": None if q.sketch is None else list(q.sketch),
-    }

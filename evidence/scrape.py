@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -179,6 +180,22 @@ class BackendSnapshot:
     window: WindowStats | None
     kv_cache_usage_perc: float | None
     num_requests_running: float | None
+
+
+def window_json(snap: BackendSnapshot | None) -> dict[str, Any] | None:
+    """The record's ``legs[].acceptance.backend_window``: the scraper's window of one backend."""
+    if snap is None or snap.window is None:
+        return None
+    w = snap.window
+    return {
+        "source": "prometheus",
+        "window_s": w.window_s,
+        "draft_acceptance_rate": w.draft_acceptance_rate,
+        "mean_acceptance_length": w.mean_acceptance_length,
+        "per_position": list(w.per_position),
+        "kv_cache_usage_perc": snap.kv_cache_usage_perc,
+        "num_requests_running": snap.num_requests_running,
+    }
 
 
 @dataclass(slots=True)

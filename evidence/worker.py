@@ -37,9 +37,9 @@ from evidence.acceptance import leg_acceptance
 from evidence.compare import compare, is_greedy
 from evidence.counts import reconcile
 from evidence.quality import leg_quality, speculation_skip
-from evidence.schema import BackendFacts, build_record
-from evidence.scrape import MetricsScraper
-from evidence.serverinfo import ServerInfoProbe
+from evidence.scrape import MetricsScraper, window_json
+from evidence.serverinfo import ServerInfoProbe, resolve
+from records.writer import BackendFacts, build_record
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +76,7 @@ def build_evidence(
     capture = exchange.capture or capture_default
 
     def record(evidence: Evidence) -> Mapping[str, Any]:
-        facts = BackendFacts(
-            scraped=scraper.snapshot() if scraper is not None else None,
-            nearest=scraper.nearest if scraper is not None else None,
-            reported=probe.reported if probe is not None else None,
-        )
-        return build_record(evidence, capture=capture, facts=facts)
+        return build_record(evidence, capture=capture, facts=backend_facts(scraper, probe))
 
     similarity = {id(s): c.similarity for s, c in zip(exchange.shadows, comparisons, strict=True)}
     return Evidence(
@@ -105,6 +100,22 @@ def build_evidence(
         if exchange.shadows
         else (),
         speculation_skip=speculation_skip(exchange.request_json) if speculative else None,
+    )
+
+
+def backend_facts(
+    scraper: MetricsScraper | None = None, probe: ServerInfoProbe | None = None
+) -> BackendFacts:
+    """What the pollers know, in the record's shape (the writer only lays it out): a backend's
+    metrics window, the scrape nearest a leg, and a leg's speculation as declared and reported."""
+    snapshot = scraper.snapshot() if scraper is not None else {}
+    reported = probe.reported if probe is not None else None
+    return BackendFacts(
+        window=lambda backend: window_json(snapshot.get(backend)),
+        nearest=scraper.nearest if scraper is not None else None,
+        speculative=lambda leg: resolve(
+            leg.speculative, reported(leg.backend) if reported is not None else None
+        ),
     )
 
 

@@ -6,7 +6,7 @@ With token ids in the records (the policy's ``counterfactual`` section), the rep
 every proposer and depth on them (:mod:`counterfactual`) and writes ``counterfactual.json``,
 ``counterfactual.md`` and ``candidates.yaml`` beside the report.
 
-Layout: ``inputs`` (result files; records come from :mod:`evidence.sources`), ``records``
+Layout: ``inputs`` (result files; records come from :mod:`records.readback`), ``records``
 (record accessors), ``population`` (the window's aggregates and bounded sample, streamed in
 Python) and ``sql`` (the same aggregates computed in ClickHouse/chDB), ``sections`` (latency, raw speed-ups, acceptance, quality, gate), ``load``
 (speed-ups at production's load, crossover, schedule, capacity), ``analysis`` (per candidate,

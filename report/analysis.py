@@ -46,8 +46,8 @@ from typing import Any, Literal
 from core.quality import DEFAULT_ALPHA, DEFAULT_MARGINS
 from core.stats import wilson
 from counterfactual.matrix import Matrix
-from evidence.reader import Record, read_all
 from loadgen.speedup import Speedup, pairs_needed
+from records.reader import Record, read_all
 from report import load as lt
 from report.candidates import (
     HeadToHead,

@@ -27,9 +27,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from evidence.reader import Record
 from evidence.serverinfo import method_key, parse_schedule
 from loadgen.speedup import Speedup, paired_speedup
+from records.reader import Record
 from report import load as lt
 from report.records import ALL
 from report.sections import Quality

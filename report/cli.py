@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from core.extras import require
-from evidence.cli import add_store_argument, add_window_arguments, window_since
+from records.cli import add_store_argument, add_window_arguments, window_since
 
 __all__ = ["register"]
 
@@ -28,8 +28,8 @@ def _positive(text: str) -> int:
 def _run(args: argparse.Namespace) -> int:
     require("report", command="report")
     # Imported here: numpy and matplotlib load only when a report is built, not for every command.
-    from evidence.sources import SourceError
-    from evidence.stores import StoreURLError
+    from records.readback import SourceError
+    from records.stores import StoreURLError
     from report import build_report
     from report.inputs import read_results
     from report.population import gather

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from evidence.reader import Leg, Record
+from records.reader import Leg, Record
 
 MIN_FAILED = 5
 FAILING_SHARE = 0.5

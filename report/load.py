@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.stats import percentile, percentile_sorted, t_quantile
-from evidence.reader import Leg
+from records.reader import Leg
 
 PARITY_BAND = 1.25  # matched: 1/1.25 <= parity <= 1.25 (±25 %)
 STRATA = 4  # equal-count strata of production's per-replica load

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from evidence.reader import Record, read
+from records.reader import Record, read
 from report import load as lt
 from report.records import ALL
 
@@ -298,8 +298,9 @@ def gather(
     """The window's population and its bounded sample, from any record sources: in the engine
     for one column store (:mod:`report.sql`), else streamed once through :class:`PopulationFold`.
     """
-    from evidence.sources import canonical_key, iter_records
-    from evidence.stores import is_url, parse_store
+    from records.readback import iter_records
+    from records.rules import canonical_key
+    from records.stores import is_url, parse_store
 
     if len(sources) == 1 and is_url(str(sources[0])):
         url = parse_store(str(sources[0]))

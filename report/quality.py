@@ -45,7 +45,7 @@ import numpy as np
 
 from core.quality import DEFAULT_ALPHA, DEFAULT_MARGINS, METRICS_BY_NAME, QUALITY_METRICS
 from core.stats import RatioStats, t_quantile
-from evidence.reader import Leg, LegQuality, Record
+from records.reader import Leg, LegQuality, Record
 from report.records import ALL
 from report.sections import Quality
 

@@ -1,6 +1,6 @@
 """The report's own names over its records (pure).
 
-Records are read through :mod:`evidence.reader` (typed, lazy views next to the writer, which hold
+Records are read through :mod:`records.reader` (typed, lazy views next to the writer, which hold
 every field name); this module re-exports the report's name for the pooled category (declared
 once, in :mod:`core.classify`, for the counterfactual matrix too).
 """
@@ -8,6 +8,6 @@ once, in :mod:`core.classify`, for the counterfactual matrix too).
 from __future__ import annotations
 
 from core.classify import ALL  # the pooled category: every category of the window together
-from evidence.reader import Record
+from records.reader import Record
 
 __all__ = ["ALL", "Record"]

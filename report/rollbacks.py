@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from core import jsonx
-from evidence.reader import Record
+from records.reader import Record
 
 SLACK_S = 120.0
 _ACTIVE = frozenset({"canary", "live"})

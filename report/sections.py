@@ -2,7 +2,7 @@
 ways, quality against the noise floor, the decision gate, resources, worst examples (pure;
 numpy only through :mod:`loadgen.speedup`).
 
-Each function reads records through :mod:`evidence.reader`'s typed views; those about a candidate take
+Each function reads records through :mod:`records.reader`'s typed views; those about a candidate take
 its backend, so several candidates are reported side by side from the same exchanges. The raw
 speed-ups here pair every mirrored exchange at whatever load the candidate ran at; verdicts use
 the load-true estimates of :mod:`report.load` instead.
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.stats import mean, percentiles, wilson
-from evidence.reader import Leg, Record, TimingName, num
 from loadgen.speedup import Speedup, paired_speedup
+from records.reader import Leg, Record, TimingName, num
 from report.records import ALL
 
 LATENCY_METRICS: tuple[TimingName, ...] = ("ttft_s", "tpot_s", "chunk_gap_p50_s", "e2e_s")

@@ -33,9 +33,10 @@ from typing import Any
 
 from core import jsonx
 from core.stats import interpolate, percentile_ranks
-from evidence.clickhouse import TABLE, ClickHouseError, ClickHouseStore, _quote
-from evidence.sources import SourceError, canonical_key
-from evidence.stores import StoreURLError, open_column_store
+from records.clickhouse import TABLE, ClickHouseError, ClickHouseStore, _quote
+from records.readback import SourceError
+from records.rules import canonical_key, leg_ok_sql
+from records.stores import StoreURLError, open_column_store
 from report import load as lt
 from report.population import SAMPLE, Population, exclusion_text
 from report.records import ALL
@@ -58,13 +59,7 @@ def _float(x: float) -> str:
     return repr(float(x))
 
 
-def _ok(i: str) -> str:
-    """:attr:`evidence.reader.Leg.ok` of leg ``i`` (1-based; 0: no such leg)."""
-    return (
-        f"({i} > 0 AND (isNull(legs_outcome[{i}]) OR legs_outcome[{i}] = 'completed')"
-        f" AND (isNull(legs_status[{i}]) OR legs_status[{i}] < 400)"
-        f" AND isNull(legs_error_type[{i}]))"
-    )
+_ok = leg_ok_sql  # records.rules: Leg.ok, in SQL
 
 
 # A pair (report.analysis._pairs' primary pairs): the engine decoded it speculatively, both legs

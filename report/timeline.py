@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from evidence.reader import Record
+from records.reader import Record
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,12 +18,10 @@ from aiohttp import web
 
 from core.evidence import EvidenceConsumer
 from core.exchange import ExchangeSink
-from evidence.clickhouse import ClickHouseWriter
 from evidence.counts import TOKENIZE_KINDS, CountPlan, CountTap, Tokenizer
 from evidence.likelihood import SCORING_KINDS, LikelihoodPlan
 from evidence.scrape import MetricsScraper
 from evidence.serverinfo import INFO_PATHS, InfoTarget, ServerInfoProbe
-from evidence.stores import open_writer
 from evidence.tokens import TokenEndpoint, TokenPlan, TokenTap
 from evidence.worker import EvidenceWorker
 from gateway.app import create_app, open_policy
@@ -34,6 +32,8 @@ from otel.setup import build_telemetry
 from otel.telemetry import Telemetry
 from policies.compiled import CompiledPolicy
 from policies.store import PolicyStore
+from records.clickhouse import ClickHouseWriter
+from records.stores import open_writer
 
 
 def scrape_targets(policy: CompiledPolicy) -> dict[str, str]:

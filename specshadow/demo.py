@@ -32,11 +32,11 @@ from core.exchange import Exchange, LegResult
 from core.extras import require
 from core.sinks import MemorySink
 from core.stats import percentile
-from evidence.store import query_records
 from gateway.settings import Settings
 from policies.compile import parse_policy
 from policies.compiled import BackendKind
 from policies.store import PolicyStore
+from records.sqlite_store import query_records
 from specshadow.app import build_app
 
 MODEL = "sim-model"

@@ -25,10 +25,10 @@ from typing import Any
 from backends import cli as vllm_cli
 from core.extras import MissingExtra
 from counterfactual import cli as counterfactual_cli
-from evidence import cli as records_cli
 from gateway import cli as rollout_cli
 from loadgen import cli as loadgen_cli
 from policies import cli as policy_cli
+from records import cli as records_cli
 from report import cli as report_cli
 from simulator import cli as simulator_cli
 from specshadow import agreement, demo, serve

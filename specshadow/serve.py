@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from evidence.cli import add_store_argument
 from evidence.detect import DEFAULT_TIMEOUT_S, KINDS, Detection, detect_kinds
 from gateway.serve import ListenError, check_listen, listen_problem, serve_app
 from gateway.settings import PREFIX, Settings, SettingsError, default_state_path
@@ -43,6 +42,7 @@ from policies.compile import PRIMARY_NAME, policy_from_flags
 from policies.compiled import BackendKind, CompiledPolicy
 from policies.errors import PolicyError
 from policies.store import PolicyStore
+from records.cli import add_store_argument
 from specshadow.app import build_app
 
 log = logging.getLogger(__name__)

@@ -331,7 +331,7 @@ async def _wait_for_rules(
 
 
 def _records(out: Path) -> list[dict[str, Any]]:
-    from evidence.store import query_records
+    from records.sqlite_store import query_records
 
     return list(query_records(out / "records.sqlite"))
 

@@ -162,8 +162,8 @@ def test_counterfactual_replay_bench_runs_its_three_arms(tmp_path):
 
 def _seed_store(tmp_path: Path) -> Path:
     """40 records of gateway exchanges (the benchmark's seed)."""
-    from evidence.store import RecordStore
     from evidence.worker import build_evidence
+    from records.sqlite_store import RecordStore
     from tests.compare.legs import exchange
 
     seed = tmp_path / "seed.sqlite"

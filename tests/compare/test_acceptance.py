@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from evidence.acceptance import (
-    concurrency_bucket,
-    leg_acceptance,
-    output_length_bucket,
-    summarize,
-)
+from evidence.acceptance import leg_acceptance, summarize
+from records.rules import concurrency_bucket, output_length_bucket
 from tests.compare.legs import leg
 
 SPEC = {

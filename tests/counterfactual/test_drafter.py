@@ -19,9 +19,9 @@ import pytest
 
 from core.exchange import Exchange
 from counterfactual.matrix import ALL, build_matrix
-from evidence.sources import iter_records
 from policies.compile import parse_policy
 from policies.store import PolicyStore
+from records.readback import iter_records
 from specshadow.inprocess import running_gateway
 
 MATCH = 0.7

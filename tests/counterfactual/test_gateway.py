@@ -22,10 +22,10 @@ from core import jsonx
 from core.exchange import Exchange
 from counterfactual.matrix import ALL, build_matrix
 from counterfactual.replay import ngram_offers, replay
-from evidence.sources import iter_records
-from evidence.store import query_records
 from policies.compile import parse_policy
 from policies.store import PolicyStore
+from records.readback import iter_records
+from records.sqlite_store import query_records
 from specshadow.inprocess import running_gateway
 from specshadow.main import main as cli_main
 

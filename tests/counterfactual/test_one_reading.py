@@ -1,6 +1,6 @@
 """The counterfactual matrix and the report read one record the same way (issue 28).
 
-Records come from the writer (:func:`evidence.schema.build_record`): exchanges with no category
+Records come from the writer (:func:`records.writer.build_record`): exchanges with no category
 (no header, no body to classify), and legs that failed after their first byte — outcome
 ``upstream_error`` with status 200, output text, a TPOT and a token count, everything a step-time
 point needs except having completed. The matrix must file them under the report's category name
@@ -16,9 +16,9 @@ from core.classify import ALL, UNCATEGORIZED
 from core.exchange import CaptureSpec, LegLoad, LegResult, Role, SpeculativeSpec, TokenIds
 from core.timings import StreamOutcome
 from counterfactual.matrix import build_matrix
-from evidence.reader import read_all
-from evidence.schema import build_record
-from evidence.worker import build_evidence
+from evidence.worker import backend_facts, build_evidence
+from records.reader import read_all
+from records.writer import build_record
 from report.population import population_of
 from tests.otel.exchanges import STARTED_UNIX_NS, make_exchange, make_leg, make_recording
 
@@ -72,7 +72,9 @@ def record(
             legs={"vllm-ngram": OUTPUT},
         ),
     )
-    return build_record(build_evidence(ex, capture_default=FULL), capture=FULL)
+    return build_record(
+        build_evidence(ex, capture_default=FULL), capture=FULL, facts=backend_facts()
+    )
 
 
 def records() -> list[dict[str, Any]]:

@@ -20,8 +20,8 @@ import pytest
 
 from counterfactual.matrix import ALL, build_matrix
 from counterfactual.speed import leg_batch
-from evidence.sources import iter_records
 from gateway.settings import Settings
+from records.readback import iter_records
 from specshadow.app import build_app
 from tests.conftest import FAST_UPSTREAM, start_server
 

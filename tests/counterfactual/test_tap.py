@@ -20,9 +20,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from core import jsonx
-from evidence.store import query_records
 from policies.errors import PolicyError
 from policies.parse import validate_policy
+from records.sqlite_store import query_records
 from tests.conftest import start_server
 from tests.fakes.upstream import Script
 

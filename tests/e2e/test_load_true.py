@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from evidence.sources import read_records
+from records.readback import read_records
 from report.analysis import ALL, Analysis, analyze
 from tests.e2e.loadtrue import direct_ab, mirrored, processes
 

@@ -32,8 +32,8 @@ import openai
 import pytest
 
 from core.procs import free_port
-from evidence.reader import read
-from evidence.store import query_records
+from records.reader import read
+from records.sqlite_store import query_records
 
 pytestmark = pytest.mark.e2e
 

@@ -206,7 +206,7 @@ async def test_serve_writes_records_into_a_chdb_store_and_flushes_them_on_sigter
         )
         gp.proc.send_signal(signal.SIGTERM)
         assert gp.proc.wait(timeout=30) == 0
-    from evidence.sources import read_records
+    from records.readback import read_records
 
     records = read_records([store])
     assert len(records) == 5

@@ -332,7 +332,7 @@ def test_report_takes_last_like_records():
     parser = build_parser()
     args = parser.parse_args(["report", "--store", "x.sqlite", "--last", "15m", "--out", "o"])
     assert args.last == 900.0
-    from evidence.cli import window_since
+    from records.cli import window_since
 
     assert window_since(args, now_ns=10**12) == 10**12 - 900 * 10**9
     out = specshadow("report", "--store", "x", "--since", "2024-01-01", "--last", "1h",

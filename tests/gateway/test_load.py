@@ -12,9 +12,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from evidence.store import query_records
 from gateway.load import BackendLoad
 from gateway.settings import Settings
+from records.sqlite_store import query_records
 from specshadow.app import build_app
 from tests.conftest import FAST_UPSTREAM, start_server
 

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import openai
 
-from evidence.store import query_records
+from records.sqlite_store import query_records
 from tests.fakes.upstream import Script
 from tests.gateway.test_shadow import policy_yaml
 

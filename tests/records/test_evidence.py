@@ -15,10 +15,10 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from core.sinks import MemorySink
-from evidence.store import RecordWriter, query_records
 from evidence.worker import EvidenceWorker
 from gateway.app import create_app
 from gateway.settings import Settings
+from records.sqlite_store import RecordWriter, query_records
 from simulator.acceptance import expected_rates
 from specshadow.main import main as cli_main
 from tests.conftest import FAST_UPSTREAM, start_server

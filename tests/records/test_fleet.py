@@ -14,11 +14,11 @@ import aiohttp
 import pytest
 
 from core import jsonx
-from evidence.sources import otlp_records, read_records, records_in
-from evidence.store import RecordStore
 from gateway.settings import Settings
 from otel.settings import TelemetrySettings
 from otel.setup import build_telemetry
+from records.readback import otlp_records, read_records, records_in
+from records.sqlite_store import RecordStore
 from report.analysis import analyze
 from specshadow.app import build_app
 from specshadow.main import main as cli_main

@@ -28,12 +28,12 @@ from aiohttp.test_utils import TestServer
 
 from core import jsonx
 from core.exchange import Exchange
-from evidence.reader import read_all
-from evidence.store import query_records
 from policies.compile import parse_policy
 from policies.errors import PolicyError
 from policies.parse import validate_policy
 from policies.store import PolicyStore
+from records.reader import read_all
+from records.sqlite_store import query_records
 from report.quality import collect, judge, mean_test
 from simulator.config import SimConfig
 from simulator.request import parse_request

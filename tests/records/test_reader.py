@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from core.exchange import CaptureSpec, LegLoad, SpeculativeSpec, TokenIds
-from evidence.reader import Leg, Record, read, read_all
-from evidence.schema import BackendFacts, build_record
 from evidence.scrape import MetricsSample
-from evidence.wide import EXCHANGE_COLUMNS, LEG_COLUMNS
-from evidence.worker import build_evidence
+from evidence.worker import backend_facts, build_evidence
+from records.reader import Leg, Record, read, read_all
+from records.wide import EXCHANGE_COLUMNS, LEG_COLUMNS
+from records.writer import build_record
 from tests.otel.exchanges import make_exchange, make_leg, make_recording
 from tests.report import synthetic
 
@@ -57,7 +57,8 @@ def written() -> dict[str, Any]:
         return MetricsSample(0, unix_ns, 1.0, 4.0, 2.0, (), 0.25, 3.0, 1.0)
 
     evidence = build_evidence(ex, capture_default=FULL)
-    return build_record(evidence, capture=FULL, facts=BackendFacts(nearest=nearest))
+    facts = dataclasses.replace(backend_facts(), nearest=nearest)  # the worker's, with gauges
+    return build_record(evidence, capture=FULL, facts=facts)
 
 
 class Tracing(Mapping[str, Any]):

@@ -24,7 +24,7 @@ from evidence.serverinfo import (
     mismatches,
     resolve,
 )
-from evidence.store import query_records
+from records.sqlite_store import query_records
 from tests.gateway.test_shadow import CHAT, raw_stream
 
 DATA = Path(__file__).parent.parent / "data" / "server_info"

@@ -17,9 +17,9 @@ import pytest
 
 from core.evidence import Evidence
 from core.exchange import CaptureSpec
-from evidence.schema import SCHEMA
-from evidence.store import RecordWriter, query_records
 from evidence.worker import EvidenceWorker
+from records.sqlite_store import RecordWriter, query_records
+from records.writer import SCHEMA
 from tests.compare.legs import exchange, leg
 
 LEG_FIELDS = {

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from evidence.store import RecordStore, query_records
+from records.sqlite_store import RecordStore, query_records
 
 T0 = 1_700_000_000 * 10**9
 S = 10**9

@@ -14,17 +14,17 @@ from typing import Any
 import pytest
 
 from core import jsonx
-from evidence.clickhouse import (
+from gateway.settings import Settings
+from records.clickhouse import (
     ChdbEngine,
     ClickHouseError,
     ClickHouseStore,
     ClickHouseWriter,
     HttpEngine,
 )
-from evidence.sources import SourceError, read_records
-from evidence.store import RecordWriter
-from evidence.stores import StoreURLError, copy_records, open_writer, parse_store, read_store
-from gateway.settings import Settings
+from records.readback import SourceError, read_records
+from records.sqlite_store import RecordWriter
+from records.stores import StoreURLError, copy_records, open_writer, parse_store, read_store
 from report.analysis import analyze
 from specshadow.app import build_app
 from specshadow.main import main as cli_main
@@ -250,7 +250,7 @@ def test_the_collectors_clickhouse_exporter_path_fills_the_wide_table_with_the_s
     keeps each body in its logs table) become the wide rows the gateway's own writer makes: the
     view is generated from the same column definitions, and this holds it to them, column by
     column, on chDB (ClickHouse 26; Debian's 18.16 server predates JSONExtract)."""
-    from evidence import wide
+    from records import wide
 
     records = records_of(12, start_ns=time.time_ns())
     records[3]["legs"][0]["status"] = None  # nulls inside the arrays too

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from evidence.store import query_records
+from records.sqlite_store import query_records
 from report import build_report
 from report.analysis import analyze
 from tests.gateway.test_shadow import CHAT, raw_stream

@@ -17,8 +17,8 @@ from typing import Any
 import openai
 import pytest
 
-from evidence.reader import read
-from evidence.store import query_records
+from records.reader import read
+from records.sqlite_store import query_records
 from report.analysis import ALL, analyze
 from tests.conftest import start_server
 from tests.fakes.scripted_llm import ANSWER, ScriptedLLM

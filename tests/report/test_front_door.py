@@ -20,7 +20,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from evidence.store import query_records
+from records.sqlite_store import query_records
 from report import build_report
 from report.analysis import ALL, analyze
 from report.rollbacks import load_transitions

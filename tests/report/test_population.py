@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from core import jsonx
-from evidence.stores import copy_records, open_column_store
+from records.stores import copy_records, open_column_store
 from report import build_report, load as lt
 from report.analysis import analyze
 from report.population import Population, gather, population_of
@@ -162,7 +162,7 @@ def test_a_column_store_holding_exchanges_twice_counts_each_once(tmp_path: Path)
 def test_a_clickhouse_server_sums_the_same_population(
     tmp_path: Path,
 ) -> None:
-    from evidence.stores import open_writer
+    from records.stores import open_writer
 
     records = messy(seed=12)
     with ClickHouseServer(tmp_path / "ch") as server:
@@ -277,7 +277,7 @@ def test_the_engines_order_statistics_are_exact_whatever_the_brackets(
         " number % 4 = 1, toFloat64(number % 3), number % 4 = 2, 5.5,"
         f" exp(((number * 104729) % 997) / 100)) AS v FROM numbers({n})"
     )
-    from evidence.stores import open_writer
+    from records.stores import open_writer
 
     open_writer(f"chdb://{tmp_path}/chdb").close()  # an empty store: the source is generated
     store = open_column_store(f"chdb://{tmp_path}/chdb")

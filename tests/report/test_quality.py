@@ -23,7 +23,7 @@ import pytest
 from core.quality import DEFAULT_MARGINS
 from evidence.compare import similarity
 from evidence.quality import repetition_stats, sketch
-from evidence.reader import read_all
+from records.reader import read_all
 from report.quality import MIN_EXCHANGES, collect, holm, judge, rate_test
 
 VOCAB = [f"w{i}" for i in range(400)]

@@ -18,9 +18,9 @@ from typing import Any
 import openai
 
 from core.exchange import Exchange
-from evidence.store import query_records
 from policies.compile import parse_policy
 from policies.store import PolicyStore
+from records.sqlite_store import query_records
 from report.analysis import analyze
 from specshadow.inprocess import running_gateway
 

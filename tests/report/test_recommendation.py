@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from evidence.reader import read
 from policies.compile import parse_policy
 from policies.parse import read_yaml
+from records.reader import read
 from report.analysis import ALL, analyze
 from report.candidates import RULE
 from tests.report.synthetic import several

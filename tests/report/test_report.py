@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from evidence.store import RecordStore
 from loadgen.matrix import mark_stable
+from records.sqlite_store import RecordStore
 from report import build_report
 from specshadow.main import main
 from tests.report.synthetic import records, several

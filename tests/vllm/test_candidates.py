@@ -16,9 +16,9 @@ import pytest
 
 from backends.server import VllmServer
 from core.exchange import Exchange
-from evidence.store import query_records
 from policies.compile import parse_policy
 from policies.store import PolicyStore
+from records.sqlite_store import query_records
 from report import build_report
 from specshadow.inprocess import running_gateway
 from tests.vllm.conftest import trace_requests

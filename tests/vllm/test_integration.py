@@ -31,7 +31,7 @@ import pytest
 
 from backends.server import VllmServer, VllmServerSpec
 from core.exchange import Exchange
-from evidence.store import query_records
+from records.sqlite_store import query_records
 from specshadow.inprocess import running_gateway, shadow_policy
 from tests.vllm.conftest import trace_requests
 

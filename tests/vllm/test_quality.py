@@ -36,10 +36,10 @@ from backends.setup import VllmEnv
 from core import jsonx
 from core.exchange import Exchange
 from core.sinks import MemorySink
-from evidence.store import query_records
 from gateway.settings import Settings
 from policies.compile import parse_policy
 from policies.store import PolicyStore
+from records.sqlite_store import query_records
 from report.analysis import Analysis, analyze
 from specshadow.app import build_app
 from specshadow.inprocess import running_gateway

@@ -1,7 +1,7 @@
 """Record stores named by URL: what ``serve --store``, ``records``, ``report`` and
 ``records copy`` accept.
 
-- ``PATH`` (or ``sqlite:///PATH``): the embedded SQLite store (:mod:`evidence.store`), the
+- ``PATH`` (or ``sqlite:///PATH``): the embedded SQLite store (:mod:`records.sqlite_store`), the
   default for one machine;
 - ``chdb:///DIR``: chDB, ClickHouse embedded in the process, its data in ``DIR``;
 - ``clickhouse://[USER[:PASSWORD]@]HOST[:PORT]/DB``: a ClickHouse server's HTTP interface (port
@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evidence.clickhouse import (
+from records.clickhouse import (
     ChdbEngine,
     ClickHouseError,
     ClickHouseStore,
     ClickHouseWriter,
     HttpEngine,
 )
-from evidence.store import RecordStore, RecordWriter, query_records
+from records.sqlite_store import RecordStore, RecordWriter, query_records
 
 __all__ = [
     "StoreURL",
@@ -227,7 +227,7 @@ def copy_records(
 ) -> int:
     """Copy ``source``'s records (a store, records JSONL or collector files) into ``target``;
     returns how many were written. Streams in batches: memory stays one batch."""
-    from evidence.sources import records_in  # sources imports this module
+    from records.readback import records_in  # sources imports this module
 
     src, dst = parse_store(source) if is_url(source) else None, parse_store(target)
     if src is not None and src.kind == dst.kind == "chdb" and src.path != dst.path:

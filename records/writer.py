@@ -20,15 +20,12 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from core.classify import prompt_text
 from core.evidence import Comparison, Evidence, LegAcceptance, LegQuality
 from core.exchange import CaptureSpec, Exchange, LegResult
-from evidence.acceptance import concurrency_bucket, output_length_bucket
-from evidence.quality import quality_json
-from evidence.scrape import BackendSnapshot, MetricsSample
-from evidence.serverinfo import ReportedSpec, resolve
+from records.rules import concurrency_bucket, output_length_bucket
 
 SCHEMA = "specshadow.record/1"
 
@@ -94,34 +91,33 @@ def _request_text(exchange: Exchange) -> str | None:
     return prompt_text(exchange.request_json)
 
 
-def _backend_window(snap: BackendSnapshot | None) -> dict[str, Any] | None:
-    if snap is None or snap.window is None:
-        return None
-    w = snap.window
-    return {
-        "source": "prometheus",
-        "window_s": w.window_s,
-        "draft_acceptance_rate": w.draft_acceptance_rate,
-        "mean_acceptance_length": w.mean_acceptance_length,
-        "per_position": list(w.per_position),
-        "kv_cache_usage_perc": snap.kv_cache_usage_perc,
-        "num_requests_running": snap.num_requests_running,
-    }
+class Gauges(Protocol):
+    """A backend's own gauges from one scrape (what ``evidence.scrape.MetricsSample`` holds)."""
+
+    @property
+    def num_requests_running(self) -> float | None: ...
+    @property
+    def num_requests_waiting(self) -> float | None: ...
+    @property
+    def kv_cache_usage_perc(self) -> float | None: ...
+    @property
+    def unix_ns(self) -> int: ...
 
 
-Nearest = Callable[[str, int], MetricsSample | None]
-Reported = Callable[[str], ReportedSpec | None]
+Nearest = Callable[[str, int], Gauges | None]
 
 
 @dataclass(frozen=True, slots=True)
 class BackendFacts:
-    """What the gateway's pollers know about the backends as a record is built: the metrics
-    scraper's latest snapshot and its sample nearest in time to a leg, and each backend's own
-    account of its speculative decoding (:mod:`evidence.serverinfo`)."""
+    """What the gateway's pollers know about the backends as a record is built, already in the
+    record's shape (the evidence side computes it: ``evidence.worker.backend_facts``): the
+    metrics scraper's window of a backend (``legs[].acceptance.backend_window``) and its sample
+    nearest in time to a leg (``legs[].load.scraped``), and a leg's speculation as declared and
+    as its backend reports it (``legs[].speculative``)."""
 
-    scraped: Mapping[str, BackendSnapshot] | None = None
+    window: Callable[[str], Mapping[str, Any] | None] | None = None
     nearest: Nearest | None = None
-    reported: Reported | None = None
+    speculative: Callable[[LegResult], Mapping[str, Any] | None] | None = None
 
 
 def leg_load(leg: LegResult, nearest: Nearest | None) -> dict[str, Any] | None:
@@ -164,8 +160,7 @@ def leg_record(
     primary: LegResult | None = None,
     quality: LegQuality | None = None,
 ) -> dict[str, Any]:
-    scraped, nearest = facts.scraped, facts.nearest
-    reported = facts.reported(leg.backend) if facts.reported is not None else None
+    nearest = facts.nearest
     rec = leg.recording
     t = rec.timings if rec is not None else None
     choice = rec.choices[0] if rec is not None and rec.choices else None
@@ -203,7 +198,7 @@ def leg_record(
         if primary is not None and leg is not primary
         else None,
         "output_length_bucket": output_length_bucket(rec.output_tokens if rec else None),
-        "speculative": resolve(leg.speculative, reported),
+        "speculative": facts.speculative(leg) if facts.speculative is not None else None,
         "acceptance": {
             "mean_acceptance_length": acc.mean_acceptance_length,
             "draft_acceptance_rate": acc.draft_acceptance_rate,
@@ -214,11 +209,31 @@ def leg_record(
             "tokens_per_pass": acc.tokens_per_pass,
             "tokens_per_pass_source": acc.tokens_per_pass_source,
             "coverage": acc.coverage,
-            "backend_window": _backend_window(scraped.get(leg.backend) if scraped else None),
+            "backend_window": facts.window(leg.backend) if facts.window is not None else None,
         },
         "output": captured_text(_output_text(leg), capture),
         "parse_error": rec.parse_error if rec else None,
         "quality": quality_json(quality),
+    }
+
+
+def quality_json(q: LegQuality | None) -> dict[str, Any] | None:
+    """The record's ``legs[].quality`` object."""
+    if q is None:
+        return None
+    return {
+        "units": q.units,
+        "finish_length": q.finish_length,
+        "distinct_2": None if q.distinct_2 is None else round(q.distinct_2, 4),
+        "repetition": None if q.repetition is None else round(q.repetition, 4),
+        "longest_repeat": q.longest_repeat,
+        "refusal": q.refusal,
+        "json_valid": q.json_valid,
+        "tool_calls": q.tool_calls,
+        "tool_valid": q.tool_valid,
+        "citations": q.citations,
+        "similarity": None if q.similarity is None else round(q.similarity, 4),
+        "sketch": None if q.sketch is None else list(q.sketch),
     }
 
 

@@ -3,7 +3,7 @@
 A fleet of N gateway replicas keeps N embedded stores, or exports every record as an OTLP log
 record to a collector. :func:`read_records` takes any mix of:
 
-- a record store by path or URL (:mod:`evidence.stores`): SQLite, ``chdb:///dir``,
+- a record store by path or URL (:mod:`records.stores`): SQLite, ``chdb:///dir``,
   ``clickhouse://host:port/db``;
 - a JSON Lines file of records (what ``specshadow records`` prints), or a folder of them;
 - a JSON Lines file the OpenTelemetry Collector's ``file`` exporter wrote (``format: json``): one
@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from core import jsonx
-from evidence.store import query_records
-from evidence.stores import StoreURLError, is_url, parse_store, read_store
+from records.rules import canonical_key
+from records.sqlite_store import query_records
+from records.stores import StoreURLError, is_url, parse_store, read_store
 
 RECORD_EVENT = "specshadow.record"  # the event name of a record's log record (otel.semconv)
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -49,11 +50,6 @@ def read_records(
             if exchange_id and exchange_id not in seen:
                 seen[exchange_id] = record
     return sorted(seen.values(), key=canonical_key)
-
-
-def canonical_key(record: Mapping[str, Any]) -> tuple[int, str]:
-    """The canonical order of records from any source: start time, then exchange id."""
-    return int(record.get("started_unix_ns") or 0), str(record.get("exchange_id", ""))
 
 
 def iter_records(

@@ -7,7 +7,7 @@ first), for scripts and other tools; the schema is in docs/records.md. ``--limit
 newest N. The second moves records between any two stores (SQLite, chDB, ClickHouse; records
 JSONL and collector files as sources), streamed in batches. The third prints the ClickHouse DDL
 of the wide table and of the view that fills it from the Collector's ClickHouse exporter. A store
-is a path or a URL (:mod:`evidence.stores`).
+is a path or a URL (:mod:`records.stores`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from core import jsonx
-from evidence.clickhouse import ClickHouseError
-from evidence.sources import JSON_SUFFIXES, SourceError, read_records
-from evidence.store import query_records
-from evidence.stores import StoreURLError, copy_records, is_url, parse_store
+from records.clickhouse import ClickHouseError
+from records.readback import JSON_SUFFIXES, SourceError, read_records
+from records.sqlite_store import query_records
+from records.stores import StoreURLError, copy_records, is_url, parse_store
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -155,7 +155,7 @@ def register(subparsers: Any) -> None:
 
 
 def run_sql(args: argparse.Namespace) -> int:
-    from evidence import wide
+    from records import wide
 
     out = [wide.create_table(args.table, ttl_days=args.retention_days, server_ttl=True) + ";"]
     if args.otel_logs:

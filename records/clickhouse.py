@@ -1,5 +1,5 @@
 """Record stores in ClickHouse: a server over HTTP (``clickhouse://``) or chDB in-process
-(``chdb:///dir``), both holding the wide table of :mod:`evidence.wide`.
+(``chdb:///dir``), both holding the wide table of :mod:`records.wide`.
 
 - :class:`HttpEngine` speaks ClickHouse's HTTP interface with the standard library (no driver to
   pin: the interface has been stable since 2016; the Debian package's 18.16 server and current
@@ -38,7 +38,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 
 from core import jsonx
 from core.evidence import Evidence
-from evidence import wide
+from records import wide
 
 log = logging.getLogger(__name__)
 

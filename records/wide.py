@@ -14,7 +14,7 @@ which stores each ``specshadow.record`` log record's body in its logs table — 
 from the materialized view :func:`otel_view` builds from the same column definitions
 (``specshadow records sql`` prints it).
 
-Pure: builds rows and DDL text; the engines live in :mod:`evidence.clickhouse`.
+Pure: builds rows and DDL text; the engines live in :mod:`records.clickhouse`.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def create_table(table: str, *, ttl_days: float | None, server_ttl: bool) -> str
     """``CREATE TABLE IF NOT EXISTS``: a ReplacingMergeTree (a resent exchange collapses on its
     key), partitioned by day so retention drops whole parts; ordered by time then exchange id,
     the order every reader uses. ``server_ttl``: the engine knows ``TTL`` and adaptive granules
-    (ClickHouse ≥ 19.6, chDB); otherwise retention is :func:`evidence.clickhouse.ClickHouseStore.prune`'s partition
+    (ClickHouse ≥ 19.6, chDB); otherwise retention is :func:`records.clickhouse.ClickHouseStore.prune`'s partition
     drops."""
     cols = ",\n  ".join(f"`{name}` {type_}" for name, type_ in columns())
     day = "toDate(intDiv(time_unix_ns, 1000000000))"

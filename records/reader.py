@@ -1,5 +1,5 @@
 """The typed reader of comparison records: the one place outside the writer
-(:mod:`evidence.schema`) that knows a record's field names.
+(:mod:`records.writer`) that knows a record's field names.
 
 A record is a plain JSON object (``schema specshadow.record/1``, docs/records.md) — stored,
 copied and exported as such. Code that *reads* one wraps it in :class:`Record` and gets typed,
@@ -19,7 +19,7 @@ The rules every reader used to repeat by hand live here once:
 - ``legs`` holds only objects; :meth:`Record.by_role` is the first leg of each role;
 - a leg is :attr:`Leg.ok` when it completed without an error status or error type.
 
-The wide row's typed columns (:mod:`evidence.wide`) read the same paths; a test holds every
+The wide row's typed columns (:mod:`records.wide`) read the same paths; a test holds every
 column to this reader's value on real records, so the SQL report and the Python one read the
 same fields.
 """
@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from core.classify import UNCATEGORIZED
+from records.rules import leg_ok
 
 __all__ = [
     "UNCATEGORIZED",
@@ -347,12 +348,7 @@ class Leg(_View):
     @property
     def ok(self) -> bool:
         """Completed, with no error status and no error type."""
-        status = self.status
-        return (
-            self.raw.get("outcome") in (None, "completed")
-            and (status is None or status < 400)
-            and self.raw.get("error_type") is None
-        )
+        return leg_ok(self.raw.get("outcome"), self.status, self.raw.get("error_type"))
 
     def timing(self, name: TimingName) -> float | None:
         return num(self.raw.get(name))
