@@ -10,8 +10,10 @@ Layout: ``inputs`` (result files; records come from :mod:`records.readback`), ``
 (record accessors), ``population`` (the window's aggregates and bounded sample, streamed in
 Python) and ``sql`` (the same aggregates computed in ClickHouse/chDB), ``sections`` (latency, raw speed-ups, acceptance, quality, gate), ``load``
 (speed-ups at production's load, crossover, schedule, capacity), ``analysis`` (per candidate,
-verdicts), ``candidates`` (who each candidate is, lossless or not, head to head, the recommendation),
-``checklist``, ``export`` (``report.json``), ``plots`` (matplotlib Agg → PNG data URIs),
+verdicts), ``failures`` (a candidate's legs by how they failed: ``candidate_failing``),
+``rollbacks`` (rollouts rolled back inside the window: ``rolled_back``), ``candidates`` (who each
+candidate is, lossless or not, head to head, the recommendation), ``checklist``, ``front`` (the
+first screen, the glosses), ``export`` (``report.json``), ``plots`` (matplotlib Agg → PNG data URIs),
 ``render`` (HTML) and ``markdown`` (the summary), pure, ``cli`` (``specshadow report``). :func:`build_report` is the one entry point for code (the demo).
 
 numpy and matplotlib are imported when a report is built, not when this package is imported, so
