@@ -210,6 +210,12 @@ async def test_an_unreachable_candidate_is_failing_not_slow(
     for screen in (_first_screen_md(md), _first_screen_html(html)):
         assert "Failing: dead" in screen and "could not connect" in screen
         assert "UpstreamConnectError" in screen
+    # Every line of the first screen about it, and its rows in the bottom line, without a word
+    # about load.
+    about = [line for line in _first_screen_md(md).splitlines() if "dead" in line]
+    about += [line for line in md.split("## Bottom line", 1)[1].split("##", 1)[0].splitlines()
+              if "candidate failing" in line]  # fmt: skip
+    assert len(about) >= 5 and not any(load_words.search(line) for line in about), about
     assert js["verdict"] == "candidate_failing"
     assert js["candidates"]["dead"]["failures"]["could_not_connect"] == f.connect
     assert js["candidates"]["dead"]["failures"]["breaker_open_drops"] == f.breaker
