@@ -577,8 +577,8 @@ def _notes(
         out.append(
             f"{population} exchanges in the window: the load-true speed-ups, load coverage and "
             "exclusions count every one of them (summed where the records are stored); latency, "
-            "raw speed-ups, acceptance, quality, capacity, examples and the rollout timeline read "
-            f"a sample of {sample} — the exchanges with the lowest MD5 "
+            "raw speed-ups, acceptance, quality, capacity, failure counts, examples, the rollout "
+            f"timeline and its rollbacks read a sample of {sample} — the exchanges with the lowest MD5 "
             "of their id, independent of every measured value and the same on every engine."
         )
     if served_by_candidate:
