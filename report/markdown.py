@@ -181,6 +181,9 @@ def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
             ["rule", "stage", "from", "to", "exchanges", "answered by the candidate", "failovers"],
             rollout_rows(a),
         )
+        if a.rollbacks:
+            lines += [f"- Rule {rb.rule}: {rb.text()}." for rb in a.rollbacks]
+            lines.append("")
     if a.matrix:
         lines += ["## Stable operating region", ""]
         lines += [f"- {line}" for line in a.stable_regions] or ["- none found"]

@@ -696,6 +696,8 @@ def render_html(
             "<code>specshadow_rollout_transitions_total</code>).</p>",
             _table(["rule", "stage", "from", "to", "exchanges", "answered by the candidate", "failovers"],
                    rollout_rows(a)),
+            *(f'<div class="callout bad">Rule {escape(rb.rule)}: {escape(rb.text())}.</div>'
+              for rb in a.rollbacks),
         ]  # fmt: skip
     parts += _tail(a, figs)
     parts.append("</main></body></html>")
