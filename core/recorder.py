@@ -56,11 +56,12 @@ def estimate_tokens(choices: tuple[ChoiceOutput, ...], output_events: int) -> in
     return max(output_events, math.ceil(_output_chars(choices) / _CHARS_PER_TOKEN))
 
 
-def tpot(ttft_s: float | None, e2e_s: float | None, output_tokens: int | None) -> float | None:
-    """``(e2e − ttft) / (output_tokens − 1)``: the one definition (None below 2 tokens)."""
-    if ttft_s is None or e2e_s is None or output_tokens is None or output_tokens < 2:
+def tpot(ttft: float | None, e2e: float | None, output_tokens: int | None) -> float | None:
+    """``(e2e − ttft) / (output_tokens − 1)``, in the unit of ``ttft`` and ``e2e``: the one
+    definition (None below 2 tokens)."""
+    if ttft is None or e2e is None or output_tokens is None or output_tokens < 2:
         return None
-    return (e2e_s - ttft_s) / (output_tokens - 1)
+    return (e2e - ttft) / (output_tokens - 1)
 
 
 def tokens_per_event(output_tokens: int | None, output_events: int) -> float | None:
@@ -398,7 +399,8 @@ class StreamRecorder:
         tpot_s = None
         if ttft_ns is not None:
             assert e2e_ns is not None  # set together with ttft_ns
-            tpot_s = tpot(ttft_ns / _NS_PER_S, e2e_ns / _NS_PER_S, output_tokens)
+            per_token_ns = tpot(ttft_ns, e2e_ns, output_tokens)  # in ns: exact arithmetic
+            tpot_s = None if per_token_ns is None else per_token_ns / _NS_PER_S
         p50, p90, p99 = _summary_s(gaps_ns, (50.0, 90.0, 99.0))
         o50, o99 = _summary_s(self._overhead_ns, (50.0, 99.0))
         return StreamTimings(

@@ -1,12 +1,15 @@
-"""The typed reader of comparison records: the one place outside the writer
-(:mod:`records.writer`) that knows a record's field names.
+"""The typed reader of comparison records: every field of a record declared once.
 
 A record is a plain JSON object (``schema specshadow.record/1``, docs/records.md) — stored,
 copied and exported as such. Code that *reads* one wraps it in :class:`Record` and gets typed,
 lazy views of it: :class:`Leg`, :class:`Comparison`, :class:`Load`, :class:`Acceptance`,
-:class:`Speculative`, :class:`LegQuality`, :class:`Sampling`, :class:`Drop`, :class:`Tokens`.
-Nothing is copied or parsed ahead of use (a view is one slot holding the dict), so a streamed
-fold over millions of records pays only for the fields it reads.
+:class:`Speculative`, :class:`LegQuality`, :class:`Sampling`, :class:`Drop`, :class:`Tokens`, ….
+Every attribute that reads the record is a declared field (:mod:`records.fields`: its path and
+kind), so the declarations below are the record's vocabulary: the wide row's columns are derived
+from them (:mod:`records.wide`), a test holds the writer (:mod:`records.writer`) to writing
+exactly the declared paths, and another fails on a record field spelled as a string outside this
+package. Nothing is copied or parsed ahead of use (a view is one slot holding the dict), so a
+streamed fold over millions of records pays only for the fields it reads.
 
 The rules every reader used to repeat by hand live here once:
 
@@ -17,25 +20,44 @@ The rules every reader used to repeat by hand live here once:
   wide row);
 - token ids are lists of ``int`` (any other item: the whole list reads as ``None``);
 - ``legs`` holds only objects; :meth:`Record.by_role` is the first leg of each role;
-- a leg is :attr:`Leg.ok` when it completed without an error status or error type.
+- a leg is :attr:`Leg.ok` when it completed without an error status or error type
+  (:func:`records.rules.leg_ok`, whose SQL form the engine report uses).
 
-The wide row's typed columns (:mod:`records.wide`) read the same paths; a test holds every
-column to this reader's value on real records, so the SQL report and the Python one read the
-same fields.
+Size: one class per record object, each field one line; it stays whole because it *is* the
+record's declaration.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from core.classify import UNCATEGORIZED
+from records.fields import (
+    EMPTY,
+    View,
+    as_ids,
+    as_number,
+    boolean,
+    flag,
+    ids,
+    integer,
+    items,
+    key,
+    mapping,
+    name,
+    number,
+    strings,
+    text,
+    view,
+    views,
+)
 from records.rules import leg_ok
 
 __all__ = [
     "UNCATEGORIZED",
     "Acceptance",
+    "BackendWindow",
     "Comparison",
     "Drop",
     "Leg",
@@ -54,109 +76,36 @@ __all__ = [
 
 TimingName = Literal["ttft_s", "tpot_s", "e2e_s", "chunk_gap_p50_s", "chunk_gap_p99_s"]
 
-_EMPTY: Mapping[str, Any] = {}
+num = as_number  # a finite JSON number as float, else None (for values readers get elsewhere)
 
 
-def num(value: Any) -> float | None:
-    """A finite JSON number as ``float``; anything else (``bool``, NaN, text, null) is ``None``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _bool(value: Any) -> bool | None:
-    return value if isinstance(value, bool) else None
-
-
-def _key(value: Any) -> str:
-    """A name as text, ``""`` when absent (the wide row's ``key`` kind)."""
-    return "" if value is None else str(value)
-
-
-def _map(value: Any) -> Mapping[str, Any] | None:
-    return value if isinstance(value, Mapping) else None
-
-
-def _ids(value: Any) -> list[int] | None:
-    """A list of token ids as stored; None unless every item is an ``int``."""
-    if not isinstance(value, list) or not all(_int(x) is not None for x in value):
-        return None
-    return value
-
-
-def _ids_by_name(value: Any) -> dict[str, list[int]]:
-    """``{name: ids}``, keeping only the entries whose ids read as :func:`_ids`."""
-    block = _map(value) or _EMPTY
-    return {str(k): ids for k, v in block.items() if (ids := _ids(v)) is not None}
-
-
-class _View:
-    """One JSON object, read through typed properties."""
-
-    __slots__ = ("raw",)
-
-    def __init__(self, raw: Mapping[str, Any]) -> None:
-        self.raw = raw
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.raw!r})"
-
-
-class Scraped(_View):
+class Scraped(View):
     """The backend's own gauges at dispatch (``legs[].load.scraped``: vLLM/SGLang metrics)."""
 
     __slots__ = ()
 
-    @property
-    def num_requests_running(self) -> float | None:
-        return num(self.raw.get("num_requests_running"))
-
-    @property
-    def num_requests_waiting(self) -> float | None:
-        return num(self.raw.get("num_requests_waiting"))
-
-    @property
-    def kv_cache_usage_perc(self) -> float | None:
-        return num(self.raw.get("kv_cache_usage_perc"))
+    num_requests_running = number()
+    num_requests_waiting = number()
+    kv_cache_usage_perc = number()
+    age_s = number(doc="the scrape's time minus the leg's start (s)")
 
 
-class Load(_View):
+class Load(View):
     """A leg's load at dispatch (``legs[].load``); empty when the record has none."""
 
     __slots__ = ()
 
+    in_flight = number()
+    rate_rps = number()
+    window_s = number()
+    replicas = integer()
+    per_replica_rate_rps = number()
+    per_replica_in_flight = number()
+    scraped = view(Scraped)
+
     @property
     def present(self) -> bool:
         return bool(self.raw)
-
-    @property
-    def per_replica_rate_rps(self) -> float | None:
-        return num(self.raw.get("per_replica_rate_rps"))
-
-    @property
-    def per_replica_in_flight(self) -> float | None:
-        return num(self.raw.get("per_replica_in_flight"))
-
-    @property
-    def in_flight(self) -> float | None:
-        return num(self.raw.get("in_flight"))
-
-    @property
-    def replicas(self) -> int | None:
-        return _int(self.raw.get("replicas"))
-
-    @property
-    def scraped(self) -> Scraped | None:
-        s = _map(self.raw.get("scraped"))
-        return None if s is None else Scraped(s)
 
     @property
     def per_replica_concurrency(self) -> float | None:
@@ -170,432 +119,374 @@ class Load(_View):
         return self.per_replica_in_flight
 
 
-class Acceptance(_View):
+class BackendWindow(View):
+    """The metrics scraper's window of the leg's backend (``legs[].acceptance.backend_window``)."""
+
+    __slots__ = ()
+
+    source = text()
+    window_s = number()
+    draft_acceptance_rate = number()
+    mean_acceptance_length = number()
+    per_position = items()
+    kv_cache_usage_perc = number()
+    num_requests_running = number()
+
+
+class Acceptance(View):
     """A leg's acceptance (``legs[].acceptance``): the engine's per-request counters, or the
     metrics window's estimate."""
 
     __slots__ = ()
 
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        return num(self.raw.get("mean_acceptance_length"))
-
-    @property
-    def draft_acceptance_rate(self) -> float | None:
-        return num(self.raw.get("draft_acceptance_rate"))
-
-    @property
-    def coverage(self) -> float | None:
-        return num(self.raw.get("coverage"))
-
-    @property
-    def tokens_per_pass(self) -> float | None:
-        return num(self.raw.get("tokens_per_pass"))
-
-    @property
-    def num_drafts(self) -> float | None:
-        return num(self.raw.get("num_drafts"))
-
-    @property
-    def num_draft_tokens(self) -> float | None:
-        return num(self.raw.get("num_draft_tokens"))
-
-    @property
-    def num_accepted_tokens(self) -> float | None:
-        return num(self.raw.get("num_accepted_tokens"))
+    mean_acceptance_length = number()
+    draft_acceptance_rate = number()
+    source = text()
+    num_drafts = number()
+    num_draft_tokens = number()
+    num_accepted_tokens = number()
+    tokens_per_pass = number()
+    tokens_per_pass_source = text()
+    coverage = number()
+    backend_window = view(BackendWindow)
 
     @property
     def window_kv_cache_usage_perc(self) -> float | None:
         """KV-cache usage over the scraper's window around the leg (``backend_window``)."""
-        return num((_map(self.raw.get("backend_window")) or _EMPTY).get("kv_cache_usage_perc"))
+        w = self.backend_window
+        return None if w is None else w.kv_cache_usage_perc
 
 
-class Speculative(_View):
+class Speculative(View):
     """What a candidate leg's backend says of its speculation (``legs[].speculative``)."""
 
     __slots__ = ()
 
-    @property
-    def label(self) -> str | None:
-        return _str(self.raw.get("label")) or None
-
-    @property
-    def method(self) -> str | None:
-        return _str(self.raw.get("method")) or None
-
-    @property
-    def num_speculative_tokens(self) -> int | None:
-        return _int(self.raw.get("num_speculative_tokens"))
-
-    @property
-    def prompt_lookup_min(self) -> int | None:
-        """n-gram proposers: the shortest n-gram the lookup matches."""
-        return _int(self.raw.get("prompt_lookup_min"))
-
-    @property
-    def prompt_lookup_max(self) -> int | None:
-        """n-gram proposers: the longest n-gram the lookup matches."""
-        return _int(self.raw.get("prompt_lookup_max"))
-
-    @property
-    def verification(self) -> str | None:
-        return _str(self.raw.get("verification"))
-
-    @property
-    def verification_source(self) -> str | None:
-        return _str(self.raw.get("verification_source"))
-
-    @property
-    def verification_detail(self) -> str | None:
-        return _str(self.raw.get("verification_detail"))
-
-    @property
-    def mismatches(self) -> tuple[str, ...]:
-        items = self.raw.get("mismatches")
-        return tuple(str(x) for x in items) if isinstance(items, list) else ()
-
-    @property
-    def reported(self) -> Mapping[str, Any] | None:
-        """The engine's own report (server info), as it came."""
-        return _map(self.raw.get("reported"))
+    method = name()
+    num_speculative_tokens = integer()
+    prompt_lookup_min = integer(doc="n-gram proposers: the shortest n-gram the lookup matches")
+    prompt_lookup_max = integer(doc="n-gram proposers: the longest n-gram the lookup matches")
+    label = name()
+    verification = text()
+    verification_source = text()
+    verification_detail = text()
+    declared = mapping(doc="the policy's declaration, as it came")
+    reported = mapping(doc="the engine's own report (server info), as it came")
+    mismatches = strings()
 
 
-class LegQuality(_View):
+class LegQuality(View):
     """A completed leg's output scalars (``legs[].quality``; :mod:`evidence.quality`)."""
 
     __slots__ = ()
 
-    @property
-    def units(self) -> float | None:
-        return num(self.raw.get("units"))
-
-    @property
-    def finish_length(self) -> bool | None:
-        return _bool(self.raw.get("finish_length"))
-
-    @property
-    def distinct_2(self) -> float | None:
-        return num(self.raw.get("distinct_2"))
-
-    @property
-    def repetition(self) -> float | None:
-        return num(self.raw.get("repetition"))
-
-    @property
-    def longest_repeat(self) -> float | None:
-        return num(self.raw.get("longest_repeat"))
-
-    @property
-    def refusal(self) -> bool | None:
-        return _bool(self.raw.get("refusal"))
-
-    @property
-    def json_valid(self) -> bool | None:
-        return _bool(self.raw.get("json_valid"))
+    units = number()
+    finish_length = flag()
+    distinct_2 = number()
+    repetition = number()
+    longest_repeat = number()
+    refusal = flag()
+    json_valid = flag()
+    _tool_calls = integer("tool_calls")
+    tool_valid = flag()
+    _citations = integer("citations")
+    similarity = number()
+    _sketch = items("sketch")
 
     @property
     def tool_calls(self) -> int:
-        return _int(self.raw.get("tool_calls")) or 0
-
-    @property
-    def tool_valid(self) -> bool | None:
-        return _bool(self.raw.get("tool_valid"))
+        return self._tool_calls or 0
 
     @property
     def citations(self) -> int:
-        return _int(self.raw.get("citations")) or 0
-
-    @property
-    def similarity(self) -> float | None:
-        return num(self.raw.get("similarity"))
+        return self._citations or 0
 
     @property
     def sketch(self) -> list[float] | None:
-        s = self.raw.get("sketch")
-        return s if isinstance(s, list) else None
+        return self._sketch
 
 
-class Leg(_View):
+class Captured(View):
+    """Text as the capture setting kept it (``request``, ``legs[].output``): its hash and length
+    always, the text itself only under ``full`` or ``redacted``."""
+
+    __slots__ = ()
+
+    sha256 = text()
+    chars = integer()
+    text = text()
+
+
+class TokensReported(View):
+    """The count a leg itself reported, when the worker counted it on another footing."""
+
+    __slots__ = ()
+
+    count = integer()
+    source = text()
+
+
+class Leg(View):
     """One leg of an exchange (``legs[i]``): the primary, a candidate or the baseline."""
 
     __slots__ = ()
 
-    @property
-    def role(self) -> str | None:
-        return _str(self.raw.get("role"))
-
-    @property
-    def backend(self) -> str:
-        return _key(self.raw.get("backend"))
-
-    @property
-    def server_address(self) -> str | None:
-        """``host:port`` of the server the leg went to (records name servers, not URLs)."""
-        return _str(self.raw.get("server_address")) or None
-
-    @property
-    def outcome(self) -> str | None:
-        return _str(self.raw.get("outcome"))
-
-    @property
-    def status(self) -> int | None:
-        return _int(self.raw.get("status"))
-
-    @property
-    def error_type(self) -> str | None:
-        return _str(self.raw.get("error_type"))
+    role = text()
+    backend = key()
+    server_address = name(doc="host:port of the server the leg went to (never a URL)")
+    upstream_model = text()
+    response_model = text()
+    status = integer()
+    outcome = text()
+    error_type = text()
+    started_unix_ns = integer()
+    ttft_s = number()
+    tpot_s = number()
+    e2e_s = number()
+    chunk_gap_p50_s = number()
+    chunk_gap_p99_s = number()
+    output_tokens = number()
+    tokens_source = text(doc="where output_tokens came from (core.timings.TokensSource)")
+    tokens_reported = view(TokensReported)
+    prompt_tokens = number()
+    events = integer(doc="output-bearing events")
+    tokens_per_event = number()
+    streaming = flag()
+    finish_reason = text()
+    inflight_at_dispatch = integer()
+    concurrency_bucket = text()
+    share = number()
+    _load = view(Load, "load")
+    load_parity = number(doc="this shadow leg's per-replica arrival rate over the primary's")
+    output_length_bucket = text()
+    speculative = view(Speculative)
+    _acceptance = view(Acceptance, "acceptance")
+    output = view(Captured)
+    parse_error = text()
+    quality = view(LegQuality)
 
     @property
     def ok(self) -> bool:
         """Completed, with no error status and no error type."""
-        return leg_ok(self.raw.get("outcome"), self.status, self.raw.get("error_type"))
+        return leg_ok(self.outcome, self.status, self.error_type)
 
     def timing(self, name: TimingName) -> float | None:
-        return num(self.raw.get(name))
-
-    @property
-    def ttft_s(self) -> float | None:
-        return num(self.raw.get("ttft_s"))
-
-    @property
-    def tpot_s(self) -> float | None:
-        return num(self.raw.get("tpot_s"))
-
-    @property
-    def e2e_s(self) -> float | None:
-        return num(self.raw.get("e2e_s"))
-
-    @property
-    def output_tokens(self) -> float | None:
-        return num(self.raw.get("output_tokens"))
-
-    @property
-    def tokens_source(self) -> str | None:
-        """Where ``output_tokens`` came from (core.timings.TokensSource)."""
-        return _str(self.raw.get("tokens_source"))
+        return getattr(self, name)  # type: ignore[no-any-return]  # one of the timing fields
 
     @property
     def tokens_reported_source(self) -> str | None:
         """The source of the leg's own count when the worker counted it on another footing
         (evidence.counts); None when ``output_tokens`` is the leg's own."""
-        reported = self.raw.get("tokens_reported")
-        return _str(reported.get("source")) if isinstance(reported, Mapping) else None
-
-    @property
-    def tokens_per_event(self) -> float | None:
-        return num(self.raw.get("tokens_per_event"))
-
-    @property
-    def share(self) -> float | None:
-        return num(self.raw.get("share"))
-
-    @property
-    def load_parity(self) -> float | None:
-        """This shadow leg's per-replica arrival rate over the primary's at dispatch."""
-        return num(self.raw.get("load_parity"))
-
-    @property
-    def output_length_bucket(self) -> str | None:
-        return _str(self.raw.get("output_length_bucket"))
-
-    @property
-    def concurrency_bucket(self) -> str | None:
-        return _str(self.raw.get("concurrency_bucket"))
+        r = self.tokens_reported
+        return None if r is None else r.source
 
     @property
     def load(self) -> Load:
-        return Load(_map(self.raw.get("load")) or _EMPTY)
+        return self._load or Load(EMPTY)
 
     @property
     def acceptance(self) -> Acceptance:
-        return Acceptance(_map(self.raw.get("acceptance")) or _EMPTY)
-
-    @property
-    def speculative(self) -> Speculative | None:
-        s = _map(self.raw.get("speculative"))
-        return None if s is None else Speculative(s)
-
-    @property
-    def quality(self) -> LegQuality | None:
-        q = _map(self.raw.get("quality"))
-        return None if q is None else LegQuality(q)
+        return self._acceptance or Acceptance(EMPTY)
 
     @property
     def text(self) -> str | None:
         """The output text, where the capture setting kept it."""
-        return _str((_map(self.raw.get("output")) or _EMPTY).get("text"))
+        o = self.output
+        return None if o is None else o.text
 
     @property
     def output_sha256(self) -> str | None:
-        return _str((_map(self.raw.get("output")) or _EMPTY).get("sha256"))
+        o = self.output
+        return None if o is None else o.sha256
 
 
-class Comparison(_View):
+class Latency(View):
+    """One paired latency of a comparison (``comparisons[].latency.<timing>``)."""
+
+    __slots__ = ()
+
+    a = number()
+    b = number()
+    delta = number()
+    ratio = number()
+
+
+class Comparison(View):
     """Role ``b``'s output and timings against role ``a``'s (``comparisons[i]``)."""
 
     __slots__ = ()
 
-    @property
-    def a(self) -> str | None:
-        return _str(self.raw.get("a"))
-
-    @property
-    def b(self) -> str | None:
-        return _str(self.raw.get("b"))
-
-    @property
-    def b_backend(self) -> str | None:
-        return _str(self.raw.get("b_backend"))
+    a = text()
+    b = text()
+    a_backend = text()
+    b_backend = text()
+    _comparable = flag("comparable")
+    greedy = flag()
+    exact_match = flag()
+    first_divergence = integer()
+    divergence_unit = text()
+    divergence_fraction = number()
+    similarity = number()
+    similarity_capped = flag()
+    finish_reason_equal = flag()
+    length_ratio = number()
+    json_expected = boolean()
+    json_valid_a = flag()
+    json_valid_b = boolean()
+    json_equal = flag()
+    tool_names_equal = flag()
+    tool_arguments_equal = flag()
+    refusal_a = flag()
+    refusal_b = flag()
+    one_sided_refusal = boolean()
+    citations_a = items()
+    citations_b = items()
+    citations_equal = flag()
+    latency = mapping(doc="timing name → {a, b, delta, ratio} (read through latency_of)")
+    flag = boolean(doc="a greedy request that did not match exactly")  # last: names the factory
 
     @property
     def comparable(self) -> bool:
         """False only when the comparison says so (unknown counts as comparable)."""
-        return self.raw.get("comparable") is not False
+        return self._comparable is not False
 
-    @property
-    def exact_match(self) -> bool | None:
-        return _bool(self.raw.get("exact_match"))
-
-    @property
-    def flag(self) -> bool:
-        return bool(self.raw.get("flag"))
-
-    @property
-    def one_sided_refusal(self) -> bool:
-        return bool(self.raw.get("one_sided_refusal"))
-
-    @property
-    def json_expected(self) -> bool:
-        return bool(self.raw.get("json_expected"))
-
-    @property
-    def json_valid_b(self) -> bool:
-        return bool(self.raw.get("json_valid_b"))
-
-    @property
-    def json_equal(self) -> bool | None:
-        return _bool(self.raw.get("json_equal"))
-
-    @property
-    def tool_names_equal(self) -> bool | None:
-        return _bool(self.raw.get("tool_names_equal"))
-
-    @property
-    def tool_arguments_equal(self) -> bool | None:
-        return _bool(self.raw.get("tool_arguments_equal"))
-
-    @property
-    def similarity(self) -> float | None:
-        return num(self.raw.get("similarity"))
-
-    @property
-    def first_divergence(self) -> int | None:
-        return _int(self.raw.get("first_divergence"))
-
-    @property
-    def divergence_unit(self) -> str | None:
-        return _str(self.raw.get("divergence_unit"))
+    def latency_of(self, timing: str) -> Latency | None:
+        entry = (self.latency or EMPTY).get(timing)
+        return Latency(entry) if isinstance(entry, Mapping) else None
 
 
-class Drop(_View):
+class Drop(View):
     """A shadow leg the gateway did not send (``sampling.dropped[i]``): budget, breaker, …"""
 
     __slots__ = ()
 
-    @property
-    def role(self) -> str | None:
-        return _str(self.raw.get("role"))
-
-    @property
-    def backend(self) -> str:
-        return _key(self.raw.get("backend"))
+    backend = key()
+    role = text()
+    _reason = key("reason")
 
     @property
     def reason(self) -> str:
-        return str(self.raw.get("reason"))
+        return self._reason or "None"
 
 
-class Sampling(_View):
+class Sampling(View):
     """Why the exchange was or was not mirrored (``sampling``)."""
 
     __slots__ = ()
 
-    @property
-    def sampled(self) -> bool:
-        return bool(self.raw.get("sampled"))
-
-    @property
-    def candidates(self) -> tuple[str, ...]:
-        """The candidates the matched rule names, mirrored or not."""
-        items = self.raw.get("candidates")
-        return tuple(str(x) for x in items) if isinstance(items, list) else ()
-
-    @property
-    def dropped(self) -> tuple[Drop, ...]:
-        items = self.raw.get("dropped")
-        if not isinstance(items, list):
-            return ()
-        return tuple(Drop(d) for d in items if isinstance(d, Mapping))
-
-    @property
-    def sweep_step(self) -> int | None:
-        return _int(self.raw.get("sweep_step"))
+    sampled = boolean()
+    drop_reason = text()
+    sweep_step = integer()
+    dropped = views(Drop)
+    candidates = strings(doc="the candidates the matched rule names, mirrored or not")
 
 
-class Tokens(_View):
+class Policy(View):
+    """The policy that decided the exchange (``policy``)."""
+
+    __slots__ = ()
+
+    generation = integer()
+    rule = text()
+
+
+class Rollout(View):
+    """The rollout stage the exchange ran under (``rollout``; absent outside a rollout)."""
+
+    __slots__ = ()
+
+    stage = text()
+    failover = text(doc="why a candidate that should have answered did not (it failed first)")
+
+
+class Tokens(View):
     """The exchange's token ids for counterfactual scoring (``tokens``): the token tap's, or
     ``specshadow counterfactual``'s re-tokenized text (``output_source`` says which)."""
 
     __slots__ = ()
 
-    @property
-    def source(self) -> str | None:
-        """Who tokenized the prompt (``tokenize:<backend>``)."""
-        return _str(self.raw.get("source"))
-
-    @property
-    def leg(self) -> str | None:
-        """The role of the leg whose output ``output`` is (production's: ``primary``)."""
-        return _str(self.raw.get("leg"))
-
-    @property
-    def prompt(self) -> list[int] | None:
-        return _ids(self.raw.get("prompt"))
-
-    @property
-    def output(self) -> list[int] | None:
-        return _ids(self.raw.get("output"))
-
-    @property
-    def output_source(self) -> str | None:
-        """Where the output ids came from: ``engine``, ``leg:<backend>`` or a tokenizer."""
-        return _str(self.raw.get("output_source"))
-
-    @property
-    def output_tokens_reported(self) -> int | None:
-        """The leg's own output token count, beside the ids' length."""
-        return _int(self.raw.get("output_tokens_reported"))
+    source = text(doc="who tokenized the prompt (tokenize:<backend>)")
+    leg = text(doc="the role of the leg whose output `output` is (production's: primary)")
+    prompt = ids()
+    output = ids()
+    output_source = text(doc="where the output ids came from: engine, leg:<backend>, a tokenizer")
+    output_tokens_reported = integer(doc="the leg's own output token count, beside the ids'")
+    _drafters = mapping("drafters")
+    _legs = mapping("legs")
 
     @property
     def drafters(self) -> dict[str, list[int]]:
         """Per drafter backend, its greedy prediction of each output token."""
-        return _ids_by_name(self.raw.get("drafters"))
+        return _ids_by_name(self._drafters)
 
     @property
     def legs(self) -> dict[str, list[int]]:
         """Per backend, the ids its leg generated (the live candidates' engine check)."""
-        return _ids_by_name(self.raw.get("legs"))
+        return _ids_by_name(self._legs)
 
 
-class Record:
+def _ids_by_name(block: Mapping[str, Any] | None) -> dict[str, list[int]]:
+    """``{name: ids}``, keeping only the entries whose ids read as token ids."""
+    return {str(k): v for k, raw in (block or EMPTY).items() if (v := as_ids(raw)) is not None}
+
+
+class LikelihoodLeg(View):
+    """One shadow leg's output scored under the target (``likelihood.legs.<backend>``)."""
+
+    __slots__ = ()
+
+    mean_logprob = number()
+    tokens = integer()
+    source = text()
+
+
+class Likelihood(View):
+    """The shadow legs' outputs scored under the target (``likelihood``)."""
+
+    __slots__ = ()
+
+    scorer = text()
+    legs = mapping(doc="backend → LikelihoodLeg (read through Record.mean_logprob)")
+
+
+class Record(View):
     """One exchange's comparison record, read through typed properties (see the module doc).
 
     ``raw`` is the record as stored; the legs are wrapped once, on first use."""
 
-    __slots__ = ("_legs", "_roles", "raw")
+    __slots__ = ("_legs", "_roles")
+
+    schema = key()
+    exchange_id = key()
+    request_id = text()
+    time = text(doc="the start as ISO 8601 (UTC)")
+    _started_unix_ns = integer("started_unix_ns")
+    route = text()
+    requested_model = text()
+    stream = flag()
+    _category = text("category")
+    category_source = text()
+    greedy = boolean()
+    temperature = number()
+    seed = integer()
+    policy = view(Policy)
+    _sampling = view(Sampling, "sampling")
+    capture = text()
+    _served_by = text("served_by")
+    rollout = view(Rollout)
+    output_length_bucket = text()
+    concurrency = integer()
+    concurrency_bucket = text()
+    request = view(Captured)
+    _leg_list = views(Leg, "legs")
+    speculation_skip = name(doc="why a speculative engine decodes this request plainly")
+    load_parity = number()
+    comparisons = views(Comparison)
+    tokens = view(Tokens, doc="the token ids block; None when the record has none")
+    likelihood = view(Likelihood)
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
-        self.raw = raw
+        super().__init__(raw)
         self._legs: tuple[Leg, ...] | None = None
         self._roles: dict[str, Leg] | None = None
 
@@ -603,16 +494,8 @@ class Record:
         return f"Record({self.exchange_id!r})"
 
     @property
-    def schema(self) -> str:
-        return str(self.raw.get("schema") or "")
-
-    @property
-    def exchange_id(self) -> str:
-        return str(self.raw.get("exchange_id", ""))
-
-    @property
     def started_unix_ns(self) -> int:
-        return _int(self.raw.get("started_unix_ns")) or 0
+        return self._started_unix_ns or 0
 
     @property
     def order_key(self) -> tuple[int, str]:
@@ -621,70 +504,43 @@ class Record:
 
     @property
     def category(self) -> str:
-        c = self.raw.get("category")
-        return str(c) if c else UNCATEGORIZED
+        return self._category or UNCATEGORIZED
 
     @property
     def served_by(self) -> str:
         """Which role answered the client: ``primary``, or ``candidate`` during a canary."""
-        s = self.raw.get("served_by")
-        return "primary" if s is None else str(s)
-
-    @property
-    def greedy(self) -> bool:
-        return bool(self.raw.get("greedy"))
-
-    @property
-    def speculation_skip(self) -> str | None:
-        """Why a speculative engine decodes this request plainly (penalties, ``min_p``)."""
-        return _str(self.raw.get("speculation_skip")) or None
-
-    @property
-    def output_length_bucket(self) -> str | None:
-        return _str(self.raw.get("output_length_bucket"))
-
-    @property
-    def concurrency_bucket(self) -> str | None:
-        return _str(self.raw.get("concurrency_bucket"))
+        return self._served_by or "primary"
 
     @property
     def rollout_stage(self) -> str | None:
         """The rollout stage the exchange ran under; None outside a rollout."""
-        block = _map(self.raw.get("rollout"))
-        return None if block is None else str(block.get("stage"))
+        r = self.rollout
+        return None if r is None else str(r.stage)
 
     @property
     def rollout_failover(self) -> bool:
-        return bool((_map(self.raw.get("rollout")) or _EMPTY).get("failover"))
+        r = self.rollout
+        return r is not None and bool(r.failover)
 
     @property
     def policy_rule(self) -> str | None:
-        return _str((_map(self.raw.get("policy")) or _EMPTY).get("rule"))
+        p = self.policy
+        return None if p is None else p.rule
 
     @property
     def sampling(self) -> Sampling:
-        return Sampling(_map(self.raw.get("sampling")) or _EMPTY)
+        return self._sampling or Sampling(EMPTY)
 
     @property
     def request_text(self) -> str | None:
         """The prompt's text (messages' contents joined), where the capture setting kept it."""
-        return _str((_map(self.raw.get("request")) or _EMPTY).get("text"))
-
-    @property
-    def tokens(self) -> Tokens | None:
-        """The token ids block; None when the record has none (or an empty one)."""
-        t = _map(self.raw.get("tokens"))
-        return Tokens(t) if t else None
+        r = self.request
+        return None if r is None else r.text
 
     @property
     def legs(self) -> tuple[Leg, ...]:
         if self._legs is None:
-            items = self.raw.get("legs")
-            self._legs = (
-                tuple(Leg(x) for x in items if isinstance(x, Mapping))
-                if isinstance(items, list | tuple)
-                else ()
-            )
+            self._legs = self._leg_list
         return self._legs
 
     def by_role(self) -> Mapping[str, Leg]:
@@ -713,13 +569,6 @@ class Record:
                 return leg
         return None
 
-    @property
-    def comparisons(self) -> tuple[Comparison, ...]:
-        items = self.raw.get("comparisons")
-        if not isinstance(items, list | tuple):
-            return ()
-        return tuple(Comparison(c) for c in items if isinstance(c, Mapping))
-
     def comparison(self, a: str, b: str, *, b_backend: str | None = None) -> Comparison | None:
         """The comparison of role ``b`` (served by ``b_backend``, when given) against ``a``."""
         for c in self.comparisons:
@@ -740,9 +589,9 @@ class Record:
 
     def mean_logprob(self, backend: str) -> float | None:
         """The target's mean log-probability of ``backend``'s output (``likelihood``)."""
-        lk = _map(self.raw.get("likelihood"))
-        entry = _map((_map(lk.get("legs")) or _EMPTY).get(backend)) if lk is not None else None
-        return None if entry is None else num(entry.get("mean_logprob"))
+        lk = self.likelihood
+        entry = (lk.legs or EMPTY).get(backend) if lk is not None else None
+        return LikelihoodLeg(entry).mean_logprob if isinstance(entry, Mapping) else None
 
 
 def read(record: Mapping[str, Any] | Record) -> Record:

@@ -14,6 +14,9 @@ which stores each ``specshadow.record`` log record's body in its logs table — 
 from the materialized view :func:`otel_view` builds from the same column definitions
 (``specshadow records sql`` prints it).
 
+Every column is derived from the reader's declared field (:func:`column`: the field's path and
+kind, :mod:`records.fields`), so a column and the reader's attribute cannot drift apart.
+
 Pure: builds rows and DDL text; the engines live in :mod:`records.clickhouse`.
 """
 
@@ -24,6 +27,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from core import jsonx
+from records.fields import Field
+from records.reader import (
+    Acceptance,
+    Captured,
+    Drop,
+    Leg as Leg_,
+    LegQuality,
+    Load,
+    Policy,
+    Record as Record_,
+    Rollout,
+    Sampling,
+    Scraped,
+    Speculative,
+)
 
 __all__ = [
     "EXCHANGE_COLUMNS",
@@ -111,65 +129,86 @@ class Column:
         return f"JSONExtract({json}, {keys}, '{self.type}')"
 
 
-def _c(name: str, kind: Kind, *path: str) -> Column:
-    return Column(name, path or (name,), kind)
+# The wide kind of each declared field kind (records.fields); a column may override it where the
+# table's type differs from the reader's (an int read as Float64, the start time as Int64).
+_WIDE_KIND: Mapping[str, Kind] = {
+    "key": "key",
+    "str": "str",
+    "num": "num",
+    "int": "int",
+    "flag": "flag",
+    "truth": "flag",
+    "keys": "keys",
+}
 
 
+def column(
+    name: str, *path: Field[Any], kind: Kind | None = None, item: Field[Any] | None = None
+) -> Column:
+    """The column ``name`` holding the declared field at the end of ``path`` (a chain of view
+    fields, then the field), read as its kind (or ``kind``); ``item``: for a list of objects,
+    the items' field whose values the column lists."""
+    last = path[-1]
+    full = tuple(k for f in path for k in f.path)
+    if item is not None:
+        return Column(name, full, "keys", item.path[0])
+    return Column(name, full, kind or _WIDE_KIND[last.kind])
+
+
+R, L = Record_, Leg_
 EXCHANGE_COLUMNS: tuple[Column, ...] = (
-    _c("exchange_id", "key"),
-    _c("time_unix_ns", "time", "started_unix_ns"),
-    _c("schema", "key"),
-    _c("request_id", "str"),
-    _c("route", "str"),
-    _c("requested_model", "str"),
-    _c("tenant", "str"),
-    _c("category", "str"),
-    _c("stream", "flag"),
-    _c("greedy", "flag"),
-    _c("temperature", "num"),
-    _c("served_by", "str"),
-    _c("rollout_stage", "str", "rollout", "stage"),
-    _c("policy_rule", "str", "policy", "rule"),
-    _c("sampled", "flag", "sampling", "sampled"),
-    _c("output_length_bucket", "str"),
-    _c("concurrency", "num"),
-    _c("load_parity", "num"),
-    _c("speculation_skip", "str"),
+    column("exchange_id", R.exchange_id),
+    column("time_unix_ns", R._started_unix_ns, kind="time"),
+    column("schema", R.schema),
+    column("request_id", R.request_id),
+    column("route", R.route),
+    column("requested_model", R.requested_model),
+    column("category", R._category),
+    column("stream", R.stream),
+    column("greedy", R.greedy),
+    column("temperature", R.temperature),
+    column("served_by", R._served_by),
+    column("rollout_stage", R.rollout, Rollout.stage),
+    column("policy_rule", R.policy, Policy.rule),
+    column("sampled", R._sampling, Sampling.sampled),
+    column("output_length_bucket", R.output_length_bucket),
+    column("concurrency", R.concurrency, kind="num"),
+    column("load_parity", R.load_parity),
+    column("speculation_skip", R.speculation_skip),
     # added in version 2: what the report's exclusions and candidate list read
-    Column("candidates", ("sampling", "candidates"), "keys"),
-    Column("dropped_backends", ("sampling", "dropped"), "keys", "backend"),
-    Column("dropped_roles", ("sampling", "dropped"), "keys", "role"),
-    Column("dropped_reasons", ("sampling", "dropped"), "keys", "reason"),
+    column("candidates", R._sampling, Sampling.candidates),
+    column("dropped_backends", R._sampling, Sampling.dropped, item=Drop.backend),
+    column("dropped_roles", R._sampling, Sampling.dropped, item=Drop.role),
+    column("dropped_reasons", R._sampling, Sampling.dropped, item=Drop._reason),
 )
 
 LEG_COLUMNS: tuple[Column, ...] = (
-    _c("role", "key"),
-    _c("backend", "key"),
-    _c("outcome", "str"),
-    _c("status", "int"),
-    _c("ttft_s", "num"),
-    _c("tpot_s", "num"),
-    _c("e2e_s", "num"),
-    _c("output_tokens", "num"),
-    _c("prompt_tokens", "num"),
-    _c("finish_reason", "str"),
-    _c("share", "num"),
-    _c("in_flight", "num", "load", "in_flight"),
-    _c("per_replica_rate_rps", "num", "load", "per_replica_rate_rps"),
-    _c("num_requests_running", "num", "load", "scraped", "num_requests_running"),
-    _c("load_parity", "num"),
-    _c("method", "str", "speculative", "method"),
-    _c("num_speculative_tokens", "num", "speculative", "num_speculative_tokens"),
-    _c("tokens_per_pass", "num", "acceptance", "tokens_per_pass"),
-    _c("mean_acceptance_length", "num", "acceptance", "mean_acceptance_length"),
-    _c("num_drafts", "num", "acceptance", "num_drafts"),
-    _c("num_draft_tokens", "num", "acceptance", "num_draft_tokens"),
-    _c("num_accepted_tokens", "num", "acceptance", "num_accepted_tokens"),
-    _c("output_sha256", "str", "output", "sha256"),
-    _c("similarity", "num", "quality", "similarity"),
-    _c("loglik", "num", "quality", "loglik"),
-    _c("refusal", "flag", "quality", "refusal"),
-    _c("error_type", "str"),  # version 2
+    column("role", L.role, kind="key"),
+    column("backend", L.backend),
+    column("outcome", L.outcome),
+    column("status", L.status),
+    column("ttft_s", L.ttft_s),
+    column("tpot_s", L.tpot_s),
+    column("e2e_s", L.e2e_s),
+    column("output_tokens", L.output_tokens),
+    column("prompt_tokens", L.prompt_tokens),
+    column("finish_reason", L.finish_reason),
+    column("share", L.share),
+    column("in_flight", L._load, Load.in_flight),
+    column("per_replica_rate_rps", L._load, Load.per_replica_rate_rps),
+    column("num_requests_running", L._load, Load.scraped, Scraped.num_requests_running),
+    column("load_parity", L.load_parity),
+    column("method", L.speculative, Speculative.method),
+    column("num_speculative_tokens", L.speculative, Speculative.num_speculative_tokens, kind="num"),
+    column("tokens_per_pass", L._acceptance, Acceptance.tokens_per_pass),
+    column("mean_acceptance_length", L._acceptance, Acceptance.mean_acceptance_length),
+    column("num_drafts", L._acceptance, Acceptance.num_drafts),
+    column("num_draft_tokens", L._acceptance, Acceptance.num_draft_tokens),
+    column("num_accepted_tokens", L._acceptance, Acceptance.num_accepted_tokens),
+    column("output_sha256", L.output, Captured.sha256),
+    column("similarity", L.quality, LegQuality.similarity),
+    column("refusal", L.quality, LegQuality.refusal),
+    column("error_type", L.error_type),  # version 2
 )
 
 

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from core.exchange import CaptureSpec, LegLoad, SpeculativeSpec, TokenIds
-from evidence.scrape import MetricsSample
+from evidence.scrape import BackendSnapshot, MetricsSample, WindowStats, window_json
 from evidence.worker import backend_facts, build_evidence
+from records.fields import Field, declared_paths, opaque_paths
 from records.reader import Leg, Record, read, read_all
 from records.wide import EXCHANGE_COLUMNS, LEG_COLUMNS
 from records.writer import build_record
@@ -42,6 +43,7 @@ def written() -> dict[str, Any]:
             dataclasses.replace(s, load=load, speculative=SPEC if s.role == "candidate" else None)
             for s in ex.shadows
         ),
+        dropped=(("vllm-eagle", "candidate", "budget"),),
         tokens=TokenIds(
             source="tokenize:vllm-ngram",
             leg="primary",
@@ -57,7 +59,13 @@ def written() -> dict[str, Any]:
         return MetricsSample(0, unix_ns, 1.0, 4.0, 2.0, (), 0.25, 3.0, 1.0)
 
     evidence = build_evidence(ex, capture_default=FULL)
-    facts = dataclasses.replace(backend_facts(), nearest=nearest)  # the worker's, with gauges
+    window = WindowStats(10.0, 4, 8.0, 24.0, 12.0, 0.5, 2.5, (0.7, 0.5, 0.3))
+    snapshot = BackendSnapshot("vllm-ngram", "http://x", True, 4, 0, None, 1, window, 0.25, 3.0)
+    facts = dataclasses.replace(  # the worker's, with a scraper's gauges and window
+        backend_facts(),
+        nearest=nearest,
+        window=lambda backend: window_json(snapshot if backend == "vllm-ngram" else None),
+    )
     return build_record(evidence, capture=FULL, facts=facts)
 
 
@@ -97,7 +105,7 @@ def touch(view: object, depth: int = 0) -> None:
         if name.startswith("_") or name == "raw":
             continue
         attr = getattr(type(view), name)
-        if isinstance(attr, property):
+        if isinstance(attr, property | Field):
             value = getattr(view, name)
             for v in value if isinstance(value, tuple) else (value,):
                 if hasattr(v, "raw"):
@@ -303,3 +311,29 @@ def test_the_report_test_builders_write_only_fields_the_writer_writes() -> None:
     assert not extra, sorted(extra)
     views = read_all(built)
     assert all(v.candidate_leg(None) is not None for v in views)
+
+
+def test_the_writer_writes_exactly_the_declared_fields() -> None:
+    """records.reader declares every field of a record (records.fields); the writer writes no
+    other and the declaration holds none the writer never writes. A field added to one side only
+    fails here, naming it."""
+    raw = written()
+    declared = set(declared_paths(Record))
+    opaque = set(opaque_paths(Record))
+
+    def inside_opaque(path: tuple[str, ...]) -> bool:
+        return any(path[: len(o)] == o and len(path) > len(o) for o in opaque)
+
+    wrote = {p for p in paths(raw) if not inside_opaque(p)}
+    assert not wrote - declared, sorted(wrote - declared)
+    never = declared - wrote - OPTIONAL - WRITTEN_ELSEWHERE
+    assert not never, sorted(never)
+
+
+# Declared paths this fixture's exchange does not produce but the writer does write elsewhere.
+WRITTEN_ELSEWHERE = {
+    ("legs", "[]", "tokens_reported", "count"),  # a leg recounted by evidence.counts
+    ("legs", "[]", "tokens_reported", "source"),
+    ("likelihood", "scorer"),  # the likelihood scorer's exchanges
+    ("legs", "[]", "load", "scraped", "age_s"),
+}
