@@ -126,12 +126,14 @@ def front(a: Analysis) -> list[Line]:
         if v.decision == "rolled_back" and v.without_rollback is not None:
             said = DECISION_LABELS[v.without_rollback]
             lead = f"without the rollback, this window's evidence says: {said}"
+        speed = _speed(v).removeprefix(" · ")
+        if lead.startswith("e2e speed-up at production load"):  # the lead says it already
+            speed = ""
         out.append(
             Line(
                 "verdict",
                 f"{c.label}: {v.label}",
-                f"{_speed(v).removeprefix(' · ')}{'; ' if _speed(v) and lead else ''}{lead}. "
-                f"Rests on: {rests_on(a, c, v)}.",
+                f"{speed}{'; ' if speed and lead else ''}{lead}. Rests on: {rests_on(a, c, v)}.",
             )
         )
     picks = {
