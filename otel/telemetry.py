@@ -44,6 +44,7 @@ from otel import attributes as at, instruments as inst, semconv as sc
 from otel.attributes import Attributes, EvaluationResult
 from otel.prometheus import CONTENT_TYPE, PullMetricReader, render
 from otel.settings import TelemetrySettings
+from records.reader import read
 
 ROLLOUT_STAGES = {"shadow": 0, "canary": 1, "live": 2}
 
@@ -484,10 +485,11 @@ class Telemetry:
         logger = self._record_logger
         if logger is None:
             return
+        r = read(record)
         attributes = {
-            sc.RECORD_SCHEMA: str(record.get("schema", "")),
-            sc.EXCHANGE_ID: str(record.get("exchange_id", "")),
-            sc.CATEGORY: str(record.get("category") or UNCATEGORIZED),
+            sc.RECORD_SCHEMA: r.schema,
+            sc.EXCHANGE_ID: r.exchange_id,
+            sc.CATEGORY: r.category,
         }
         logger.emit(
             timestamp=unix_ns,

@@ -69,6 +69,7 @@ def build_report(
     from core import jsonx
     from counterfactual.cli import write_outputs
     from counterfactual.matrix import build_matrix
+    from records.reader import read
     from report.analysis import analyze
     from report.export import report_json
     from report.markdown import render_markdown
@@ -97,7 +98,7 @@ def build_report(
             *(load_transitions(rollout_state) if rollout_state is not None else ()),
         ],
     )
-    if any(r.get("tokens") for r in records):
+    if any(read(r).tokens is not None for r in records):
         # The policy asked for token ids: score every proposer and depth on them.
         a.counterfactual = build_matrix(lambda: iter(records))
         write_outputs(a.counterfactual, out)

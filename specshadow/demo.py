@@ -36,6 +36,7 @@ from gateway.settings import Settings
 from policies.compile import parse_policy
 from policies.compiled import BackendKind
 from policies.store import PolicyStore
+from records.reader import read
 from records.sqlite_store import query_records
 from specshadow.app import build_app
 
@@ -358,10 +359,10 @@ def print_equivalence(records: Sequence[Mapping[str, Any]]) -> None:
     """Greedy exact matches per shadow role, from the comparison records."""
     for role in ("candidate", "baseline"):
         verdicts = [
-            c["exact_match"]
-            for r in records
-            for c in r.get("comparisons", ())
-            if c.get("b") == role and c.get("greedy") and c.get("comparable")
+            c.exact_match
+            for r in map(read, records)
+            for c in r.comparisons
+            if c.b == role and c.greedy and c.comparable
         ]
         print(
             f"greedy exact match, primary vs {role}: {sum(bool(v) for v in verdicts)}/{len(verdicts)}"

@@ -38,7 +38,7 @@ import argparse
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +53,7 @@ from gateway.rollout import RolloutController
 from gateway.settings import Settings
 from gateway.state import GATEWAY
 from policies.store import PolicyStore
+from records.reader import read
 from simulator.app import run_simulator
 from simulator.config import SimConfig
 from simulator.switch import Switch
@@ -238,9 +239,7 @@ async def run_story(args: argparse.Namespace, rows: Sequence[Any], out: Path) ->
         print_roles(list(st.sink.exchanges)[before:])
 
         print("\nact 2 — evidence")
-        records = [
-            r for r in _records(out) if (r.get("policy") or {}).get("generation", 0) >= matched_from
-        ]
+        records = [r for r in _records(out) if _generation(r) >= matched_from]
         paths = build_report(
             records, [r.to_json() for r in results], out / "shadow-report", sources=["demo: shadow"]
         )
@@ -328,6 +327,12 @@ async def _wait_for_rules(
         if time.perf_counter() > deadline:
             raise RuntimeError("the gateway did not pick up the canary policy")
         await asyncio.sleep(0.1)
+
+
+def _generation(record: Mapping[str, Any]) -> int:
+    """The policy generation that decided the exchange (0: unknown)."""
+    policy = read(record).policy
+    return (policy.generation if policy is not None else None) or 0
 
 
 def _records(out: Path) -> list[dict[str, Any]]:

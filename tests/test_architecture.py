@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ALLOWED: dict[str, frozenset[str]] = {
     "core": frozenset(),
     "policies": frozenset({"core"}),
-    "otel": frozenset({"core"}),
+    "otel": frozenset({"core", "records"}),
     "simulator": frozenset({"core"}),
     "records": frozenset({"core"}),
     "evidence": frozenset({"core", "records"}),
