@@ -1,4 +1,4 @@
-"""``specshadow counterfactual --store PATH --out DIR``: score every proposer and depth.
+"""``specshadow counterfactual --store STORE --out DIR``: score every proposer and depth.
 
 Writes ``counterfactual.json`` (the rows: a JSON list, one per configuration × category × output
 length), ``counterfactual_summary.json`` (picks, live checks, the step-time model),
@@ -19,6 +19,7 @@ from typing import Any
 from core import jsonx
 from counterfactual.grid import DEFAULT_DEPTHS, DEFAULT_WINDOWS, parse_depths, parse_windows
 from counterfactual.matrix import Matrix
+from records.cli import add_store_argument
 
 __all__ = ["register", "write_outputs"]
 
@@ -137,13 +138,7 @@ def register(subparsers: Any) -> None:
         "counterfactual",
         help="score every proposer × depth on the records' own outputs (no server per configuration)",
     )
-    p.add_argument(
-        "--store",
-        action="append",
-        required=True,
-        metavar="PATH",
-        help="record store (SQLite), records JSONL or a collector's OTLP JSON file; repeatable",
-    )
+    add_store_argument(p, required=True)
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument(
         "--depths",

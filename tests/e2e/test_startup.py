@@ -321,11 +321,11 @@ def test_store_is_described_the_same_way_everywhere_it_is_read():
         for path, parser in commands.items()
         if any("--store" in a.option_strings for a in parser._actions)
     }
-    assert {("serve",), ("records",), ("report",)} <= set(helps)
+    assert {("serve",), ("records",), ("report",), ("counterfactual",)} <= set(helps)
     prefix = "a record store: a SQLite path, clickhouse://host:port/db"
-    for path in (("serve",), ("records",), ("report",)):
+    for path in helps:
         assert str(helps[path]).startswith(prefix), (path, helps[path])
-    assert helps[("records",)] == helps[("report",)]
+    assert helps[("records",)] == helps[("report",)] == helps[("counterfactual",)]
 
 
 def test_report_takes_last_like_records():
