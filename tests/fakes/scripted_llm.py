@@ -81,7 +81,7 @@ assert len(ANSWER) == 48
 class ScriptedLLM:
     answer: Sequence[str] = ANSWER
     ttft_s: float = 0.02
-    gap_s: float = 0.010
+    gap_s: float = 0.020
     tokens_per_event: int = 1
     model: str = "scripted"
     requests: list[dict[str, object]] = field(default_factory=list)

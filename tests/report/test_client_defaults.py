@@ -2,7 +2,7 @@
 without usage, and the report must read the same traffic as it does with ``include_usage``.
 
 Ground truth: scripted upstreams (:mod:`tests.fakes.scripted_llm`) answer the very same 48 tokens;
-the candidate streams them 2.5× faster per token (two tokens every 8 ms against one every 10 ms),
+the candidate streams them 2.5× faster per token (two tokens every 16 ms against one every 20 ms),
 so its TPOT speed-up is known from the script, its output is byte-identical, and nothing
 about it may read as "not equivalent" or "do not adopt". The gateway is the policy-free start
 (``--primary`` and ``--shadow``), the client the ``openai`` SDK.
@@ -24,7 +24,7 @@ from tests.conftest import start_server
 from tests.fakes.scripted_llm import ANSWER, ScriptedLLM
 
 REQUESTS = 24
-CONCURRENCY = 4
+CONCURRENCY = 8
 TEXT = "".join(ANSWER)
 
 
@@ -102,7 +102,7 @@ def verdict_all(cand: Any) -> Any:
     return next(v for v in cand.verdicts if v.category == ALL)
 
 
-FAST = {"fast": ScriptedLLM(gap_s=0.008, tokens_per_event=2)}
+FAST = {"fast": ScriptedLLM(gap_s=0.016, tokens_per_event=2)}
 TRUTH = ScriptedLLM().tpot_s() / FAST["fast"].tpot_s()  # 2.55 by the scripts
 
 
@@ -163,9 +163,9 @@ async def test_three_candidates_without_usage_recommend_the_fast_lossless_one(
 ):
     other = tuple(" " + w for w in ("A", "different", "answer", "entirely") * 12)
     candidates = {
-        "slow": ScriptedLLM(gap_s=0.009),
-        "fast": ScriptedLLM(gap_s=0.008, tokens_per_event=2),
-        "lossy": ScriptedLLM(answer=other, gap_s=0.006, tokens_per_event=3),
+        "slow": ScriptedLLM(gap_s=0.018),
+        "fast": ScriptedLLM(gap_s=0.016, tokens_per_event=2),
+        "lossy": ScriptedLLM(answer=other, gap_s=0.012, tokens_per_event=3),
     }
     # Greedy requests (temperature 0, otherwise the SDK's defaults): the exact-match path judges
     # quality, so a few dozen exchanges decide.
