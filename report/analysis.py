@@ -60,6 +60,7 @@ from report.candidates import (
     recommend,
     speculation,
 )
+from report.counts import Counts, counts as counts_of
 from report.failures import Failures, failures
 from report.population import Population, population_of
 from report.quality import Equivalence, equivalence
@@ -196,6 +197,8 @@ class Analysis:
     sample: int | None = None
     rollbacks: list[Rollback] = field(default_factory=list)  # inside the window, in time order
     window: tuple[int, int] | None = None  # first and last exchange start (unix ns)
+    # Which footing the mirrored legs' token counts were read on (evidence.counts).
+    counts: Counts | None = None
 
     @property
     def gate_overall(self) -> float | None:
@@ -646,6 +649,7 @@ def analyze(
         stable_regions=stable_regions(matrix),
         loadgen=loadgen,
         head_to_head=head_to_head(recs, backends, cats),
+        counts=counts_of(everything),
     )
     if everything:
         starts = [r.started_unix_ns for r in everything]

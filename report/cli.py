@@ -1,5 +1,5 @@
 """``specshadow report --store S --out DIR [--results FILE] [--since T | --last D] [--until T]
-[--sample N]``: build the adoption report (memory bounded: :mod:`report.population`)."""
+[--sample N] [--state FILE]``: build the adoption report (memory bounded: :mod:`report.population`)."""
 
 from __future__ import annotations
 
@@ -72,8 +72,13 @@ def _run(args: argparse.Namespace) -> int:
         margins=margins,
         alpha=alpha,
         population=population,
+        rollout_state=args.state,
     )
     a = paths.analysis
+    from report.front import terminal
+
+    for line in terminal(a):  # the first screen: rollbacks, failing candidates, the fix first
+        print(line)
     indent = "  " if a.several else ""
     for c in a.candidates.values():
         if a.several:
@@ -109,6 +114,13 @@ def register(subparsers: Any) -> None:
         help="exchanges the detail sections (latency, quality, examples, rollout) read at most; "
         "the verdict's load-true speed-ups count every exchange, summed where the records are "
         f"(default {SAMPLE})",
+    )
+    p.add_argument(
+        "--state",
+        metavar="FILE",
+        default=None,
+        help="the gateway's rollout state file (serve --state): which guard rolled a candidate "
+        "back inside the window, on which reading (default: the records' rollout stages only)",
     )
     p.add_argument(
         "--policy",

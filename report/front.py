@@ -3,7 +3,8 @@
 :func:`front` — what a person must see before anything else, in this order: a rollback inside
 the window (when, which guard, its reading against the threshold), a failing candidate (its
 failures by kind and the first error), the one fix of a load-mismatched candidate, then each
-candidate's verdict for all traffic with what it rests on, and what to ship.
+candidate's verdict for all traffic with what it rests on, what to ship, and — when any leg's
+token count was not its own — how the counts were put on one footing (:mod:`report.counts`).
 
 :data:`GLOSSARY` and :func:`first_use` — a one-line gloss of each term of art, placed right after
 the block where the term first appears.
@@ -19,7 +20,7 @@ from typing import Literal
 
 from report.analysis import ALL, DECISION_LABELS, Analysis, CandidateAnalysis, Verdict
 
-Kind = Literal["rollback", "failing", "fix", "verdict", "ship", "window"]
+Kind = Literal["rollback", "failing", "fix", "verdict", "ship", "counts", "window"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +151,9 @@ def front(a: Analysis) -> list[Line]:
         else:
             text = "nothing yet: no candidate passed the verdict for any category"
         out.append(Line("ship", "Ship", text))
+    footing = a.counts.sentence() if a.counts is not None else None
+    if footing is not None:
+        out.append(Line("counts", "Token counts", footing.removeprefix("Token counts: ")))
     if a.window is not None and a.records:
         out.append(
             Line(

@@ -137,6 +137,8 @@ def latency(
                     continue
                 bucket = values.setdefault(key, {m: [] for m in LATENCY_METRICS})
                 for m in LATENCY_METRICS:
+                    if m == "tpot_s" and leg.tokens_source == "estimated":
+                        continue  # per-token times only from exact counts (evidence.counts)
                     v = leg.timing(m)
                     if v is not None:
                         bucket[m].append(v)

@@ -20,6 +20,7 @@ import pytest
 from records.reader import read
 from records.sqlite_store import query_records
 from report.analysis import ALL, analyze
+from report.front import front
 from tests.conftest import start_server
 from tests.fakes.scripted_llm import ANSWER, ScriptedLLM
 
@@ -122,6 +123,15 @@ async def test_the_sdk_defaults_give_the_verdict_include_usage_gives(gateway, se
         assert primary.tokens_per_event == pytest.approx(1.0)
     for r in map(read, with_usage):
         assert {leg.tokens_source for leg in r.legs} == {"usage"}
+
+    # The report's first screen says how the counts were compared, where any was not the leg's.
+    said = {name: analyze(r).counts for name, r in (("default", default), ("usage", with_usage))}
+    assert said["default"] is not None and said["usage"] is not None
+    sentence = said["default"].sentence()
+    assert sentence is not None and f"{REQUESTS} of {2 * REQUESTS} legs" in sentence
+    assert "took the exact count of a leg that answered the same output" in sentence
+    assert said["usage"].sentence() is None
+    assert any(line.kind == "counts" for line in front(analyze(default)))
 
     speedups = {}
     for name, records in (("default", default), ("include_usage", with_usage)):
