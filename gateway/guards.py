@@ -84,6 +84,10 @@ no baseline leg for sampled traffic), else ``ok`` or ``breach``.
 
 :func:`observe` turns one finished exchange into an :class:`Observation` (cheap: it runs on the
 evidence worker's thread); :func:`evaluate` replays a sequence of them into a fresh bank.
+
+Size: every guard, the bank that splits α over them and the observation they read, as one unit — a
+sixth of the file is this docstring, which states each guard's null and bound that the classes below
+implement; the e-process itself is in :mod:`gateway.sequential`.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ credentials, no query string) and the error (``UpstreamConnectError: …``, ``HT
 :data:`FAILURE_LOG_INTERVAL_S` with the count of those not logged (:class:`FailureLog`); every
 breaker transition (closed → open, open → half-open, half-open → closed or open) is logged with
 the backend, its URL and the last error.
+
+Size: the one promise above in one place — admission (the breaker, the rate limiter, the failure
+log) is small and used by the dispatcher alone, which runs the legs and assembles the exchange.
 """
 
 from __future__ import annotations

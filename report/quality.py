@@ -30,6 +30,10 @@ delta method (:class:`core.stats.RatioStats`).
 Greedy exchanges keep the exact-match path (divergence against the baseline's noise floor,
 :class:`report.sections.Quality`) and feed the same verdict: worse than the noise floor is
 ``not_equivalent`` (``decided_by: exact_match``).
+
+Size: the tests, Holm's correction and the TOST decision they feed share one set of result types,
+and collecting the pairs stays beside them because each test's exchangeability argument rests on how
+a pair is formed.
 """
 
 from __future__ import annotations

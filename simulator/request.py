@@ -26,6 +26,9 @@ Sampling parameters: ``temperature``, ``top_p`` and ``seed`` are read for sample
 request without speculation). A sampling server validates them as vLLM does (400 for a negative
 temperature, ``top_p`` outside (0, 1], a seed that is not a 64-bit integer, penalties out of
 range); any other server ignores malformed values, answering exactly as before.
+
+Size: one validator per body the simulator accepts (chat, completions, Responses, tokenize,
+detokenize), sharing the field readers and the error type that mirror vLLM's status codes.
 """
 
 from __future__ import annotations

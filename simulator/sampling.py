@@ -51,6 +51,10 @@ sampling (greedy included).
 Log-likelihood of an answer: :func:`parse_text` reads a text back into token ids,
 :func:`sequence_logprobs` gives each token's log-probability under a model at a temperature and
 ``top_p`` (plus the EOS term when the answer stopped).
+
+Size: one token model and everything that must draw from exactly its numbers — the ground-truth
+distributions, sequential and speculative sampling, the lossy modes and the likelihood read-back
+share the cached rows and the nucleus rule; a ninth of the file is this docstring.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ cannot be reached is ``openai`` — with a warning that says so.
 Once the application is built, a few INFO lines say what this process will do (the primary, each
 shadow with its role, kind — stated, detected or from the policy — and share, the store, the
 policy file, the state file); flags that do nothing in this combination get a warning.
+
+Size: the flags (a quarter of the file) and the one fail-fast startup path they feed — each step
+turns a flag into a checked value or one line on stderr; apart, a flag and its check would drift.
 """
 
 from __future__ import annotations
