@@ -164,7 +164,7 @@ def _seed_store(tmp_path: Path) -> Path:
     """40 records of gateway exchanges (the benchmark's seed)."""
     from evidence.worker import build_evidence
     from records.sqlite_store import RecordStore
-    from tests.compare.legs import exchange
+    from tests.evidence.legs import exchange
 
     seed = tmp_path / "seed.sqlite"
     store = RecordStore(seed)

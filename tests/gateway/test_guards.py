@@ -194,7 +194,7 @@ def test_an_estimated_tpot_is_paired_only_within_its_own_exchange() -> None:
     exchange (estimated alike, evidence.counts) but never a leg of another exchange."""
     from evidence.worker import build_evidence
     from gateway.guards import observe
-    from tests.compare.legs import exchange, leg
+    from tests.evidence.legs import exchange, leg
 
     words = tuple(f" word{i:02d}" for i in range(40))
     other = tuple(f" other{i:02d}" for i in range(30))

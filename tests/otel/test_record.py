@@ -200,7 +200,7 @@ def test_comparisons_become_genai_evaluation_events_on_a_compare_span_in_the_tra
     mem: InMemoryTelemetry,
 ) -> None:
     from evidence.worker import build_evidence
-    from tests.compare.legs import exchange, leg
+    from tests.evidence.legs import exchange, leg
 
     request = mem.telemetry.start_request_span(route=ROUTE, method="POST", carrier={})
     traceparent = mem.telemetry.traceparent(request)

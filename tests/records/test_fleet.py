@@ -23,9 +23,9 @@ from report.analysis import analyze
 from specshadow.app import build_app
 from specshadow.main import main as cli_main
 from tests.conftest import FAST_UPSTREAM, start_server
+from tests.evidence.test_worker import chat
 from tests.gateway.test_shadow import policy_yaml
 from tests.receivers.collector_file import CollectorFile
-from tests.records.test_evidence import chat
 
 REQUESTS = 60
 CATEGORIES = ("chat", "code", "math")
@@ -136,7 +136,7 @@ def test_records_cli_reads_several_stores(
     tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
 ) -> None:
     from evidence.worker import build_evidence
-    from tests.compare.legs import exchange
+    from tests.evidence.legs import exchange
 
     paths = []
     for part, ids in (("a", range(6)), ("b", range(3, 10))):  # 3..5 in both

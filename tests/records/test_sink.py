@@ -20,7 +20,7 @@ from core.exchange import CaptureSpec
 from evidence.worker import EvidenceWorker
 from records.sqlite_store import RecordWriter, query_records
 from records.writer import SCHEMA
-from tests.compare.legs import exchange, leg
+from tests.evidence.legs import exchange, leg
 
 LEG_FIELDS = {
     "role", "backend", "status", "outcome", "ttft_s", "tpot_s", "e2e_s", "chunk_gap_p50_s",
@@ -156,7 +156,7 @@ WRITER = textwrap.dedent(
     """
     import asyncio, sys
     from tests.records.test_sink import pipeline
-    from tests.compare.legs import exchange, leg
+    from tests.evidence.legs import exchange, leg
 
     async def main(path):
         sink, writer = pipeline(path, batch_size=8)

@@ -65,7 +65,7 @@ def test_store_urls_parse_and_say_what_is_wrong(monkeypatch: pytest.MonkeyPatch)
 
 def records_of(n: int, *, start_ns: int) -> list[dict[str, Any]]:
     from evidence.worker import build_evidence
-    from tests.compare.legs import exchange
+    from tests.evidence.legs import exchange
 
     return [
         dict(build_evidence(exchange(i, started_unix_ns=start_ns + i)).record) for i in range(n)
@@ -210,7 +210,7 @@ def test_a_server_that_goes_away_costs_counted_records_and_never_blocks(
     tmp_path: Path,
 ) -> None:
     from evidence.worker import build_evidence
-    from tests.compare.legs import exchange
+    from tests.evidence.legs import exchange
 
     server = ClickHouseServer(tmp_path / "ch")
     url = server.url("gone")

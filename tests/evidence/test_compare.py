@@ -16,7 +16,7 @@ from evidence.compare import (
     similarity,
 )
 from otel.attributes import evaluation_results
-from tests.compare.legs import leg, some
+from tests.evidence.legs import leg, some
 
 
 def evaluations(c: object) -> list[tuple[str, float | None, str | None]]:

@@ -14,7 +14,7 @@ from core.sinks import MemorySink
 from evidence.counts import CountPlan, CountTap, Tokenizer, reconcile, to_count
 from evidence.worker import build_evidence
 from simulator.tokens import text_ids
-from tests.compare.legs import exchange, leg, some
+from tests.evidence.legs import exchange, leg, some
 
 WORDS = tuple(f" word{i:02d}" for i in range(40))  # 7 characters each: estimated ≈ 70 tokens
 OTHER = tuple(f" other{i:02d}" for i in range(30))
@@ -94,7 +94,7 @@ def test_acceptance_reads_the_legs_own_count_comparisons_read_one_footing():
 
 
 async def test_the_tap_counts_outputs_on_the_simulators_tokenizer(sims):
-    sim = await sims(model="m")  # the model the legs were sent (tests.compare.legs)
+    sim = await sims(model="m")  # the model the legs were sent (tests.evidence.legs)
     tokenizer = {"candidate": Tokenizer(sim.base_url)}
     sink = MemorySink()
     tap = CountTap(sink, lambda: CountPlan(tokenizer))

@@ -17,7 +17,7 @@ from simulator.acceptance import Step
 from simulator.app import run_simulator
 from simulator.config import SimConfig
 from simulator.metrics import SimMetrics
-from tests.compare.legs import some
+from tests.evidence.legs import some
 
 
 def sample_of(metrics: SimMetrics, t_s: float) -> MetricsSample:

@@ -10,7 +10,7 @@ import pytest
 
 from core.timings import Recording
 from evidence.acceptance import leg_acceptance
-from tests.gateway.test_timings import DONE, MS, chat_chunk, record, sse, usage
+from tests.core.test_timings import DONE, MS, chat_chunk, record, sse, usage
 
 
 def ev(kind: str, **fields: Any) -> bytes:

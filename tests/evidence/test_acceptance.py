@@ -6,7 +6,7 @@ import pytest
 
 from evidence.acceptance import leg_acceptance, summarize
 from records.rules import concurrency_bucket, output_length_bucket
-from tests.compare.legs import leg
+from tests.evidence.legs import leg
 
 SPEC = {
     "speculative_decoding": {
