@@ -7,8 +7,9 @@ every proposer and depth on them (:mod:`counterfactual`) and writes ``counterfac
 ``counterfactual.md`` and ``candidates.yaml`` beside the report.
 
 Layout: ``inputs`` (result files; records come from :mod:`records.readback`), ``records``
-(record accessors), ``population`` (the window's aggregates and bounded sample, streamed in
-Python) and ``sql`` (the same aggregates computed in ClickHouse/chDB), ``sections`` (latency, raw speed-ups, acceptance, quality, gate), ``load``
+(record accessors), ``aggregates`` (the window's aggregates: the types both engines build),
+``population`` (those aggregates and the bounded sample, streamed in Python) and ``sql`` (the same
+computed in ClickHouse/chDB), ``gather`` (which of the two sums a window), ``sections`` (latency, raw speed-ups, acceptance, quality, gate), ``load``
 (speed-ups at production's load, crossover, schedule, capacity), ``analysis`` (per candidate,
 verdicts), ``failures`` (a candidate's legs by how they failed: ``candidate_failing``),
 ``rollbacks`` (rollouts rolled back inside the window: ``rolled_back``), ``candidates`` (who each
@@ -28,8 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from report.aggregates import Population
     from report.analysis import Analysis
-    from report.population import Population
 
 __all__ = ["TITLE", "ReportPaths", "build_report"]
 
@@ -63,7 +64,7 @@ def build_report(
     ``AnalysisTemplate`` and Flagger metric templates with the guards (:mod:`.rollout`).
 
     ``population``: the window's aggregates when ``records`` is its bounded sample
-    (:func:`report.population.gather`, what ``specshadow report`` does). ``rollout_state``: the
+    (:func:`report.gather.gather`, what ``specshadow report`` does). ``rollout_state``: the
     gateway's rollout state file (``--state``) and/or ``transitions`` (``GET /admin/rollout``'s
     ``last_transition``s): who rolled a rule back inside the window, and on which reading."""
     from core import jsonx

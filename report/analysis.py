@@ -49,6 +49,7 @@ from counterfactual.matrix import Matrix
 from loadgen.speedup import Speedup, pairs_needed
 from records.reader import Record, read_all
 from report import load as lt
+from report.aggregates import Population
 from report.candidates import (
     HeadToHead,
     Lossless,
@@ -62,7 +63,7 @@ from report.candidates import (
 )
 from report.counts import Counts, counts as counts_of
 from report.failures import Failures, failures
-from report.population import Population, population_of
+from report.population import population_of
 from report.quality import Equivalence, equivalence
 from report.records import ALL
 from report.rollbacks import Rollback, by_backend, rollbacks
@@ -612,7 +613,7 @@ def analyze(
     """Everything the report shows, from records and optional loadgen/matrix result rows.
 
     ``population``: the window's aggregates when ``records`` is only its sample
-    (:func:`report.population.gather`); by default they are summed from ``records``.
+    (:func:`report.gather.gather`); by default they are summed from ``records``.
     ``transitions``: rollout transitions (:func:`report.rollbacks.load_transitions`) naming who
     rolled a rule back and why; without them, the records still show that it happened."""
     from loadgen.matrix import stable_regions

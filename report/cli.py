@@ -12,7 +12,7 @@ from records.cli import add_store_argument, add_window_arguments, window_since
 
 __all__ = ["register"]
 
-SAMPLE = 5000  # report.population.SAMPLE (not imported: registering the command stays cheap)
+SAMPLE = 5000  # report.aggregates.SAMPLE (not imported: registering the command stays cheap)
 
 
 def _positive(text: str) -> int:
@@ -31,8 +31,8 @@ def _run(args: argparse.Namespace) -> int:
     from records.readback import SourceError
     from records.stores import StoreURLError
     from report import build_report
+    from report.gather import gather
     from report.inputs import read_results
-    from report.population import gather
 
     if not args.store and not args.results:
         print("specshadow report: give --store and/or --results", file=sys.stderr)

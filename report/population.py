@@ -20,18 +20,20 @@ A fleet's store holds millions of records; a report that reads them all into Pyt
 - :func:`report.sql.population` (for ``chdb:///`` and ``clickhouse://`` stores): the same sums as
   SQL over the wide table's typed columns; Python receives aggregates only.
 
+Neither engine imports the other: both build the types of :mod:`report.aggregates`, and
+:func:`report.gather.gather` chooses between them.
+
 Everything else the report shows (latency tables, raw speed-ups, acceptance, the quality tests,
 capacity, examples, the rollout timeline) reads a **bounded sample**: the :data:`SAMPLE` exchanges
 with the lowest MD5 of their exchange id — independent of every measured value, so an unbiased
 sample, and the same exchanges on every engine. A window that holds fewer is read whole.
 
-Size: the population's data types, the Python fold and the sample; the SQL twin lives in
-:mod:`report.sql` and is held to this fold by tests on every engine.
+Size: the Python fold and the sample; the data types live in :mod:`report.aggregates`, the SQL
+twin in :mod:`report.sql`, held to this fold by tests on every engine.
 """
 
 from __future__ import annotations
 
-import hashlib
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,6 +42,7 @@ from typing import Any
 
 from records.reader import Record, read
 from report import load as lt
+from report.aggregates import SAMPLE, Exclusion, Population, exclusion_text, sample_key
 from report.records import ALL
 
 __all__ = [
@@ -51,11 +54,7 @@ __all__ = [
     "gather",
     "population_of",
     "sample_key",
-]
-
-SAMPLE = 5000  # exchanges the detail sections read at most
-
-Exclusion = tuple[str, str]  # (code, detail)
+]  # SAMPLE, Population, exclusion_text and sample_key live in report.aggregates
 
 
 def exclusion(record: Record, backend: str) -> Exclusion:
@@ -82,44 +81,6 @@ def exclusion(record: Record, backend: str) -> Exclusion:
     if not lt.matched(parity):
         return "parity", ""
     return "matched", ""
-
-
-def exclusion_text(code: str, detail: str) -> str:
-    """The report's wording of an :func:`exclusion`."""
-    return {
-        "dropped": f"dropped ({detail})",
-        "not_mirrored": "not mirrored to this candidate",
-        "primary": f"primary {detail}",
-        "candidate": f"candidate {detail}",
-        "skip": f"speculation skipped by the engine ({detail}): quality only",
-        "no_load": "no load data",
-        "parity": f"load parity outside ±{lt.PARITY_BAND - 1:.0%}",
-        "matched": "matched",
-    }[code]
-
-
-def sample_key(exchange_id: str) -> bytes:
-    """The sample's order: the MD5 of the exchange id (SQL: ``MD5(exchange_id)``, the same bytes
-    compared the same way)."""
-    return hashlib.md5(exchange_id.encode(), usedforsecurity=False).digest()
-
-
-@dataclass(frozen=True, slots=True)
-class Population:
-    """The window's aggregates (see the module doc)."""
-
-    records: int  # every exchange in the window
-    shadow: int  # of which the primary answered (the rest: a candidate during a canary)
-    categories: tuple[str, ...]  # of the shadow exchanges, sorted
-    backends: tuple[str, ...]  # candidate backends, in order of first appearance
-    production: Mapping[str, lt.ProductionLoad]  # category (and ALL) → production's load
-    cells: Mapping[tuple[str, str], lt.Cell]  # (backend, category or ALL) → pairs' statistics
-    exclusions: Mapping[str, Mapping[str, Counter[str]]]  # backend → category → reason → n
-    engine: str = "python"
-
-    def load_true(self, backend: str, cat: str) -> lt.LoadTrue:
-        production = self.production.get(cat, lt.ProductionLoad.of(()))
-        return lt.at_production(production, self.cells.get((backend, cat), lt.Cell()))
 
 
 @dataclass(slots=True)
@@ -295,24 +256,12 @@ def gather(
     until_unix_ns: int | None = None,
     sample: int = SAMPLE,
 ) -> tuple[Population, list[dict[str, Any]]]:
-    """The window's population and its bounded sample, from any record sources: in the engine
-    for one column store (:mod:`report.sql`), else streamed once through :class:`PopulationFold`.
-    """
+    """The window's population and its bounded sample, streamed once through
+    :class:`PopulationFold` from any record sources (the engine is chosen above this module:
+    :func:`report.gather.gather`)."""
     from records.readback import iter_records
     from records.rules import canonical_key
-    from records.stores import is_url, parse_store
 
-    if len(sources) == 1 and is_url(str(sources[0])):
-        url = parse_store(str(sources[0]))
-        if url.kind in ("chdb", "clickhouse"):
-            from report import sql
-
-            return sql.gather(
-                str(sources[0]),
-                since_unix_ns=since_unix_ns,
-                until_unix_ns=until_unix_ns,
-                sample=sample,
-            )
     fold, kept = PopulationFold(), _Sample(sample)
     for raw in iter_records(
         list(sources), since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns

@@ -1,6 +1,7 @@
 """The report's population computed inside ClickHouse or chDB, over the wide table's typed columns.
 
-The SQL twin of :class:`report.population.PopulationFold`: the same definitions (a pair, a
+The SQL twin of the Python fold (``report.population.PopulationFold``, which this module does not
+import: both build :mod:`report.aggregates`' types): the same definitions (a pair, a
 matched pair, a stratum, an exclusion, a percentile) written as ``GROUP BY`` queries, so Python
 receives a few hundred numbers whatever the table holds. Tests hold the two to the same
 population on every engine, over the same records.
@@ -38,7 +39,7 @@ from records.readback import SourceError
 from records.rules import canonical_key, leg_ok_sql
 from records.stores import StoreURLError, open_column_store
 from report import load as lt
-from report.population import SAMPLE, Population, exclusion_text
+from report.aggregates import SAMPLE, Population, exclusion_text
 from report.records import ALL
 
 __all__ = ["gather", "population"]
@@ -496,7 +497,7 @@ def gather(
     until_unix_ns: int | None = None,
     sample: int = SAMPLE,
 ) -> tuple[Population, list[dict[str, Any]]]:
-    """:func:`report.population.gather` for one ``chdb:///`` or ``clickhouse://`` store."""
+    """The population and sample (as :func:`report.gather.gather` returns them) of one ``chdb:///`` or ``clickhouse://`` store."""
     try:
         store = open_column_store(source)
     except FileNotFoundError as exc:

@@ -21,8 +21,10 @@ import pytest
 from core import jsonx
 from records.stores import copy_records, open_column_store
 from report import build_report, load as lt
+from report.aggregates import Population
 from report.analysis import analyze
-from report.population import Population, gather, population_of
+from report.gather import gather
+from report.population import population_of
 from tests.receivers.clickhouse import ClickHouseServer, requires_clickhouse
 from tests.report.synthetic import leg
 

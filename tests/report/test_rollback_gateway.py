@@ -26,7 +26,7 @@ async def test_a_rollback_by_the_real_gateways_guard_is_on_the_reports_first_scr
     """The demo's story on the real gateway: a canary, a bad deploy (10× slower), the guard rolls
     the rule back; the report over the whole window must not adopt the candidate, and says why."""
     from gateway.settings import Settings
-    from report.population import gather
+    from report.gather import gather
     from simulator.switch import Switch
     from specshadow.app import build_app
     from tests.conftest import FAST_UPSTREAM, start_server
