@@ -243,6 +243,12 @@ class ManagedSink(ExchangeSink, Protocol):
     async def stop(self) -> None: ...
 
 
+def managed(sink: ExchangeSink) -> ManagedSink | None:
+    """``sink`` as a :class:`ManagedSink` when it has ``start`` and ``stop``, else None."""
+    start, stop = getattr(sink, "start", None), getattr(sink, "stop", None)
+    return sink if callable(start) and callable(stop) else None  # type: ignore[return-value]
+
+
 class ExchangeDraft:
     """What is known about an exchange before its legs end; :meth:`build` makes the Exchange."""
 

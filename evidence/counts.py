@@ -41,7 +41,7 @@ from typing import Any
 import aiohttp
 
 from core import jsonx
-from core.exchange import Exchange, ExchangeSink, LegResult, ManagedSink, Recount
+from core.exchange import Exchange, ExchangeSink, LegResult, Recount, managed
 from core.recorder import estimate_tokens, recounted
 from core.tasks import TaskSet
 from core.timings import EXACT_TOKENS, Recording
@@ -198,11 +198,6 @@ def _tokenizer(exchange: Exchange, plan: CountPlan) -> LegResult | None:
     return shadows[0] if shadows else None
 
 
-def _managed(sink: ExchangeSink) -> ManagedSink | None:
-    start, stop = getattr(sink, "start", None), getattr(sink, "stop", None)
-    return sink if callable(start) and callable(stop) else None  # type: ignore[return-value]
-
-
 class CountTap:
     """A sink in front of ``downstream``: an exchange whose legs :func:`to_count` names is handed
     on with a :class:`~core.exchange.Recount` from one of its shadow backends' ``/tokenize``; every
@@ -327,9 +322,9 @@ class CountTap:
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession()
-        managed = _managed(self._downstream)
-        if managed is not None:
-            await managed.start()
+        downstream = managed(self._downstream)
+        if downstream is not None:
+            await downstream.start()
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Finish what is in flight (bounded), then stop the downstream sink."""
@@ -337,6 +332,6 @@ class CountTap:
         if self._session is not None:
             await self._session.close()
             self._session = None
-        managed = _managed(self._downstream)
-        if managed is not None:
-            await managed.stop()
+        downstream = managed(self._downstream)
+        if downstream is not None:
+            await downstream.stop()

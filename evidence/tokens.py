@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 
 from core import jsonx
-from core.exchange import Exchange, ExchangeSink, LegResult, Likelihood, ManagedSink, TokenIds
+from core.exchange import Exchange, ExchangeSink, LegResult, Likelihood, TokenIds, managed
 from core.tasks import TaskSet
 from evidence.likelihood import LikelihoodPlan, scorable, score, scored_legs
 
@@ -164,11 +164,6 @@ def prediction_ids(prompt_logprobs: object, start: int, count: int) -> tuple[int
             return None
         out.append(best[1])
     return tuple(out)
-
-
-def _managed(sink: ExchangeSink) -> ManagedSink | None:
-    start, stop = getattr(sink, "start", None), getattr(sink, "stop", None)
-    return sink if callable(start) and callable(stop) else None  # type: ignore[return-value]
 
 
 class TokenTap:
@@ -417,9 +412,9 @@ class TokenTap:
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession()
-        managed = _managed(self._downstream)
-        if managed is not None:
-            await managed.start()
+        downstream = managed(self._downstream)
+        if downstream is not None:
+            await downstream.start()
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Finish what is in flight (bounded), then stop the downstream sink."""
@@ -427,6 +422,6 @@ class TokenTap:
         if self._session is not None:
             await self._session.close()
             self._session = None
-        managed = _managed(self._downstream)
-        if managed is not None:
-            await managed.stop()
+        downstream = managed(self._downstream)
+        if downstream is not None:
+            await downstream.stop()

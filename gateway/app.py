@@ -19,7 +19,7 @@ from typing import cast
 
 from aiohttp import web
 
-from core.exchange import ExchangeSink, ManagedSink
+from core.exchange import ExchangeSink, managed
 from core.sinks import FanoutSink
 from core.tasks import TaskSet
 from gateway import admin, errors, handlers
@@ -59,11 +59,6 @@ def open_policy(settings: Settings) -> PolicyStore:
 
 def _kind(value: str | None) -> BackendKind | None:
     return cast(BackendKind, value) if value is not None else None  # Settings validated it
-
-
-def _managed(sink: ExchangeSink) -> ManagedSink | None:
-    start, stop = getattr(sink, "start", None), getattr(sink, "stop", None)
-    return sink if callable(start) and callable(stop) else None  # type: ignore[return-value]
 
 
 def create_app(
@@ -107,14 +102,14 @@ def create_app(
     )
     tel.bind_policy_status(lambda: (store.generation, store.last_reload_ok))
     store.listeners.append(lambda ok: tel.count_policy_reload("ok" if ok else "error"))
-    managed = [m for m in map(_managed, sinks) if m is not None]
+    lifecycles = [m for m in map(managed, sinks) if m is not None]
 
     async def gateway_ctx(app: web.Application) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             # Pushed first, run last: telemetry outlives everything that reports into it.
             # Bounded even with a black-holed collector (the exporters run on their own threads).
             stack.push_async_callback(asyncio.to_thread, tel.shutdown, 5.0)
-            for sink in managed:
+            for sink in lifecycles:
                 await sink.start()
                 stack.push_async_callback(sink.stop)
             tasks = TaskSet()
