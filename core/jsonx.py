@@ -6,6 +6,7 @@ semantics (ruff's banned-api rule forbids stdlib ``json`` in product code).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -26,6 +27,23 @@ def dumps(obj: Any, *, sort_keys: bool = False, indent: bool = False) -> bytes:
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
     """Decode JSON; raises :data:`JSONDecodeError` (a ``ValueError``) on bad input."""
     return orjson.loads(data)
+
+
+def json_lines(
+    lines: Iterable[bytes | str], *, invalid: Callable[[int, JSONDecodeError], Exception]
+) -> Iterator[Any]:
+    """The decoded value of each non-blank line of a JSON-lines file (``lines``: the file opened
+    in binary, or its bytes split on ``\\n``). A line that does not parse raises
+    ``invalid(line number, the decode error)`` — the caller's error, naming its source — from
+    that error. Blank lines are skipped but counted."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = loads(line)
+        except JSONDecodeError as exc:
+            raise invalid(number, exc) from exc
+        yield obj
 
 
 def as_int(value: object) -> int | None:

@@ -109,13 +109,10 @@ def parse_trace_text(text: str | bytes) -> list[TraceRecord]:
     """JSONL text → records; blank lines are skipped (they do not count as indices)."""
     raw = text.encode() if isinstance(text, str) else text
     out: list[TraceRecord] = []
-    for number, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = jsonx.loads(line)
-        except jsonx.JSONDecodeError as exc:
-            raise TraceError(f"trace line {number}: invalid JSON: {exc}") from exc
+    lines = raw.split(b"\n")
+    for obj in jsonx.json_lines(
+        lines, invalid=lambda n, e: TraceError(f"trace line {n}: invalid JSON: {e}")
+    ):
         out.append(parse_trace_line(obj, len(out)))
     return out
 

@@ -142,13 +142,9 @@ def _files(path: Path) -> Iterator[dict[str, Any]]:
 
 def _json_lines(path: Path) -> Iterator[dict[str, Any]]:
     with path.open("rb") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = jsonx.loads(line)
-            except jsonx.JSONDecodeError as exc:
-                raise SourceError(f"{path}:{number}: invalid JSON: {exc}") from exc
+        for obj in jsonx.json_lines(
+            f, invalid=lambda n, e: SourceError(f"{path}:{n}: invalid JSON: {e}")
+        ):
             if not isinstance(obj, dict):
                 continue
             if "resourceLogs" in obj:

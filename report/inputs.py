@@ -19,13 +19,9 @@ __all__ = ["read_jsonl", "read_results"]
 
 def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
     with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = jsonx.loads(line)
-            except jsonx.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: invalid JSON: {exc}") from exc
+        for obj in jsonx.json_lines(
+            f, invalid=lambda n, e: ValueError(f"{path}:{n}: invalid JSON: {e}")
+        ):
             if isinstance(obj, dict):
                 yield obj
 
