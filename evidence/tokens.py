@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ import aiohttp
 
 from core import jsonx
 from core.exchange import Exchange, ExchangeSink, LegResult, Likelihood, TokenIds, managed
+from core.sample import is_sampled
 from core.tasks import TaskSet
 from evidence.likelihood import LikelihoodPlan, scorable, score, scored_legs
 
@@ -71,13 +71,11 @@ class TokenPlan:
     timeout_s: float = 10.0
 
 
-def selected(exchange_id: str, share: float, *, person: bytes = b"cf-share") -> bool:
+def selected(exchange_id: str, share: float, *, salt: str = "tap/cf-share") -> bool:
     """Whether an exchange is in the tokenized share: a hash of its id, so replicas agree
-    (``person`` salts it: the likelihood's share is drawn independently)."""
-    if share >= 1.0:
-        return True
-    digest = hashlib.blake2b(exchange_id.encode(), digest_size=8, person=person).digest()
-    return int.from_bytes(digest, "big") / 2**64 < share
+    (``salt`` keeps the likelihood's share independent of this one, and its ``/``, which no rule
+    name has, keeps both independent of the rules' draws)."""
+    return is_sampled(salt, exchange_id, share)
 
 
 def _production_leg(exchange: Exchange) -> LegResult | None:
@@ -221,7 +219,7 @@ class TokenTap:
         if not exchange.shadows:  # scoring needs a baseline and a candidate leg: most exchanges
             return None
         plan = self._likelihood_plan() if self._likelihood_plan is not None else None
-        if plan is None or not selected(exchange.exchange_id, plan.share, person=b"lk-share"):
+        if plan is None or not selected(exchange.exchange_id, plan.share, salt="tap/lk-share"):
             return None
         legs = scored_legs(exchange)
         if legs is None or not scorable(plan, legs):
