@@ -44,11 +44,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from core.evidence import Evidence
 from core.exchange import Exchange
-from gateway.guards import GuardBank, GuardState, observe
+from gateway.guards import GuardBank, GuardState, Observation, observe
 from gateway.rollout_state import Actor, RuleState, Transition, load_state, save_state
 from policies.compiled import (
     CompiledPolicy,
@@ -83,6 +83,17 @@ class _Live:
     kv: tuple[float, ...] = ()
 
 
+class RolloutTelemetry(Protocol):
+    """What the controller tells telemetry (:class:`otel.telemetry.Telemetry` is one)."""
+
+    def rollout_stage(self, rule: str, stage: str, serve_ratio: float) -> None: ...
+    def rollout_guards(self, rule: str, guards: Sequence[GuardState]) -> None: ...
+    def rollout_transition(self, t: Transition, traceparent: str | None) -> None: ...
+
+
+_Snapshot = tuple[int, dict[str, RuleState]]  # (generation, every rule's state)
+
+
 def serve_ratio(spec: RolloutSpec, state: RuleState) -> float:
     if state.stage == "live":
         return 1.0
@@ -104,7 +115,7 @@ class RolloutController:
         self,
         state_path: str | os.PathLike[str] | None,
         *,
-        telemetry: Any = None,
+        telemetry: RolloutTelemetry | None = None,
         kv_recent: Callable[[str], Sequence[float]] | None = None,
         clock: Callable[[], float] = time.time,
         guarded: bool = True,
@@ -116,6 +127,15 @@ class RolloutController:
         self.kv_recent = kv_recent
         self.clock = clock
         self._lock = threading.Lock()
+        # The state file is written outside ``_lock`` (the event loop takes it): a change takes
+        # a numbered snapshot under the lock and writes it after releasing it. One writer at a
+        # time drains the newest pending snapshot, so an older one never overwrites a newer one
+        # and no thread waits for another's write (:meth:`_persist`).
+        self._snapshots = 0  # the generation of the newest snapshot taken
+        self._pending: _Snapshot | None = None
+        self._written = 0  # the generation of the snapshot the file holds
+        self._writing = False
+        self._write_lock = threading.Lock()  # guards the four above; never held across a write
         self._states: dict[str, RuleState] = load_state(self.state_path)
         self._live: dict[str, _Live] = {}
         self._specs: dict[str, RuleSpec] = {}
@@ -161,8 +181,9 @@ class RolloutController:
             self._policy = policy
             self._generation = policy.generation
             if changed:
-                save_state(self.state_path, self._states)
+                self._snapshot()
             self._publish()
+        self._persist()  # after releasing the lock
 
     # -- the request path ----------------------------------------------------------------------
 
@@ -222,33 +243,37 @@ class RolloutController:
         if observation is None:
             return
         with self._lock:
-            live = self._live.get(rule.name)
-            if live is None or live.bank.spec != spec.guards:
-                live = self._live[rule.name] = _Live(GuardBank(spec.guards))
-            live.bank.update(observation)
-            kv = self.kv_recent(spec.candidate.backend.name) if self.kv_recent is not None else ()
-            live.kv = tuple(kv)
-            live.guards = live.bank.states(live.kv)
-            state = self._states.get(rule.name)
-            if state is None:
-                return
-            if exchange.served_by == "candidate":
-                state = self._states[rule.name] = replace(
-                    state, served_at_step=state.served_at_step + 1
-                )
-            breach = next((g for g in live.guards if g.status == "breach"), None)
-            if breach is not None and state.stage != "shadow":
-                self._roll_back(
-                    rule.name, state, "guard", _breach_text(breach), breach.name, exchange
-                )
-            elif (
-                state.stage == "canary"
-                and spec.steps
-                and state.ratio is None
-                and self._held(state, spec.hold_requests, spec.hold_s, live.guards)
-            ):
-                self._step_up(rule, state, exchange)
-            self._publish_guards(rule.name, live.guards)
+            self._handle(rule, spec, observation, exchange)
+        self._persist()
+
+    def _handle(self, rule: RuleSpec, spec: RolloutSpec, observation: Observation,
+                exchange: Exchange) -> None:  # fmt: skip
+        """:meth:`handle` under the lock."""
+        live = self._live.get(rule.name)
+        if live is None or live.bank.spec != spec.guards:
+            live = self._live[rule.name] = _Live(GuardBank(spec.guards))
+        live.bank.update(observation)
+        kv = self.kv_recent(spec.candidate.backend.name) if self.kv_recent is not None else ()
+        live.kv = tuple(kv)
+        live.guards = live.bank.states(live.kv)
+        state = self._states.get(rule.name)
+        if state is None:
+            return
+        if exchange.served_by == "candidate":
+            state = self._states[rule.name] = replace(
+                state, served_at_step=state.served_at_step + 1
+            )
+        breach = next((g for g in live.guards if g.status == "breach"), None)
+        if breach is not None and state.stage != "shadow":
+            self._roll_back(rule.name, state, "guard", _breach_text(breach), breach.name, exchange)
+        elif (
+            state.stage == "canary"
+            and spec.steps
+            and state.ratio is None
+            and self._held(state, spec.hold_requests, spec.hold_s, live.guards)
+        ):
+            self._step_up(rule, state, exchange)
+        self._publish_guards(rule.name, live.guards)
 
     def _held(
         self, state: RuleState, requests: int, seconds: float, guards: Sequence[GuardState]
@@ -295,7 +320,8 @@ class RolloutController:
 
     def _transition(self, name: str, old: RuleState, new: RuleState, by: Actor, reason: str,
                     guard: str | None, exchange: Exchange | None) -> None:  # fmt: skip
-        """Record, persist and announce a stage change (the caller holds the lock)."""
+        """Record, snapshot and announce a stage change (the caller holds the lock and calls
+        :meth:`_persist` after releasing it)."""
         rule = self._specs.get(name)
         ratio = serve_ratio(rule.rollout, new) if rule is not None and rule.rollout else 0.0
         t = Transition(
@@ -303,12 +329,45 @@ class RolloutController:
             exchange.exchange_id if exchange is not None else None,
         )  # fmt: skip
         self._states[name] = replace(new, last=t)
-        try:
-            save_state(self.state_path, self._states)
-        except OSError:
-            log.exception("rollout state not persisted to %s", self.state_path)
+        self._snapshot()  # written by the caller once it released the lock (_persist)
         self._announce(t, exchange)
         self._publish()
+
+    # -- the state file (written outside the lock) -------------------------------------------
+
+    def _snapshot(self) -> None:
+        """Every rule's state, numbered, to be written once the lock is released (the caller
+        holds ``_lock``): the newest pending snapshot replaces any older one."""
+        with self._write_lock:
+            self._snapshots += 1
+            self._pending = (self._snapshots, dict(self._states))
+
+    def _persist(self) -> None:
+        """Write the newest pending snapshot, if any; never an older one over a newer. When
+        another thread is writing, it writes the newest pending snapshot after its own: nobody
+        waits for it. Called without ``_lock`` held: a slow disk never stalls whoever takes it."""
+        with self._write_lock:
+            if self._pending is None or self._writing:
+                return
+            self._writing = True
+        try:
+            while True:
+                with self._write_lock:
+                    pending = self._pending
+                    self._pending = None
+                    if pending is None or pending[0] <= self._written:
+                        self._writing = False
+                        return
+                try:
+                    save_state(self.state_path, pending[1])
+                except OSError:
+                    log.exception("rollout state not persisted to %s", self.state_path)
+                with self._write_lock:
+                    self._written = max(self._written, pending[0])
+        except BaseException:
+            with self._write_lock:
+                self._writing = False
+            raise
 
     def _announce(self, t: Transition | None, exchange: Exchange | None) -> None:
         if t is None:
@@ -344,52 +403,62 @@ class RolloutController:
     ) -> Transition:
         """One step up (shadow → canary at the first step or ``serve_ratio``; canary → the next
         step, or live), or to ``stage``; clears a rollback. KeyError for an unknown rule."""
-        with self._lock:
-            rule = self._specs[name]
-            spec = rule.rollout
-            assert spec is not None
-            state = self._states[name]
-            now = self.clock()
-            if stage is None:
-                if state.stage == "shadow":
-                    stage = "canary"
-                elif (
-                    state.stage == "canary"
-                    and spec.steps
-                    and state.ratio is None
-                    and (state.step or 0) + 1 < len(spec.steps)
-                    and ratio is None
-                ):
-                    new = replace(
-                        state,
-                        step=(state.step or 0) + 1,
-                        rolled_back=False,
-                        since_unix=now,
-                        served_at_step=0,
-                    )
-                    self._transition(name, state, new, "operator", "promoted one step", None, None)
-                    return self._states[name].last  # type: ignore[return-value]
-                else:
-                    stage = "live"
-            step = 0 if stage == "canary" and spec.steps and ratio is None else None
-            new = replace(
-                state,
-                stage=stage,
-                step=step,
-                rolled_back=False,
-                since_unix=now,
-                served_at_step=0,
-                ratio=ratio if stage == "canary" else None,
-            )
-            self._live.pop(name, None)
-            self._transition(name, state, new, "operator", f"promoted to {stage}", None, None)
-            return self._states[name].last  # type: ignore[return-value]
+        try:
+            with self._lock:
+                return self._promote(name, stage, ratio)
+        finally:
+            self._persist()
+
+    def _promote(self, name: str, stage: Stage | None, ratio: float | None) -> Transition:
+        """:meth:`promote` under the lock."""
+        rule = self._specs[name]
+        spec = rule.rollout
+        assert spec is not None
+        state = self._states[name]
+        now = self.clock()
+        if stage is None:
+            if state.stage == "shadow":
+                stage = "canary"
+            elif (
+                state.stage == "canary"
+                and spec.steps
+                and state.ratio is None
+                and (state.step or 0) + 1 < len(spec.steps)
+                and ratio is None
+            ):
+                new = replace(
+                    state,
+                    step=(state.step or 0) + 1,
+                    rolled_back=False,
+                    since_unix=now,
+                    served_at_step=0,
+                )
+                self._transition(name, state, new, "operator", "promoted one step", None, None)
+                return self._states[name].last  # type: ignore[return-value]
+            else:
+                stage = "live"
+        step = 0 if stage == "canary" and spec.steps and ratio is None else None
+        new = replace(
+            state,
+            stage=stage,
+            step=step,
+            rolled_back=False,
+            since_unix=now,
+            served_at_step=0,
+            ratio=ratio if stage == "canary" else None,
+        )
+        self._live.pop(name, None)
+        self._transition(name, state, new, "operator", f"promoted to {stage}", None, None)
+        return self._states[name].last  # type: ignore[return-value]
 
     def rollback(self, name: str, reason: str = "operator rollback") -> Transition:
-        with self._lock:
-            state = self._states[name]
-            self._roll_back(name, state, "operator", reason, None, None)
-            return self._states[name].last  # type: ignore[return-value]
+        try:
+            with self._lock:
+                state = self._states[name]
+                self._roll_back(name, state, "operator", reason, None, None)
+                return self._states[name].last  # type: ignore[return-value]
+        finally:
+            self._persist()
 
     def status(self) -> dict[str, Any]:
         """``GET /admin/rollout``: per rule its stage, serve ratio, guards and last transition."""

@@ -25,7 +25,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
@@ -89,6 +89,39 @@ def _no_headers() -> dict[str, str]:
 
 def _no_status() -> tuple[int, bool] | None:
     return None
+
+
+class GuardReading(Protocol):
+    """One rollout guard as telemetry reads it (``gateway.guards.GuardState`` is one; otel does
+    not import the gateway, so the seam is this protocol)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> float | None: ...
+    @property
+    def threshold(self) -> float: ...
+    @property
+    def status(self) -> str: ...
+
+
+class StageChange(Protocol):
+    """One rollout stage change as telemetry reads it (``gateway.rollout_state.Transition``)."""
+
+    @property
+    def rule(self) -> str: ...
+    @property
+    def from_stage(self) -> str: ...
+    @property
+    def to_stage(self) -> str: ...
+    @property
+    def serve_ratio(self) -> float: ...
+    @property
+    def by(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def guard(self) -> str | None: ...
 
 
 class Telemetry:
@@ -373,9 +406,9 @@ class Telemetry:
         )
 
     @safe(nothing)
-    def rollout_guards(self, rule: str, guards: Iterable[Any]) -> None:
-        """Each guard's value, threshold and breach flag (objects with ``name``, ``value``,
-        ``threshold`` and ``status``: :class:`gateway.guards.GuardState`)."""
+    def rollout_guards(self, rule: str, guards: Iterable[GuardReading]) -> None:
+        """Each guard's value, threshold and breach flag (:class:`GuardReading`: what a
+        ``gateway.guards.GuardState`` is to telemetry)."""
         ri = self.instruments.rollout
         for g in guards:
             attributes = {sc.RULE: rule, sc.GUARD: g.name}
@@ -385,11 +418,12 @@ class Telemetry:
             ri.guard_breached.set(1 if g.status == "breach" else 0, attributes)
 
     @safe(nothing)
-    def rollout_transition(self, t: Any, traceparent: str | None) -> None:
-        """One stage change (a :class:`gateway.rollout.Transition`): counted, and an event on a
-        span in the trace of the exchange that caused it (a root span when none did)."""
+    def rollout_transition(self, t: StageChange, traceparent: str | None) -> None:
+        """One stage change (:class:`StageChange`: what a ``gateway.rollout_state.Transition`` is
+        to telemetry): counted, and an event on a span in the trace of the exchange that caused
+        it (a root span when none did)."""
         ri = self.instruments.rollout
-        counted = {
+        counted: dict[str, str] = {
             sc.RULE: t.rule,
             sc.STAGE_FROM: t.from_stage,
             sc.STAGE_TO: t.to_stage,
@@ -404,7 +438,7 @@ class Telemetry:
         span = self.tracer.start_span(
             sc.EVENT_ROLLOUT_TRANSITION, context=context, kind=SpanKind.INTERNAL
         )
-        attributes = {**counted, "specshadow.rollout.reason": t.reason,
+        attributes: dict[str, str | float] = {**counted, "specshadow.rollout.reason": t.reason,
                       "specshadow.rollout.serve_ratio": t.serve_ratio}  # fmt: skip
         if t.guard is not None:
             attributes[sc.GUARD] = t.guard
