@@ -63,6 +63,7 @@ from report.candidates import (
 )
 from report.counts import Counts, counts as counts_of
 from report.failures import Failures, failures
+from report.model import Acceptance, RawSpeedups
 from report.population import population_of
 from report.quality import Equivalence, equivalence
 from report.records import ALL
@@ -140,8 +141,8 @@ class CandidateAnalysis:
     """Everything the report says about one candidate backend."""
 
     backend: str
-    speedups: dict[str, dict[str, Speedup | None]]  # category → {e2e, tpot, ttft, baseline_e2e}
-    acceptance: dict[str, dict[str, dict[str, list[float]]]]  # dim → key → field → values
+    speedups: Mapping[str, RawSpeedups]  # category → raw paired speed-ups
+    acceptance: Acceptance  # by category, output length, concurrency
     quality: dict[str, Quality]  # greedy exact match against the noise floor
     equivalence: dict[str, Equivalence]  # the quality verdict (sampled tests + exact match)
     load: dict[str, lt.LoadTrue]  # category → the speed-ups at production load
@@ -320,7 +321,7 @@ def _fix(at: lt.LoadTrue, share: float | None, replicas: int | None) -> str:
 
 def _verdict(
     cat: str,
-    raw: Mapping[str, Speedup | None],
+    raw: RawSpeedups,
     eq: Equivalence | None,
     at: lt.LoadTrue | None,
     capacity: list[str],
@@ -329,7 +330,7 @@ def _verdict(
     replicas: int | None,
     failing: Failures | None = None,
 ) -> Verdict:
-    e2e_raw, tpot_raw = raw.get("e2e"), raw.get("tpot")
+    e2e_raw, tpot_raw = raw.e2e, raw.tpot
     pairs = at.matched_pairs if at is not None else 0
     reasons: list[str] = []
 
@@ -459,7 +460,7 @@ def analyze_candidate(
     failed = failures(records, backend)
     verdicts = [
         _verdict(
-            cat, raw.get(cat, {}), eqv.get(cat), load.get(cat), problems,
+            cat, raw.get(cat, RawSpeedups()), eqv.get(cat), load.get(cat), problems,
             share=share, replicas=replicas, failing=failed,
         )
         for cat in [*categories, ALL]

@@ -90,7 +90,7 @@ def _category_triggers(a: Analysis, c: CandidateAnalysis, cat: str) -> list[str]
             f"{q.tolerance:.1%} = {floor + q.tolerance:.1%} "
             f"(measured candidate: {q.candidate_divergence.value:.1%})."
         )
-    m = mean(c.acceptance["category"].get(cat, {}).get("tokens_per_event", []))
+    m = mean(c.acceptance.of_category(cat).tokens_per_event)
     if m is not None and m > 1:
         items.append(
             f"Roll back {cat} if tokens per event falls below {1 + (m - 1) / 2:.2f} (measured "

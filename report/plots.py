@@ -16,6 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from report.analysis import ALL, Analysis, CandidateAnalysis, bucket_order
+from report.model import AcceptanceDim
 from report.sections import leg_labels
 
 __all__ = ["figures"]
@@ -54,15 +55,15 @@ def _uri(fig: Figure) -> str:
 def speedup_forest(c: CandidateAnalysis, categories: Sequence[str]) -> str | None:
     """Per category: e2e and tpot speedup with 95 % CI; a line at 1 (no change)."""
     speedups = c.speedups
-    cats = [k for k in [*categories, ALL] if speedups.get(k, {}).get("e2e") is not None]
+    cats = [k for k in [*categories, ALL] if k in speedups and speedups[k].e2e is not None]
     if not cats:
         return None
     verdict = {v.category: v.decision for v in c.verdicts}
     fig = _figure(8.0, 0.9 + 0.55 * len(cats))
     ax = fig.add_subplot()
     for i, cat in enumerate(reversed(cats)):
-        for dy, metric, marker in ((0.13, "e2e", "o"), (-0.13, "tpot", "s")):
-            s = speedups[cat].get(metric)
+        raw = speedups[cat]
+        for dy, metric, s, marker in ((0.13, "e2e", raw.e2e, "o"), (-0.13, "tpot", raw.tpot, "s")):
             if s is None:
                 continue
             color = DECISION_COLORS[verdict.get(cat, "not_enough_data")]
@@ -72,7 +73,8 @@ def speedup_forest(c: CandidateAnalysis, categories: Sequence[str]) -> str | Non
                 mfc=color if metric == "e2e" else "white",
             )  # fmt: skip
     ax.axvline(1.0, color="#333", lw=1, ls="--")
-    ax.set_yticks(range(len(cats)), [f"{k} (n={speedups[k]['e2e'].n})" for k in reversed(cats)])  # type: ignore[union-attr]
+    ns = {k: e2e.n if (e2e := speedups[k].e2e) is not None else 0 for k in cats}
+    ax.set_yticks(range(len(cats)), [f"{k} (n={ns[k]})" for k in reversed(cats)])
     ax.set_xlabel("speedup = primary / candidate  (● e2e, □ tpot; > 1 = candidate faster)")
     ax.spines["top"].set_visible(False)
     ax.spines["right"].set_visible(False)
@@ -140,26 +142,27 @@ def _boxes(ax: Any, groups: Mapping[str, Sequence[float]], color: str) -> None:
 def acceptance_panels(c: CandidateAnalysis) -> str | None:
     """Candidate tokens per event by category, output length and concurrency; acceptance length."""
     acceptance = c.acceptance
-    dims = [
+    dims: list[tuple[AcceptanceDim, str]] = [
         ("category", "by category"),
         ("output_length", "by output length (tokens)"),
         ("concurrency", "by concurrency"),
     ]
     present = [
-        (d, t) for d, t in dims if any(v["tokens_per_event"] for v in acceptance[d].values())
+        (d, t) for d, t in dims if any(v.tokens_per_event for v in acceptance.by(d).values())
     ]
     if not present:
         return None
     fig = _figure(3.3 * len(present), 3.2)
     axes = fig.subplots(1, len(present), squeeze=False)[0]
     for ax, (dim, title) in zip(axes, present, strict=True):
+        by = acceptance.by(dim)
         groups = {
-            k: v["tokens_per_event"]
-            for k, v in sorted(acceptance[dim].items(), key=lambda kv: bucket_order(kv[0]))
+            k: list(v.tokens_per_event)
+            for k, v in sorted(by.items(), key=lambda kv: bucket_order(kv[0]))
         }
         _boxes(ax, groups, ROLE_COLORS["candidate"])
         keys = [k for k, v in groups.items() if v]
-        mal = [acceptance[dim][k]["mean_acceptance_length"] for k in keys]
+        mal = [by[k].mean_acceptance_length for k in keys]
         xs = [i + 1 for i, v in enumerate(mal) if v]
         ys = [sum(v) / len(v) for v in mal if v]
         if xs:

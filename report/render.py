@@ -23,6 +23,7 @@ from report.analysis import ALL, GATE_SHARE, Analysis, CandidateAnalysis, Verdic
 from report.candidates import RULE
 from report.front import first_use, front
 from report.load import MIN_COVERAGE, OPEN_LOOP, PARITY_BAND, Estimate
+from report.model import AcceptanceDim
 from report.sections import Rate, bucket_order, leg_labels
 
 __all__ = ["render_html"]
@@ -248,19 +249,20 @@ _LAT_HEAD = [
 
 def _acceptance_rows(c: CandidateAnalysis) -> list[list[str]]:
     rows = []
-    for dim, label in (
+    dims: tuple[tuple[AcceptanceDim, str], ...] = (
         ("category", "category"),
         ("output_length", "output length"),
         ("concurrency", "concurrency"),
-    ):
-        for key, v in sorted(c.acceptance[dim].items(), key=lambda kv: bucket_order(kv[0])):
+    )
 
-            def m(vals: list[float]) -> str:
-                return f"{sum(vals) / len(vals):.2f}" if vals else "—"
+    def m(vals: Sequence[float]) -> str:
+        return f"{sum(vals) / len(vals):.2f}" if vals else "—"
 
+    for dim, label in dims:
+        for key, v in sorted(c.acceptance.by(dim).items(), key=lambda kv: bucket_order(kv[0])):
             rows.append([
-                f"{label}: {key}", str(len(v["tokens_per_event"])), m(v["tokens_per_event"]),
-                m(v["mean_acceptance_length"]), m(v["draft_acceptance_rate"]), m(v["coverage"]),
+                f"{label}: {key}", str(len(v.tokens_per_event)), m(v.tokens_per_event),
+                m(v.mean_acceptance_length), m(v.draft_acceptance_rate), m(v.coverage),
             ])  # fmt: skip
     return rows
 
@@ -437,9 +439,9 @@ def _speed_rows(a: Analysis, c: CandidateAnalysis) -> list[list[str]]:
         if k not in c.speedups:
             continue
         s = c.speedups[k]
-        e2e = s.get("e2e")
-        rows.append([k, str(e2e.n if e2e is not None else 0), sp(e2e), sp(s.get("tpot")),
-                     sp(s.get("ttft")), sp(s.get("baseline_e2e"))])  # fmt: skip
+        e2e = s.e2e
+        rows.append([k, str(e2e.n if e2e is not None else 0), sp(e2e), sp(s.tpot),
+                     sp(s.ttft), sp(s.baseline_e2e)])  # fmt: skip
     return rows
 
 

@@ -16,8 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.stats import mean, percentiles, wilson
-from loadgen.speedup import Speedup, paired_speedup
+from loadgen.speedup import paired_speedup
 from records.reader import Leg, Record, TimingName, num
+from report.model import (
+    ACCEPTANCE_DIMS,
+    Acceptance,
+    AcceptanceDim,
+    AcceptanceValues,
+    RawSpeedups,
+)
 from report.records import ALL
 
 LATENCY_METRICS: tuple[TimingName, ...] = ("ttft_s", "tpot_s", "chunk_gap_p50_s", "e2e_s")
@@ -151,11 +158,10 @@ def latency(
     return table, n, errors  # type: ignore[return-value]
 
 
-def raw_speedups(
-    records: Sequence[Record], backend: str | None
-) -> dict[str, dict[str, Speedup | None]]:
+def raw_speedups(records: Sequence[Record], backend: str | None) -> dict[str, RawSpeedups]:
     """Paired primary/candidate ratios of every mirrored exchange (at the candidate's own load)."""
-    pairs: dict[str, dict[str, list[tuple[float | None, float | None]]]] = {}
+    Pairs = list[tuple[float | None, float | None]]
+    pairs: dict[str, tuple[Pairs, Pairs, Pairs, Pairs]] = {}
     for r in records:
         primary = r.primary
         if primary is None or not primary.ok:
@@ -163,51 +169,68 @@ def raw_speedups(
         cand = r.candidate_leg(backend)
         base = r.baseline
         for cat in (r.category, ALL):
-            slot = pairs.setdefault(cat, {"e2e": [], "tpot": [], "ttft": [], "baseline_e2e": []})
+            e2e, tpot, ttft, base_e2e = pairs.setdefault(cat, ([], [], [], []))
             if cand is not None and cand.ok:
-                slot["e2e"].append((primary.e2e_s, cand.e2e_s))
-                slot["tpot"].append((primary.tpot_s, cand.tpot_s))
-                slot["ttft"].append((primary.ttft_s, cand.ttft_s))
+                e2e.append((primary.e2e_s, cand.e2e_s))
+                tpot.append((primary.tpot_s, cand.tpot_s))
+                ttft.append((primary.ttft_s, cand.ttft_s))
             if base is not None and base.ok:
-                slot["baseline_e2e"].append((primary.e2e_s, base.e2e_s))
+                base_e2e.append((primary.e2e_s, base.e2e_s))
     return {
-        cat: {m: paired_speedup(ps, seed=0) for m, ps in ms.items()} for cat, ms in pairs.items()
+        cat: RawSpeedups(
+            e2e=paired_speedup(e2e, seed=0),
+            tpot=paired_speedup(tpot, seed=0),
+            ttft=paired_speedup(ttft, seed=0),
+            baseline_e2e=paired_speedup(base_e2e, seed=0),
+        )
+        for cat, (e2e, tpot, ttft, base_e2e) in pairs.items()
     }
 
 
-def acceptance(
-    records: Sequence[Record], backend: str | None
-) -> dict[str, dict[str, dict[str, list[float]]]]:
-    """dim ∈ {category, output_length, concurrency} → key → {tokens_per_event, mal, dar, coverage}."""
-    out: dict[str, dict[str, dict[str, list[float]]]] = {
-        "category": {},
-        "output_length": {},
-        "concurrency": {},
-    }
+def acceptance(records: Sequence[Record], backend: str | None) -> Acceptance:
+    """The candidate's acceptance values by category, output length and concurrency."""
+    Columns = tuple[list[float], list[float], list[float], list[float]]
+    out: dict[AcceptanceDim, dict[str, Columns]] = {dim: {} for dim in ACCEPTANCE_DIMS}
     for r in records:
         leg = r.candidate_leg(backend)
         if leg is None or not leg.ok:
             continue
         acc = leg.acceptance
-        fields = {
-            "tokens_per_event": leg.tokens_per_event,
-            "mean_acceptance_length": acc.mean_acceptance_length,
-            "draft_acceptance_rate": acc.draft_acceptance_rate,
-            "coverage": acc.coverage,
-        }
-        keys = {
-            "category": r.category,
-            "output_length": leg.output_length_bucket or r.output_length_bucket,
-            "concurrency": leg.concurrency_bucket or r.concurrency_bucket,
-        }
-        for dim, key in keys.items():
+        values = (
+            leg.tokens_per_event,
+            acc.mean_acceptance_length,
+            acc.draft_acceptance_rate,
+            acc.coverage,
+        )
+        keys: tuple[tuple[AcceptanceDim, object], ...] = (
+            ("category", r.category),
+            ("output_length", leg.output_length_bucket or r.output_length_bucket),
+            ("concurrency", leg.concurrency_bucket or r.concurrency_bucket),
+        )
+        for dim, key in keys:
             if key is None:
                 continue
-            slot = out[dim].setdefault(str(key), {f: [] for f in fields})
-            for f, v in fields.items():
+            slot = out[dim].setdefault(str(key), ([], [], [], []))
+            for column, v in zip(slot, values, strict=True):
                 if v is not None:
-                    slot[f].append(v)
-    return out
+                    column.append(v)
+
+    def cells(dim: AcceptanceDim) -> dict[str, AcceptanceValues]:
+        return {
+            key: AcceptanceValues(
+                tokens_per_event=tuple(tpe),
+                mean_acceptance_length=tuple(mal),
+                draft_acceptance_rate=tuple(dar),
+                coverage=tuple(cov),
+            )
+            for key, (tpe, mal, dar, cov) in out[dim].items()
+        }
+
+    return Acceptance(
+        category=cells("category"),
+        output_length=cells("output_length"),
+        concurrency=cells("concurrency"),
+    )
 
 
 def quality(records: Sequence[Record], backend: str | None) -> dict[str, Quality]:

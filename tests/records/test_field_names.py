@@ -95,25 +95,24 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
     ),
     "policies/shape.py": (frozenset({"seed", "stream", "temperature"}), OPENAI),
     "report/analysis.py": (frozenset({"schema"}), "loadgen and matrix result rows"),
-    "report/checklist.py": (frozenset({"category", "tokens_per_event"}), ANALYSIS),
     "report/export.py": (frozenset({"candidates"}), "report.json being written"),
     "report/plots.py": (
         frozenset(
             {"backend", "category", "concurrency", "mean_acceptance_length"}
             | {"num_speculative_tokens", "output_length_bucket", "prompt_lookup_max"}
-            | {"prompt_lookup_min", "tokens_per_event"}
+            | {"prompt_lookup_min"}
         ),
         MATRIX + "; loadgen rows; " + ANALYSIS,
     ),
     "report/render.py": (
         frozenset(
-            {"backend", "category", "concurrency", "coverage", "draft_acceptance_rate", "flag"}
-            | {"label", "latency", "mean_acceptance_length", "reason", "tokens_per_event"}
+            {"backend", "category", "concurrency", "flag"}
+            | {"label", "latency", "mean_acceptance_length", "reason"}
         ),
         MATRIX + "; loadgen rows; " + ANALYSIS,
     ),
     "report/rollbacks.py": (frozenset({"exchange_id", "reason", "rule"}), ROLLOUT),
-    "report/rollout.py": (frozenset({"category", "tokens_per_event"}), ANALYSIS),
+    "report/rollout.py": (frozenset({"tokens_per_event"}), "rollout.yaml being written"),
     "report/sections.py": (
         frozenset({"backend", "e2e_s", "json_valid"}),
         "loadgen rows; " + ANALYSIS,

@@ -20,11 +20,11 @@ def only(a: Analysis) -> CandidateAnalysis:
 @pytest.mark.parametrize("true_speedup", [0.8, 1.25, 1.6])
 def test_the_e2e_speedup_ci_contains_the_true_ratio(true_speedup):
     a = analyze(records(speedups={"chat": true_speedup}, n=80, seed=11))
-    s = only(a).speedups["chat"]["e2e"]
+    s = only(a).speedups["chat"].e2e
     assert s is not None and s.n == 80
     assert s.ci_low <= true_speedup <= s.ci_high
     assert s.ci_high - s.ci_low < 0.15 * true_speedup  # and it is informative
-    base = only(a).speedups["chat"]["baseline_e2e"]
+    base = only(a).speedups["chat"].baseline_e2e
     assert base is not None and base.ci_low <= 1.0 <= base.ci_high * 1.02  # noise sits at 1
 
 
@@ -93,11 +93,11 @@ def test_rollback_triggers_come_from_the_adopted_categories_numbers():
 
 def test_acceptance_is_grouped_by_category_output_length_and_concurrency():
     a = analyze(records(speedups={"chat": 1.5, "code": 1.2}, n=30))
-    assert set(only(a).acceptance["category"]) == {"chat", "code"}
-    assert set(only(a).acceptance["output_length"]) <= {"<64", "64-256"}
-    assert set(only(a).acceptance["concurrency"]) == {"1", "2-4"}
-    chat = only(a).acceptance["category"]["chat"]
-    assert len(chat["tokens_per_event"]) == 30 and min(chat["tokens_per_event"]) > 2
+    assert set(only(a).acceptance.category) == {"chat", "code"}
+    assert set(only(a).acceptance.output_length) <= {"<64", "64-256"}
+    assert set(only(a).acceptance.concurrency) == {"1", "2-4"}
+    chat = only(a).acceptance.category["chat"]
+    assert len(chat.tokens_per_event) == 30 and min(chat.tokens_per_event) > 2
     assert a.resources["candidate-backend"]["kv_cache_usage_max"] == pytest.approx(0.45)
 
 
@@ -106,7 +106,7 @@ def test_failed_legs_count_as_errors_and_leave_the_timings():
     recs[0]["legs"][1] |= {"status": 503, "outcome": "upstream_status", "e2e_s": 99.0}
     a = analyze(recs)
     assert a.errors[("candidate", "chat")].k == 1
-    assert only(a).speedups["chat"]["e2e"].n == 11  # type: ignore[union-attr]
+    assert only(a).speedups["chat"].e2e.n == 11  # type: ignore[union-attr]
     assert (a.latency[("candidate", "chat")]["e2e_s"][2] or 0.0) < 99.0
 
 
