@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from evidence.serverinfo import method_key, parse_schedule
 from loadgen.speedup import Speedup, paired_speedup
+from policies.emit import policy_yaml
 from records.reader import Record
 from report import load as lt
 from report.records import ALL
@@ -371,12 +372,13 @@ def policy_fragment(recommendations: Sequence[Recommendation]) -> str | None:
     for r in chosen:
         assert r.backend is not None
         by_backend.setdefault(r.backend, []).append(r.category)
-    lines = ["rules:"]
-    for backend, cats in by_backend.items():
-        lines += [
-            f"  - name: recommended-{backend}",
-            f"    match: {{categories: [{', '.join(cats)}]}}",
-            "    ratio: load_matched",
-            f"    legs: [{{backend: {backend}, role: candidate}}]",
-        ]
-    return "\n".join(lines) + "\n"
+    rules = [
+        {
+            "name": f"recommended-{backend}",
+            "match": {"categories": cats},
+            "ratio": "load_matched",
+            "legs": [{"backend": backend, "role": "candidate"}],
+        }
+        for backend, cats in by_backend.items()
+    ]
+    return policy_yaml({"rules": rules})

@@ -46,12 +46,12 @@ from typing import Any
 
 from aiohttp import web
 
-from core import jsonx
 from core.exchange import Exchange
 from core.sinks import MemorySink
 from gateway.rollout import RolloutController
 from gateway.settings import Settings
 from gateway.state import GATEWAY
+from policies.emit import policy_yaml
 from policies.store import PolicyStore
 from records.reader import read
 from simulator.app import run_simulator
@@ -61,7 +61,7 @@ from specshadow.app import build_app
 
 MODEL = "sim-model"
 CANARY_SHARE = 0.3
-MISMATCHED = "0.1"  # act 1's first policy: a 10 % mirror
+MISMATCHED = 0.1  # act 1's first policy: a 10 % mirror
 LOAD_WINDOW_S = 5.0  # the gateway's dispatch-rate window (long enough at the demo's ~15 req/s)
 GUARDS = {"window": 60, "min_samples": 20}
 STEP_S, PREFILL_S = 0.008, 0.03
@@ -109,37 +109,37 @@ class Stage:
             await asyncio.sleep(0.05)
 
 
-def shadow_policy(urls: dict[str, str], ratio: str = "load_matched") -> str:
-    backends = "\n".join(f"  {name}: {{url: '{url}', kind: sim}}" for name, url in urls.items())
-    return (
-        "version: 1\n"
-        f"backends:\n{backends}\n"
-        "primary: primary\n"
-        "default:\n"
-        f"  ratio: {ratio}\n"
-        "  legs: [{backend: ngram-k4, role: candidate}, {backend: eagle3-k3, role: candidate},\n"
-        "         {backend: baseline, role: baseline}]\n"
+def shadow_policy(urls: dict[str, str], ratio: float | str = "load_matched") -> str:
+    return policy_yaml(_shadow(urls, ratio))
+
+
+def _shadow(urls: dict[str, str], ratio: float | str = "load_matched") -> dict[str, Any]:
+    legs = [{"backend": "ngram-k4", "role": "candidate"}, {"backend": "eagle3-k3", "role": "candidate"},
+            {"backend": "baseline", "role": "baseline"}]  # fmt: skip
+    return {
+        "version": 1,
+        "backends": {name: {"url": url, "kind": "sim"} for name, url in urls.items()},
+        "primary": "primary",
+        "default": {"ratio": ratio, "legs": legs},
         # Token ids of every exchange (the baseline tokenizes: never the primary), for act 2's
         # counterfactual matrix.
-        "counterfactual: {tokenizer: baseline, share: 0.5}\n"
-    )
+        "counterfactual": {"tokenizer": "baseline", "share": 0.5},
+    }
 
 
 def canary_policy(urls: dict[str, str], picks: dict[str, list[str]]) -> str:
     """The shadow policy plus one canary rule per picked candidate, for its categories."""
-    rules = ["rules:"]
-    for backend, categories in picks.items():
-        rollout = jsonx.dumps(
-            {"stage": "canary", "serve_ratio": CANARY_SHARE, "guards": GUARDS}
-        ).decode()
-        rules += [
-            f"  - name: {backend}",
-            f"    match: {{categories: [{', '.join(categories)}]}}",
-            "    ratio: 1.0",
-            f"    legs: [{{backend: {backend}, role: candidate}}, {{backend: baseline, role: baseline}}]",
-            f"    rollout: {rollout}",
-        ]
-    return shadow_policy(urls) + "\n".join(rules) + "\n"
+    rules = [
+        {
+            "name": backend,
+            "match": {"categories": categories},
+            "ratio": 1.0,
+            "legs": [{"backend": backend, "role": "candidate"}, {"backend": "baseline", "role": "baseline"}],
+            "rollout": {"stage": "canary", "serve_ratio": CANARY_SHARE, "guards": GUARDS},
+        }
+        for backend, categories in picks.items()
+    ]  # fmt: skip
+    return policy_yaml({**_shadow(urls), "rules": rules})
 
 
 @asynccontextmanager
