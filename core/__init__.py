@@ -4,7 +4,8 @@ Owns the JSON codec (``jsonx``), ids (``ids``), summary statistics (``stats``), 
 (``tasks``), the SSE decoder (``sse``), the stream recorder and the one definition of every timing
 (``recorder``, ``timings``), the exchange / leg / evidence vocabulary with the role, route and
 capture literals (``exchange``, ``evidence``), header names (``wire``), exchange sinks
-(``sinks``) and the child-process supervisor (``procs``).
+(``sinks``), deterministic sampling by hash (``sample``) and the child-process supervisor
+(``procs``).
 
 It imports nothing else of the project (checked by ``tests/test_architecture.py``); every other
 package may import it. See docs/architecture.md.
