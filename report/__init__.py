@@ -88,6 +88,12 @@ def build_report(
     records = records if isinstance(records, list) else list(records)
     from core.quality import DEFAULT_ALPHA, DEFAULT_MARGINS
 
+    # The policy asked for token ids: score every proposer and depth on them.
+    counterfactual = (
+        build_matrix(lambda: iter(records))
+        if any(read(r).tokens is not None for r in records)
+        else None
+    )
     a = analyze(
         records,
         results,
@@ -98,11 +104,10 @@ def build_report(
             *transitions,
             *(load_transitions(rollout_state) if rollout_state is not None else ()),
         ],
+        counterfactual=counterfactual,
     )
-    if any(read(r).tokens is not None for r in records):
-        # The policy asked for token ids: score every proposer and depth on them.
-        a.counterfactual = build_matrix(lambda: iter(records))
-        write_outputs(a.counterfactual, out)
+    if counterfactual is not None:
+        write_outputs(counterfactual, out)
     html_path, md_path, json_path = out / "report.html", out / "report.md", out / "report.json"
     html_path.write_text(render_html(a, figures(a), title=title, sources=sources), "utf-8")
     md_path.write_text(render_markdown(a, title=title, html_name=html_path.name), "utf-8")

@@ -46,6 +46,7 @@ from typing import Any, Literal
 from core.quality import DEFAULT_ALPHA, DEFAULT_MARGINS
 from core.stats import wilson
 from counterfactual.matrix import Matrix
+from loadgen.matrix import stable_regions
 from loadgen.speedup import Speedup, pairs_needed
 from records.reader import Record, read_all
 from report import load as lt
@@ -61,6 +62,7 @@ from report.candidates import (
     recommend,
     speculation,
 )
+from report.checklist import Tables, breaches, checklist
 from report.counts import Counts, counts as counts_of
 from report.failures import Failures, failures
 from report.model import Acceptance, RawSpeedups
@@ -136,9 +138,9 @@ class Verdict:
         return DECISION_LABELS[self.decision]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class CandidateAnalysis:
-    """Everything the report says about one candidate backend."""
+    """Everything the report says about one candidate backend (computed whole, then frozen)."""
 
     backend: str
     speedups: Mapping[str, RawSpeedups]  # category → raw paired speed-ups
@@ -151,8 +153,8 @@ class CandidateAnalysis:
     schedule: list[list[int]]
     capacity: lt.Capacity
     exclusions: dict[str, Counter[str]]  # category → why exchanges did not count
-    verdicts: list[Verdict]
-    examples: list[Example]
+    verdicts: Sequence[Verdict]
+    examples: Sequence[Example]
     depth: int | None  # num_speculative_tokens, as the records show it
     speculation: Speculation | None = None  # who the candidate is (method, depth, label, …)
     lossless: Lossless | None = None  # whether the report may call it lossless
@@ -172,8 +174,11 @@ class CandidateAnalysis:
         return self.speculation.label if self.speculation is not None else self.backend
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Analysis:
+    """Everything the report shows: :func:`analyze` computes every part first and constructs it
+    once; nothing patches it afterwards."""
+
     categories: list[str]
     records: int
     latency: LatencyTable
@@ -182,13 +187,13 @@ class Analysis:
     gate: dict[str, float | None]  # category → median share of e2e spent generating
     resources: dict[str, dict[str, float]]  # backend → {kv_cache_usage_max, _mean}
     candidates: dict[str, CandidateAnalysis]
-    checklist: list[str]
-    notes: list[str]  # what could not be made load-true, and why
+    checklist: Sequence[str]
+    notes: Sequence[str]  # what could not be made load-true, and why
     matrix: list[dict[str, Any]] = field(default_factory=list)
     stable_regions: list[str] = field(default_factory=list)
     loadgen: list[dict[str, Any]] = field(default_factory=list)
     head_to_head: list[HeadToHead] = field(default_factory=list)
-    recommendations: dict[str, Recommendation] = field(default_factory=dict)  # category → pick
+    recommendations: Mapping[str, Recommendation] = field(default_factory=dict)  # category → pick
     policy_fragment: str | None = None  # rules routing each category to its pick
     rollout: list[Segment] = field(default_factory=list)  # stages the records went through
     # Every proposer and depth scored on the records' own token ids (counterfactual.matrix);
@@ -197,7 +202,7 @@ class Analysis:
     # The detail sections' sample size when the window held more exchanges (report.population);
     # None: they read every exchange.
     sample: int | None = None
-    rollbacks: list[Rollback] = field(default_factory=list)  # inside the window, in time order
+    rollbacks: Sequence[Rollback] = field(default_factory=list)  # inside the window, in time order
     window: tuple[int, int] | None = None  # first and last exchange start (unix ns)
     # Which footing the mirrored legs' token counts were read on (evidence.counts).
     counts: Counts | None = None
@@ -428,7 +433,12 @@ def analyze_candidate(
     *,
     margins: Mapping[str, float] = DEFAULT_MARGINS,
     alpha: float = DEFAULT_ALPHA,
+    tables: Tables | None = None,
+    rollback: Rollback | None = None,
 ) -> CandidateAnalysis:
+    """One candidate, whole: with ``tables`` (the latency table and error rates of the analysis)
+    an ``adopt`` its own rollback triggers would trip becomes ``do_not_adopt``; with ``rollback``
+    (a rollout rolled it back inside the window) every verdict is ``rolled_back``."""
     pop = population if population is not None else population_of(records)
     primary_pairs, baseline_pairs = _pairs([r for r in records if not r.speculation_skip], backend)
     # The load-true estimate and the exclusions count every exchange of the window (the
@@ -472,6 +482,11 @@ def analyze_candidate(
             dataclasses.replace(v, reasons=(*v.reasons, f"not lossless: {claim.reason}"))
             for v in verdicts
         ]
+    if tables is not None:
+        leg = f"candidate {backend}" if tables.several else "candidate"
+        verdicts = [_breached(v, breaches(tables, leg, v.category)) for v in verdicts]
+    if rollback is not None:
+        verdicts = _rolled_back(verdicts, rollback)
     return CandidateAnalysis(
         backend=backend,
         speedups=raw,
@@ -490,6 +505,7 @@ def analyze_candidate(
         speculation=spec,
         lossless=claim,
         failures=failed,
+        rollback=rollback,
     )
 
 
@@ -531,11 +547,11 @@ def _mismatched_categories(verdicts: list[Verdict]) -> list[Verdict]:
     return out
 
 
-def _rolled_back(c: CandidateAnalysis, rb: Rollback) -> None:
-    """Every verdict of ``c`` becomes ``rolled_back``: what the rollout saw first, then what the
-    shadow evidence had said."""
+def _rolled_back(verdicts: Sequence[Verdict], rb: Rollback) -> list[Verdict]:
+    """Every verdict becomes ``rolled_back``: what the rollout saw first, then what the shadow
+    evidence had said."""
     out = []
-    for v in c.verdicts:
+    for v in verdicts:
         before = "; ".join(v.reasons)
         reasons = (
             rb.text(),
@@ -551,8 +567,7 @@ def _rolled_back(c: CandidateAnalysis, rb: Rollback) -> None:
                 without_rollback=v.decision,
             )
         )  # fmt: skip
-    c.verdicts = out
-    c.rollback = rb
+    return out
 
 
 def _notes(
@@ -610,16 +625,15 @@ def analyze(
     alpha: float = DEFAULT_ALPHA,
     population: Population | None = None,
     transitions: Iterable[Mapping[str, Any]] = (),
+    counterfactual: Matrix | None = None,
 ) -> Analysis:
     """Everything the report shows, from records and optional loadgen/matrix result rows.
 
     ``population``: the window's aggregates when ``records`` is only its sample
     (:func:`report.gather.gather`); by default they are summed from ``records``.
     ``transitions``: rollout transitions (:func:`report.rollbacks.load_transitions`) naming who
-    rolled a rule back and why; without them, the records still show that it happened."""
-    from loadgen.matrix import stable_regions
-    from report.checklist import breaches, checklist
-
+    rolled a rule back and why; without them, the records still show that it happened.
+    ``counterfactual``: the proposer/depth matrix scored on the records' token ids, when built."""
     everything = read_all(records)
     pop = population if population is not None else population_of(everything)
     sample = len(everything) if len(everything) < pop.records else None
@@ -633,41 +647,46 @@ def analyze(
     cats = list(pop.categories)
     backends = list(pop.backends)
     table, n, errors = latency(recs, several_candidates=len(backends) > 1)
-    a = Analysis(
+    tables = Tables(latency=table, errors=errors, several=len(backends) > 1)
+    rolled = rollbacks(everything, transitions)
+    rolled_back = by_backend(rolled)
+    candidates = {
+        b: analyze_candidate(
+            recs, b, cats, pop, margins=margins, alpha=alpha, tables=tables,
+            rollback=rolled_back.get(b),
+        )
+        for b in backends
+    }  # fmt: skip
+    h2h = head_to_head(recs, backends, cats)
+    specs = {b: c.speculation for b, c in candidates.items() if c.speculation is not None}
+    recommendations: dict[str, Recommendation] = {}
+    for cat in [*cats, ALL]:
+        verdicts = {b: v for b, c in candidates.items() for v in c.verdicts if v.category == cat}
+        if verdicts:
+            recommendations[cat] = recommend(cat, verdicts, specs, h2h)
+    resources_ = resources(recs, matrix)
+    starts = [r.started_unix_ns for r in everything]
+    return Analysis(
         categories=cats,
         records=pop.records,
         latency=table,
         latency_n=n,
         errors=errors,
         gate=gate(recs),
-        resources=resources(recs, matrix),
-        candidates={
-            b: analyze_candidate(recs, b, cats, pop, margins=margins, alpha=alpha) for b in backends
-        },
-        checklist=[],
+        resources=resources_,
+        candidates=candidates,
+        checklist=checklist(tables, candidates, recommendations, resources_) if recs else [],
         notes=(_notes(recs, pop.records - pop.shadow, pop.records, sample) if pop.records else []),
         sample=sample,
         matrix=matrix,
         stable_regions=stable_regions(matrix),
         loadgen=loadgen,
-        head_to_head=head_to_head(recs, backends, cats),
+        head_to_head=h2h,
+        recommendations=recommendations,
+        policy_fragment=policy_fragment(list(recommendations.values())),
+        rollout=timeline(everything),
+        counterfactual=counterfactual,
+        rollbacks=rolled,
+        window=(min(starts), max(starts)) if starts else None,
         counts=counts_of(everything),
     )
-    if everything:
-        starts = [r.started_unix_ns for r in everything]
-        a.window = (min(starts), max(starts))
-    for c in a.candidates.values():
-        c.verdicts = [_breached(v, breaches(a, c, v.category)) for v in c.verdicts]
-    a.rollbacks = rollbacks(everything, transitions)
-    for backend, rb in by_backend(a.rollbacks).items():
-        if backend in a.candidates:
-            _rolled_back(a.candidates[backend], rb)
-    specs = {b: c.speculation for b, c in a.candidates.items() if c.speculation is not None}
-    for cat in [*cats, ALL]:
-        verdicts = {b: v for b, c in a.candidates.items() for v in c.verdicts if v.category == cat}
-        if verdicts:
-            a.recommendations[cat] = recommend(cat, verdicts, specs, a.head_to_head)
-    a.policy_fragment = policy_fragment(list(a.recommendations.values()))
-    a.rollout = timeline(everything)
-    a.checklist = checklist(a) if recs else []
-    return a

@@ -10,8 +10,17 @@ policy carries are written from the same numbers as ratios by :mod:`report.rollo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
 from core.stats import mean
-from report.analysis import ALL, Analysis, CandidateAnalysis
+from report.candidates import Recommendation
+from report.records import ALL
+from report.sections import LatencyTable, Rate
+
+if TYPE_CHECKING:  # analysis calls this module while it builds a CandidateAnalysis
+    from report.analysis import CandidateAnalysis
 
 ERROR_MARGIN = 0.01  # the error-rate trigger: more than a point above the primary's
 
@@ -20,22 +29,41 @@ def _ms(v: float | None) -> str:
     return "—" if v is None else f"{v * 1e3:.1f} ms"
 
 
-def p99(a: Analysis, leg: str, cat: str, metric: str) -> float | None:
+class Measured(Protocol):
+    """What the triggers are written from: the latency table, the error rates and whether
+    several candidates were mirrored (an :class:`~report.analysis.Analysis` is one; so is
+    :class:`Tables`, while the analysis is still being computed)."""
+
+    @property
+    def latency(self) -> LatencyTable: ...
+    @property
+    def errors(self) -> Mapping[tuple[str, str], Rate]: ...
+    @property
+    def several(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Tables:
+    latency: LatencyTable
+    errors: Mapping[tuple[str, str], Rate]
+    several: bool
+
+
+def p99(a: Measured, leg: str, cat: str, metric: str) -> float | None:
     """``leg``'s p99 of ``metric`` in ``cat`` from the latency table."""
     return a.latency.get((leg, cat), {}).get(metric, (None, None, None))[2]
 
 
-def leg_key(a: Analysis, c: CandidateAnalysis) -> str:
+def leg_key(a: Measured, c: CandidateAnalysis) -> str:
     """The latency table's label for ``c``'s legs (``candidate <backend>`` among several)."""
     return f"candidate {c.backend}" if a.several else "candidate"
 
 
-def breaches(a: Analysis, c: CandidateAnalysis, cat: str) -> list[str]:
-    """The rollback triggers of :func:`checklist` that ``c``'s measured numbers in ``cat``
-    already breach (p99 TPOT or e2e past today's primary's p99; an error rate more than a point
+def breaches(a: Measured, key: str, cat: str) -> list[str]:
+    """The rollback triggers of :func:`checklist` that the measured numbers of the candidate
+    legs labelled ``key`` (:func:`leg_key`) in ``cat`` already breach (p99 TPOT or e2e past today's primary's p99; an error rate more than a point
     above the primary's): reasons for its verdict, since shipping it would trip them at once."""
     out = []
-    key = leg_key(a, c)
     for metric, name, trigger in (
         ("tpot_s", "p99 TPOT", "candidate p99 tpot"),
         ("e2e_s", "p99 e2e", "p99 e2e"),
@@ -64,7 +92,7 @@ def breaches(a: Analysis, c: CandidateAnalysis, cat: str) -> list[str]:
     return out
 
 
-def _category_triggers(a: Analysis, c: CandidateAnalysis, cat: str) -> list[str]:
+def _category_triggers(a: Measured, c: CandidateAnalysis, cat: str) -> list[str]:
     """Rollback triggers for one category served by ``c``, from ``c``'s measured numbers."""
     items: list[str] = []
     key = leg_key(a, c)
@@ -99,9 +127,14 @@ def _category_triggers(a: Analysis, c: CandidateAnalysis, cat: str) -> list[str]
     return items
 
 
-def checklist(a: Analysis) -> list[str]:
+def checklist(
+    a: Measured,
+    candidates: Mapping[str, CandidateAnalysis],
+    recommendations: Mapping[str, Recommendation],
+    resources: Mapping[str, Mapping[str, float]],
+) -> list[str]:
     """The release checklist and rollback triggers, from the recommendation per category."""
-    picks = {cat: r.backend for cat, r in a.recommendations.items() if r.backend is not None}
+    picks = {cat: r.backend for cat, r in recommendations.items() if r.backend is not None}
     serve = {cat: b for cat, b in picks.items() if cat != ALL}
     if not serve and ALL in picks:
         serve = {ALL: picks[ALL]}
@@ -111,37 +144,37 @@ def checklist(a: Analysis) -> list[str]:
         for cat, backend in serve.items():
             by_backend.setdefault(backend, []).append(cat)
         for backend, cats in by_backend.items():
-            label = a.candidates[backend].label
+            label = candidates[backend].label
             named = label if label == backend else f"{label} (backend {backend})"
             items.append(f"Enable speculative decoding for: {', '.join(cats)} — ship {named}.")
         items.append("Keep shadowing the rest.")
     else:
         items.append("Do not enable speculative decoding yet: no category passed the verdict.")
     for cat, backend in serve.items():
-        items.extend(_category_triggers(a, a.candidates[backend], cat))
+        items.extend(_category_triggers(a, candidates[backend], cat))
     perr = a.errors.get(("primary", ALL))
     for backend in dict.fromkeys(serve.values()):
-        c = a.candidates[backend]
+        c = candidates[backend]
         cerr = a.errors.get((leg_key(a, c), ALL))
         if cerr is not None and perr is not None and cerr.n and perr.n:
             items.append(
                 f"Roll back {c.label} if its error rate exceeds the primary's by more than "
                 f"{ERROR_MARGIN * 100:g} point (measured: candidate {cerr.value:.1%}, primary {perr.value:.1%})."
             )
-    for c in a.candidates.values():
+    for c in candidates.values():
         who = f" with {c.label}" if a.several else ""
         items.extend(
             f"Before deciding {v.category}{who}: shadow about {v.pairs_needed} paired requests."
             for v in c.verdicts
             if v.decision == "not_enough_data" and v.category != ALL and v.pairs_needed
         )
-    if a.resources:
-        peak = max(r["kv_cache_usage_max"] for r in a.resources.values())
+    if resources:
+        peak = max(r["kv_cache_usage_max"] for r in resources.values())
         items.append(
             f"Watch KV-cache usage: peak measured {peak:.0%}; roll back above 95 % sustained."
         )
     for backend in dict.fromkeys(serve.values()):
-        c = a.candidates[backend]
+        c = candidates[backend]
         if c.crossover is not None:
             items.append(
                 f"{c.label}: speculation stops paying above about {c.crossover.load:.3g} "
