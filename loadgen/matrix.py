@@ -70,6 +70,7 @@ __all__ = [
     "BackendConfig",
     "MatrixConfig",
     "MatrixError",
+    "MatrixRow",
     "load_matrix",
     "mark_stable",
     "run_matrix",
@@ -234,6 +235,75 @@ def pair_cells(
                     row["paired_n"] = s.n
 
 
+def _opt_float(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _opt_int(v: Any) -> int | None:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+@dataclass(frozen=True, slots=True)
+class MatrixRow:
+    """One cell of the results table as its readers read it: the row :func:`cell_row` writes,
+    :func:`pair_cells` and :func:`mark_stable` complete, and :meth:`from_json` reads back (the
+    JSONL's format is the dict's; this is its typed reading)."""
+
+    backend: str | None
+    proposer: str | None
+    depth: int | None
+    bucket: str | None
+    max_tokens: int | None
+    concurrency: int | None
+    requests: int | None
+    succeeded: int | None
+    ttft_s_p50: float | None
+    tpot_s_p50: float | None
+    e2e_s_p99: float | None
+    tokens_per_event_mean: float | None
+    goodput_share: float | None
+    kv_cache_usage_peak: float | None
+    reference: str | None
+    speedup_e2e: float | None
+    speedup_e2e_ci_low: float | None
+    speedup_e2e_ci_high: float | None
+    stable: bool | None
+
+    @staticmethod
+    def is_matrix(row: Mapping[str, Any]) -> bool:
+        """Whether a result row is a matrix cell (``schema specshadow.matrix/…``)."""
+        return str(row.get("schema", "")).startswith("specshadow.matrix/")
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> MatrixRow:
+        def text(key: str) -> str | None:
+            v = row.get(key)
+            return None if v is None else str(v)
+
+        stable = row.get("stable")
+        return cls(
+            backend=text("backend"),
+            proposer=text("proposer"),
+            depth=_opt_int(row.get("depth")),
+            bucket=text("bucket"),
+            max_tokens=_opt_int(row.get("max_tokens")),
+            concurrency=_opt_int(row.get("concurrency")),
+            requests=_opt_int(row.get("requests")),
+            succeeded=_opt_int(row.get("succeeded")),
+            ttft_s_p50=_opt_float(row.get("ttft_s_p50")),
+            tpot_s_p50=_opt_float(row.get("tpot_s_p50")),
+            e2e_s_p99=_opt_float(row.get("e2e_s_p99")),
+            tokens_per_event_mean=_opt_float(row.get("tokens_per_event_mean")),
+            goodput_share=_opt_float(row.get("goodput_share")),
+            kv_cache_usage_peak=_opt_float(row.get("kv_cache_usage_peak")),
+            reference=text("reference"),
+            speedup_e2e=_opt_float(row.get("speedup_e2e")),
+            speedup_e2e_ci_low=_opt_float(row.get("speedup_e2e_ci_low")),
+            speedup_e2e_ci_high=_opt_float(row.get("speedup_e2e_ci_high")),
+            stable=None if stable is None else bool(stable),
+        )
+
+
 def mark_stable(rows: list[dict[str, Any]], metric: str = "speedup_e2e") -> None:
     """``stable``: this cell's CI is above 1 and so is every neighbouring concurrency's (same
     backend and bucket); ``None`` for the reference."""
@@ -251,12 +321,13 @@ def mark_stable(rows: list[dict[str, Any]], metric: str = "speedup_e2e") -> None
             row["stable"] = all(neighbours)
 
 
-def stable_regions(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+def stable_regions(rows: Sequence[Mapping[str, Any] | MatrixRow]) -> list[str]:
     """Human lines: per backend × bucket, the concurrencies of the stable operating region."""
     groups: dict[tuple[str, str], list[int]] = {}
-    for row in rows:
-        if row.get("stable"):
-            groups.setdefault((row["backend"], row["bucket"]), []).append(int(row["concurrency"]))
+    for raw in rows:
+        row = raw if isinstance(raw, MatrixRow) else MatrixRow.from_json(raw)
+        if row.stable and row.concurrency is not None:
+            groups.setdefault((str(row.backend), str(row.bucket)), []).append(row.concurrency)
     lines = []
     for (backend, bucket), concs in sorted(groups.items()):
         concs.sort()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from loadgen.client import RequestResult
 
 __all__ = [
     "METRICS",
+    "LoadgenRow",
     "SloError",
     "format_summary",
     "meets_slos",
@@ -190,6 +192,38 @@ def format_summary(summary: Mapping[str, Any]) -> str:
                 f"{_ms(gm['tpot_s']['p50']):>10}{_ms(gm['e2e_s']['p99']):>10}"
             )
     return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadgenRow:
+    """One per-request line of :func:`write_results` as the report reads it back (the line is
+    :meth:`loadgen.client.RequestResult.to_json`; this is its typed reading)."""
+
+    category: str | None
+    ok: bool  # no error
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float | None
+
+    @staticmethod
+    def is_request(row: Mapping[str, Any]) -> bool:
+        """Whether a result row is a measured request (not a warm-up, not a matrix cell)."""
+        return "e2e_s" in row and not row.get("warmup")
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> LoadgenRow:
+        def metric(key: str) -> float | None:
+            v = row.get(key)
+            return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+        category = row.get("category")
+        return cls(
+            category=None if category is None else str(category),
+            ok=row.get("error") is None,
+            ttft_s=metric("ttft_s"),
+            tpot_s=metric("tpot_s"),
+            e2e_s=metric("e2e_s"),
+        )
 
 
 def write_results(path: str | Path, results: Iterable[RequestResult]) -> int:

@@ -46,7 +46,8 @@ from typing import Any, Literal
 from core.quality import DEFAULT_ALPHA, DEFAULT_MARGINS
 from core.stats import wilson
 from counterfactual.matrix import Matrix
-from loadgen.matrix import stable_regions
+from loadgen.matrix import MatrixRow, stable_regions
+from loadgen.results import LoadgenRow
 from loadgen.speedup import Speedup, pairs_needed
 from records.reader import Record, read_all
 from report import load as lt
@@ -189,9 +190,9 @@ class Analysis:
     candidates: dict[str, CandidateAnalysis]
     checklist: Sequence[str]
     notes: Sequence[str]  # what could not be made load-true, and why
-    matrix: list[dict[str, Any]] = field(default_factory=list)
+    matrix: Sequence[MatrixRow] = field(default_factory=list)  # the benchmark matrix's cells
     stable_regions: list[str] = field(default_factory=list)
-    loadgen: list[dict[str, Any]] = field(default_factory=list)
+    loadgen: Sequence[LoadgenRow] = field(default_factory=list)  # measured client requests
     head_to_head: list[HeadToHead] = field(default_factory=list)
     recommendations: Mapping[str, Recommendation] = field(default_factory=dict)  # category → pick
     policy_fragment: str | None = None  # rules routing each category to its pick
@@ -641,9 +642,13 @@ def analyze(
     # canary the candidate answers some requests (the primary is then its shadow); those
     # exchanges tell the rollout's story (the timeline), not the adoption decision.
     recs = [r for r in everything if r.served_by == "primary"]
-    rows = [dict(r) for r in results or ()]
-    matrix = [r for r in rows if str(r.get("schema", "")).startswith("specshadow.matrix/")]
-    loadgen = [r for r in rows if r not in matrix and "e2e_s" in r and not r.get("warmup")]
+    rows = list(results or ())
+    matrix = [MatrixRow.from_json(r) for r in rows if MatrixRow.is_matrix(r)]
+    loadgen = [
+        LoadgenRow.from_json(r)
+        for r in rows
+        if not MatrixRow.is_matrix(r) and LoadgenRow.is_request(r)
+    ]
     cats = list(pop.categories)
     backends = list(pop.backends)
     table, n, errors = latency(recs, several_candidates=len(backends) > 1)

@@ -238,50 +238,48 @@ def gate_bars(a: Analysis) -> str | None:
 def matrix_speedup(a: Analysis) -> str | None:
     """Per output-length bucket: e2e speedup vs concurrency per backend with CI; stable points
     filled."""
-    rows = [r for r in a.matrix if r.get("speedup_e2e") is not None]
+    rows = [r for r in a.matrix if r.speedup_e2e is not None and r.concurrency is not None]
     if not rows:
         return None
     buckets = sorted(
-        {str(r["bucket"]) for r in rows},
-        key=lambda b: min(int(r["max_tokens"]) for r in rows if r["bucket"] == b),
+        {str(r.bucket) for r in rows},
+        key=lambda b: min(r.max_tokens or 0 for r in rows if str(r.bucket) == b),
     )
     fig = _figure(max(4.2, 3.6 * len(buckets)), 3.3)
     axes = fig.subplots(1, len(buckets), squeeze=False, sharey=True)[0]
     palette = ["#e07b39", "#2e7d32", "#6a3d9a", "#c62828", "#00838f", "#8d6e63"]
-    backends = sorted({str(r["backend"]) for r in rows})
+    backends = sorted({str(r.backend) for r in rows})
     for ax, bucket in zip(axes, buckets, strict=True):
         for k, backend in enumerate(backends):
             cells = sorted(
-                (r for r in rows if r["bucket"] == bucket and r["backend"] == backend),
-                key=lambda r: r["concurrency"],
+                (r for r in rows if str(r.bucket) == bucket and str(r.backend) == backend),
+                key=lambda r: r.concurrency or 0,
             )
             if not cells:
                 continue
             color = palette[k % len(palette)]
-            xs = [r["concurrency"] for r in cells]
+            xs = [r.concurrency or 0 for r in cells]
             ax.fill_between(
                 xs,
-                [r["speedup_e2e_ci_low"] for r in cells],
-                [r["speedup_e2e_ci_high"] for r in cells],
+                [r.speedup_e2e_ci_low for r in cells],
+                [r.speedup_e2e_ci_high for r in cells],
                 color=color,
                 alpha=0.18,
             )
-            ax.plot(xs, [r["speedup_e2e"] for r in cells], color=color, label=backend, lw=1.5)
+            ax.plot(xs, [r.speedup_e2e for r in cells], color=color, label=backend, lw=1.5)
             for r in cells:
                 ax.scatter(
-                    [r["concurrency"]],
-                    [r["speedup_e2e"]],
+                    [r.concurrency],
+                    [r.speedup_e2e],
                     color=color,
                     zorder=3,
                     s=30,
-                    facecolors=color if r.get("stable") else "white",
+                    facecolors=color if r.stable else "white",
                 )
         ax.axhline(1.0, color="#333", lw=1, ls="--")
         ax.set_xscale("log", base=2)
-        ax.set_xticks(
-            sorted({r["concurrency"] for r in rows}),
-            [str(c) for c in sorted({r["concurrency"] for r in rows})],
-        )
+        concs = sorted({r.concurrency or 0 for r in rows})
+        ax.set_xticks(concs, [str(c) for c in concs])
         ax.set_title(f"output bucket {bucket}", fontsize=10)
         ax.set_xlabel("concurrency")
         _style(ax)
@@ -292,25 +290,27 @@ def matrix_speedup(a: Analysis) -> str | None:
 
 def matrix_acceptance(a: Analysis) -> str | None:
     """Tokens per event vs concurrency per backend (and bucket), from the matrix."""
-    rows = [r for r in a.matrix if r.get("tokens_per_event_mean") is not None]
+    rows = [
+        r for r in a.matrix if r.tokens_per_event_mean is not None and r.concurrency is not None
+    ]
     if not rows:
         return None
     fig = _figure(7.5, 3.0)
     ax = fig.add_subplot()
-    keys = sorted({(str(r["backend"]), str(r["bucket"])) for r in rows})
+    keys = sorted({(str(r.backend), str(r.bucket)) for r in rows})
     for backend, bucket in keys:
         cells = sorted(
-            (r for r in rows if r["backend"] == backend and r["bucket"] == bucket),
-            key=lambda r: r["concurrency"],
+            (r for r in rows if str(r.backend) == backend and str(r.bucket) == bucket),
+            key=lambda r: r.concurrency or 0,
         )
         ax.plot(
-            [r["concurrency"] for r in cells],
-            [r["tokens_per_event_mean"] for r in cells],
+            [r.concurrency or 0 for r in cells],
+            [r.tokens_per_event_mean or 0.0 for r in cells],
             marker="o",
             label=f"{backend} · {bucket}",
         )
     ax.set_xscale("log", base=2)
-    concs = sorted({r["concurrency"] for r in rows})
+    concs = sorted({r.concurrency or 0 for r in rows})
     ax.set_xticks(concs, [str(c) for c in concs])
     ax.set_xlabel("concurrency")
     ax.set_ylabel("tokens per event (mean)")

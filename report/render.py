@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
+from loadgen.matrix import MatrixRow
+from loadgen.results import LoadgenRow
 from loadgen.speedup import Speedup
 from report.analysis import ALL, GATE_SHARE, Analysis, CandidateAnalysis, Verdict
 from report.candidates import RULE
@@ -53,6 +55,7 @@ ol.check li{margin:4px 0}.muted{color:var(--muted)}code{background:#eef1f5;paddi
 nav.toc{background:#fff;border:1px solid var(--line);border-radius:8px;padding:8px 16px;margin:14px 0;font-size:13.5px;columns:2 22em}
 nav.toc ol{margin:4px 0;padding-left:20px}nav.toc a{color:var(--ink)}p.gloss{color:var(--muted);font-size:13px;margin:4px 0 10px;padding-left:10px;border-left:3px solid var(--line)}
 pre{white-space:pre-wrap;background:#fff;border:1px solid var(--line);padding:8px;border-radius:6px;font-size:12px;max-height:160px;overflow:auto}
+pre.code{max-height:none}
 """
 
 _CLASS = {"adopt": "adopt", "do_not_adopt": "no", "not_enough_data": "nd", "not_load_matched": "nd",
@@ -305,37 +308,45 @@ def quality_rows(c: CandidateAnalysis, categories: Sequence[str]) -> list[list[s
     return rows
 
 
-def _matrix_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+def _matrix_rows(rows: Sequence[MatrixRow]) -> list[list[str]]:
     out = []
     for r in rows:
-        sp = "reference" if r.get("backend") == r.get("reference") else "—"
-        if r.get("speedup_e2e") is not None:
-            sp = f"{r['speedup_e2e']:.2f}× [{r['speedup_e2e_ci_low']:.2f}, {r['speedup_e2e_ci_high']:.2f}]"
-        tpe = r.get("tokens_per_event_mean")
-        gp = r.get("goodput_share")
+        sp = "reference" if r.backend == r.reference else "—"
+        if r.speedup_e2e is not None:
+            sp = f"{r.speedup_e2e:.2f}× [{_2f(r.speedup_e2e_ci_low)}, {_2f(r.speedup_e2e_ci_high)}]"
+        tpe = r.tokens_per_event_mean
+        gp = r.goodput_share
         out.append([
-            str(r.get("backend")), str(r.get("proposer")), str(r.get("depth")), str(r.get("bucket")),
-            str(r.get("concurrency")), f"{r.get('succeeded')}/{r.get('requests')}",
-            _ms(r.get("ttft_s_p50")), _ms(r.get("tpot_s_p50")), _ms(r.get("e2e_s_p99")),
+            str(r.backend), str(r.proposer), str(r.depth), str(r.bucket),
+            str(r.concurrency), f"{r.succeeded}/{r.requests}",
+            _ms(r.ttft_s_p50), _ms(r.tpot_s_p50), _ms(r.e2e_s_p99),
             "—" if tpe is None else f"{tpe:.2f}", "—" if gp is None else f"{gp:.0%}",
-            sp, "yes" if r.get("stable") else ("" if r.get("stable") is None else "no"),
+            sp, "yes" if r.stable else ("" if r.stable is None else "no"),
         ])  # fmt: skip
     return out
 
 
-def _loadgen_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+def _2f(x: float | None) -> str:
+    return "None" if x is None else f"{x:.2f}"
+
+
+def _loadgen_rows(rows: Sequence[LoadgenRow]) -> list[list[str]]:
     from core.stats import percentiles
 
-    groups: dict[str, list[Mapping[str, Any]]] = {}
+    groups: dict[str, list[LoadgenRow]] = {}
     for r in rows:
-        groups.setdefault(str(r.get("category") or "uncategorized"), []).append(r)
+        groups.setdefault(r.category or "uncategorized", []).append(r)
         groups.setdefault(ALL, []).append(r)
     out = []
     for cat, rs in groups.items():
-        ok = [r for r in rs if r.get("error") is None]
+        ok = [r for r in rs if r.ok]
         cells = [cat, f"{len(ok)}/{len(rs)}"]
-        for m in ("ttft_s", "tpot_s", "e2e_s"):
-            p50, p99 = percentiles([r[m] for r in ok if r.get(m) is not None], (50.0, 99.0))
+        for values in (
+            [r.ttft_s for r in ok if r.ttft_s is not None],
+            [r.tpot_s for r in ok if r.tpot_s is not None],
+            [r.e2e_s for r in ok if r.e2e_s is not None],
+        ):
+            p50, p99 = percentiles(values, (50.0, 99.0))
             cells += [_ms(p50), _ms(p99)]
         out.append(cells)
     return out
@@ -552,7 +563,7 @@ def _bottom_line(a: Analysis) -> list[str]:
         parts += [
             "<p>Policy rules that keep each category on its pick (add them to the policy's <code>rules</code>; "
             "a rollout stage turns a rule live):</p>",
-            f"<pre>{escape(a.policy_fragment)}</pre>",
+            f'<pre class="code">{escape(a.policy_fragment)}</pre>',  # to copy: never cut
         ]
     return parts
 

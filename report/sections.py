@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.stats import mean, percentiles, wilson
+from loadgen.matrix import MatrixRow
 from loadgen.speedup import paired_speedup
-from records.reader import Leg, Record, TimingName, num
+from records.reader import Leg, Record, TimingName
 from report.model import (
     ACCEPTANCE_DIMS,
     Acceptance,
@@ -297,7 +298,7 @@ def gate(records: Sequence[Record]) -> dict[str, float | None]:
 
 
 def resources(
-    records: Sequence[Record], matrix: Sequence[Mapping[str, Any]]
+    records: Sequence[Record], matrix: Sequence[MatrixRow]
 ) -> dict[str, dict[str, float]]:
     """KV-cache usage per backend: from the legs' load at dispatch, else the scraper's window."""
     usage: dict[str, list[float]] = {}
@@ -310,9 +311,8 @@ def resources(
             if v is not None:
                 usage.setdefault(leg.backend, []).append(v)
     for row in matrix:
-        v = num(row.get("kv_cache_usage_peak"))
-        if v is not None:
-            usage.setdefault(str(row.get("backend")), []).append(v)
+        if row.kv_cache_usage_peak is not None:
+            usage.setdefault(str(row.backend), []).append(row.kv_cache_usage_peak)
     return {
         b: {
             "kv_cache_usage_max": max(vs),

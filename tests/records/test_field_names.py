@@ -80,7 +80,10 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
     "gateway/cli.py": (frozenset({"reason", "stage", "status"}), ROLLOUT),
     "gateway/rollout_state.py": (frozenset({"stage"}), ROLLOUT),
     "loadgen/client.py": (frozenset({"stream"}), OPENAI),
-    "loadgen/matrix.py": (frozenset({"backend", "concurrency"}), "the benchmark matrix's rows"),
+    "loadgen/matrix.py": (
+        frozenset({"backend", "concurrency", "schema"}),
+        "the benchmark matrix's rows",
+    ),
     "loadgen/results.py": (
         frozenset(
             {"category", "e2e_s", "error_type", "output_tokens", "tokens_source", "tpot_s"}
@@ -94,28 +97,24 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
         OPENAI + " and vLLM's per-request metrics",
     ),
     "policies/shape.py": (frozenset({"seed", "stream", "temperature"}), OPENAI),
-    "report/analysis.py": (frozenset({"schema"}), "loadgen and matrix result rows"),
     "report/export.py": (frozenset({"candidates"}), "report.json being written"),
     "report/plots.py": (
         frozenset(
-            {"backend", "category", "concurrency", "mean_acceptance_length"}
+            {"backend", "category", "mean_acceptance_length"}
             | {"num_speculative_tokens", "output_length_bucket", "prompt_lookup_max"}
             | {"prompt_lookup_min"}
         ),
-        MATRIX + "; loadgen rows; " + ANALYSIS,
+        MATRIX,
     ),
     "report/render.py": (
-        frozenset(
-            {"backend", "category", "concurrency", "flag"}
-            | {"label", "latency", "mean_acceptance_length", "reason"}
-        ),
-        MATRIX + "; loadgen rows; " + ANALYSIS,
+        frozenset({"backend", "flag", "label", "latency", "mean_acceptance_length", "reason"}),
+        MATRIX + "; the figures by name",
     ),
     "report/rollbacks.py": (frozenset({"exchange_id", "reason", "rule"}), ROLLOUT),
     "report/rollout.py": (frozenset({"tokens_per_event"}), "rollout.yaml being written"),
     "report/sections.py": (
-        frozenset({"backend", "e2e_s", "json_valid"}),
-        "loadgen rows; " + ANALYSIS,
+        frozenset({"e2e_s", "json_valid"}),
+        ANALYSIS + ": the latency and quality tallies it builds",
     ),
     "report/sql.py": (frozenset({"b"}), "rows the engine returns"),
     "simulator/request.py": (
