@@ -320,46 +320,79 @@ def matrix_acceptance(a: Analysis) -> str | None:
 
 
 def counterfactual_depths(a: Analysis) -> str | None:
-    """Predicted mean acceptance length (95 % CI band) against k, per proposer family, all
-    traffic; a live candidate's measured value as a marker at its k."""
+    """Against k, per proposer family, all traffic: the predicted mean acceptance length (95 %
+    CI band; a live candidate's measured value as a star at its k) and — what the pick is made
+    on — the predicted TPOT speed-up (its interval; plain decoding at 1; the pick ringed).
+    Without a fitted step model the pick ranks tokens per pass, and the right panel shows that."""
     m = a.counterfactual
     if m is None:
         return None
     rows = [r for r in m.rows if r["category"] == ALL and r["output_length_bucket"] == ALL]
-    families = sorted(
-        {
-            (r["proposer"], r["prompt_lookup_min"], r["prompt_lookup_max"], r["drafter"])
-            for r in rows
-        },
-        key=str,
-    )
+
+    def family(r: Mapping[str, Any]) -> tuple[Any, ...]:
+        return (r["proposer"], r["prompt_lookup_min"], r["prompt_lookup_max"], r["drafter"])
+
     if not rows:
         return None
-    fig = _figure(7.5, 3.0)
-    ax = fig.add_subplot()
-    for family in families:
-        cells = sorted((r for r in rows if (r["proposer"], r["prompt_lookup_min"], r["prompt_lookup_max"], r["drafter"]) == family),
-                       key=lambda r: r["num_speculative_tokens"])  # fmt: skip
+    by_speedup = any(r.get("predicted_tpot_speedup") is not None for r in rows)
+
+    def score(r: Mapping[str, Any]) -> tuple[float | None, float | None, float | None]:
+        if by_speedup:
+            interval = r.get("predicted_tpot_speedup_interval") or {}
+            v = r.get("predicted_tpot_speedup")
+            return v, interval.get("low", v), interval.get("high", v)
+        t = r.get("tokens_per_pass") or {}
+        return t.get("estimate"), t.get("low"), t.get("high")
+
+    fig = _figure(9.5, 3.0)
+    left, right = fig.subplots(1, 2)
+    for fam in sorted({family(r) for r in rows}, key=str):
+        cells = sorted((r for r in rows if family(r) == fam), key=lambda r: r["num_speculative_tokens"])  # fmt: skip
         ks = [r["num_speculative_tokens"] for r in cells]
         est = [r["mean_acceptance_length"]["estimate"] or 1.0 for r in cells]
         lo = [r["mean_acceptance_length"]["low"] or e for r, e in zip(cells, est, strict=True)]
         hi = [r["mean_acceptance_length"]["high"] or e for r, e in zip(cells, est, strict=True)]
-        name = (
-            f"ngram lookup {family[1]}-{family[2]}"
-            if family[0] == "ngram"
-            else f"draft {family[3]}"
-        )
-        (line,) = ax.plot(ks, est, marker="o", label=name)
-        ax.fill_between(ks, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
+        name = f"ngram lookup {fam[1]}-{fam[2]}" if fam[0] == "ngram" else f"draft {fam[3]}"
+        (line,) = left.plot(ks, est, marker="o", label=name)
+        left.fill_between(ks, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
+        scored: list[tuple[int, float, float, float]] = []
+        for k, r in zip(ks, cells, strict=True):
+            v, low, high = score(r)
+            if v is not None:
+                scored.append((k, v, v if low is None else low, v if high is None else high))
+        if scored:
+            sk = [x[0] for x in scored]
+            (mark,) = right.plot(sk, [x[1] for x in scored], marker="o", color=line.get_color())
+            right.fill_between(
+                sk, [x[2] for x in scored], [x[3] for x in scored],
+                color=mark.get_color(), alpha=0.15, linewidth=0,
+            )  # fmt: skip
     for live in m.live:
         measured = live["measured_mean_acceptance_length"]["estimate"]
         if measured is not None:
-            ax.plot([live["num_speculative_tokens"]], [measured], marker="*", markersize=12,
-                    color="black", linestyle="none", label=f"{live['backend']} measured")  # fmt: skip
-    ax.set_xlabel("num_speculative_tokens (k)")
-    ax.set_ylabel("mean acceptance length")
-    ax.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    _style(ax)
+            left.plot([live["num_speculative_tokens"]], [measured], marker="*", markersize=12,
+                      color="black", linestyle="none", label=f"{live['backend']} measured")  # fmt: skip
+    pick = (m.picks.get(ALL) or {}).get("config")
+    if pick is not None:
+        chosen = next(
+            (r for r in rows if all(r.get(k) == v for k, v in pick.items() if k in r)), None
+        )
+        if chosen is not None and score(chosen)[0] is not None:
+            right.plot([chosen["num_speculative_tokens"]], [float(score(chosen)[0] or 0.0)],
+                       marker="o", markersize=13, markerfacecolor="none", markeredgecolor="black",
+                       linestyle="none", label=f"the pick: {chosen['label']}")  # fmt: skip
+    right.axhline(1.0, color="#999", linestyle="--", linewidth=0.8)
+    left.set_xlabel("num_speculative_tokens (k)")
+    left.set_ylabel("mean acceptance length")
+    right.set_xlabel("num_speculative_tokens (k)")
+    right.set_ylabel("predicted TPOT speed-up" if by_speedup else "tokens per pass")
+    right.set_title("what the pick is made on (1 = plain decoding)", fontsize=8)
+    left.set_title("predicted acceptance (★ measured live)", fontsize=8)
+    handles = [*left.get_legend_handles_labels()[0], *right.get_legend_handles_labels()[0]]
+    labels = [*left.get_legend_handles_labels()[1], *right.get_legend_handles_labels()[1]]
+    fig.legend(handles, labels, frameon=False, fontsize=7, loc="outside right center")
+    _style(left)
+    _style(right)
     return _uri(fig)
 
 

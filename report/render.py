@@ -792,7 +792,7 @@ def _tail(a: Analysis, figs: Mapping[str, str | None]) -> list[str]:
     parts = ["<h2>Memory and utilisation</h2>"]
     if a.resources:
         parts.append(_table(["backend", "KV-cache usage peak", "mean", "samples"], [
-            [b, _pct(r["kv_cache_usage_max"]), _pct(r["kv_cache_usage_mean"]), str(int(r["samples"]))] for b, r in sorted(a.resources.items())
+            [b, _pct(r.peak), _pct(r.mean), str(r.samples)] for b, r in sorted(a.resources.items())
         ]))  # fmt: skip
     else:
         parts.append(

@@ -239,6 +239,10 @@ window.addEventListener("load", function () {
     if (card.className !== "scroll") bad.push("table-outside-a-card");
     else if (wide && card.scrollWidth > card.clientWidth + 1) bad.push("scrolls-at-1400:" + t.rows[0].textContent.slice(0, 40));
   });
+  // A code box meant to be copied (the policy fragment) shows all of it: never cut.
+  Array.prototype.forEach.call(main.querySelectorAll("pre.code"), function (p) {
+    if (p.scrollHeight > p.clientHeight + 1) bad.push("cut-code");
+  });
   var marker = document.createElement("div");
   marker.id = "layout-check";
   marker.textContent = bad.length ? bad.slice(0, 6).join(" | ") : "layout ok";
@@ -276,3 +280,16 @@ def test_every_table_fits_its_card_at_1400px_and_scrolls_inside_it_when_narrow(
     )
     found = re.search(r'id="layout-check">([^<]*)<', dom)
     assert found is not None and "overflows:" in found.group(1)
+    if 'class="code"' in paths.html.read_text():  # a recommendation's policy fragment
+        # a fragment longer than the generic 160 px cap on code boxes: shown whole, and the
+        # check sees it cut once the page's own rule for copyable code is taken away
+        long = paths.html.read_text().replace(
+            '<pre class="code">', '<pre class="code">' + "rules: []\n" * 40, 1
+        )
+        for html, expected in ((long, "layout ok"), (long.replace("pre.code{max-height:none}", ""), "cut-code")):  # fmt: skip
+            page.write_text(with_harness(html, LAYOUT))
+            dom = chromium(
+                "--dump-dom", f"--window-size={width},2400", page.as_uri(), profile=tmp_path / "p"
+            )
+            found = re.search(r'id="layout-check">([^<]*)<', dom)
+            assert found is not None and expected in found.group(1), found and found.group(1)
