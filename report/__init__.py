@@ -9,8 +9,10 @@ every proposer and depth on them (:mod:`counterfactual`) and writes ``counterfac
 Layout: ``inputs`` (result files; records come from :mod:`records.readback`), ``records``
 (record accessors), ``aggregates`` (the window's aggregates: the types both engines build),
 ``population`` (those aggregates and the bounded sample, streamed in Python) and ``sql`` (the same
-computed in ClickHouse/chDB), ``gather`` (which of the two sums a window), ``sections`` (latency, raw speed-ups, acceptance, quality, gate), ``load``
-(speed-ups at production's load, crossover, schedule, capacity), ``analysis`` (per candidate,
+computed in ClickHouse/chDB), ``gather`` (which of the two sums a window), ``sections`` (latency,
+raw speed-ups, acceptance, quality, gate), ``model`` (their typed result tables: raw speed-ups,
+acceptance, KV-cache usage; the matrix's and the load generator's rows are typed in
+:mod:`loadgen`), ``load`` (speed-ups at production's load, crossover, schedule, capacity), ``analysis`` (per candidate,
 verdicts), ``failures`` (a candidate's legs by how they failed: ``candidate_failing``),
 ``rollbacks`` (rollouts rolled back inside the window: ``rolled_back``), ``candidates`` (who each
 candidate is, lossless or not, head to head, the recommendation), ``checklist``, ``front`` (the

@@ -66,7 +66,7 @@ from report.candidates import (
 from report.checklist import Tables, breaches, checklist
 from report.counts import Counts, counts as counts_of
 from report.failures import Failures, failures
-from report.model import Acceptance, RawSpeedups
+from report.model import Acceptance, KvUsage, RawSpeedups
 from report.population import population_of
 from report.quality import Equivalence, equivalence
 from report.records import ALL
@@ -186,7 +186,7 @@ class Analysis:
     latency_n: dict[tuple[str, str], int]
     errors: dict[tuple[str, str], Rate]
     gate: dict[str, float | None]  # category → median share of e2e spent generating
-    resources: dict[str, dict[str, float]]  # backend → {kv_cache_usage_max, _mean}
+    resources: Mapping[str, KvUsage]  # backend → its KV-cache usage
     candidates: dict[str, CandidateAnalysis]
     checklist: Sequence[str]
     notes: Sequence[str]  # what could not be made load-true, and why

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from core.stats import mean
 from report.candidates import Recommendation
+from report.model import KvUsage
 from report.records import ALL
 from report.sections import LatencyTable, Rate
 
@@ -131,7 +132,7 @@ def checklist(
     a: Measured,
     candidates: Mapping[str, CandidateAnalysis],
     recommendations: Mapping[str, Recommendation],
-    resources: Mapping[str, Mapping[str, float]],
+    resources: Mapping[str, KvUsage],
 ) -> list[str]:
     """The release checklist and rollback triggers, from the recommendation per category."""
     picks = {cat: r.backend for cat, r in recommendations.items() if r.backend is not None}
@@ -169,7 +170,7 @@ def checklist(
             if v.decision == "not_enough_data" and v.category != ALL and v.pairs_needed
         )
     if resources:
-        peak = max(r["kv_cache_usage_max"] for r in resources.values())
+        peak = max(r.peak for r in resources.values())
         items.append(
             f"Watch KV-cache usage: peak measured {peak:.0%}; roll back above 95 % sustained."
         )

@@ -6,7 +6,8 @@ no string-keyed containers between the analysis and its readers.
   and the baseline's e2e speed-up against the primary, at whatever load the candidate ran
   (written by :func:`report.sections.raw_speedups`);
 - :class:`AcceptanceValues` / :class:`Acceptance`: the candidate's per-request acceptance values
-  by category, output length and concurrency (written by :func:`report.sections.acceptance`).
+  by category, output length and concurrency (written by :func:`report.sections.acceptance`);
+- :class:`KvUsage`: one backend's KV-cache usage (written by :func:`report.sections.resources`).
 
 The benchmark matrix's and the load generator's result rows are typed where they are written:
 :class:`loadgen.matrix.MatrixRow`, :class:`loadgen.results.LoadgenRow`.
@@ -20,7 +21,7 @@ from typing import Literal
 
 from loadgen.speedup import Speedup
 
-__all__ = ["Acceptance", "AcceptanceDim", "AcceptanceValues", "RawSpeedups"]
+__all__ = ["Acceptance", "AcceptanceDim", "AcceptanceValues", "KvUsage", "RawSpeedups"]
 
 AcceptanceDim = Literal["category", "output_length", "concurrency"]
 ACCEPTANCE_DIMS: tuple[AcceptanceDim, ...] = ("category", "output_length", "concurrency")
@@ -34,6 +35,15 @@ class RawSpeedups:
     tpot: Speedup | None = None
     ttft: Speedup | None = None
     baseline_e2e: Speedup | None = None  # primary / baseline: the noise of the comparison
+
+
+@dataclass(frozen=True, slots=True)
+class KvUsage:
+    """One backend's KV-cache usage (a share of the cache): its peak and mean over the samples."""
+
+    peak: float
+    mean: float
+    samples: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from report.model import (
     Acceptance,
     AcceptanceDim,
     AcceptanceValues,
+    KvUsage,
     RawSpeedups,
 )
 from report.records import ALL
@@ -297,9 +298,7 @@ def gate(records: Sequence[Record]) -> dict[str, float | None]:
     return {cat: percentiles(v, (50.0,))[0] for cat, v in shares.items()}
 
 
-def resources(
-    records: Sequence[Record], matrix: Sequence[MatrixRow]
-) -> dict[str, dict[str, float]]:
+def resources(records: Sequence[Record], matrix: Sequence[MatrixRow]) -> dict[str, KvUsage]:
     """KV-cache usage per backend: from the legs' load at dispatch, else the scraper's window."""
     usage: dict[str, list[float]] = {}
     for r in records:
@@ -314,12 +313,7 @@ def resources(
         if row.kv_cache_usage_peak is not None:
             usage.setdefault(str(row.backend), []).append(row.kv_cache_usage_peak)
     return {
-        b: {
-            "kv_cache_usage_max": max(vs),
-            "kv_cache_usage_mean": mean(vs) or 0.0,
-            "samples": len(vs),
-        }
-        for b, vs in usage.items()
+        b: KvUsage(peak=max(vs), mean=mean(vs) or 0.0, samples=len(vs)) for b, vs in usage.items()
     }
 
 

@@ -100,9 +100,9 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
     "report/export.py": (frozenset({"candidates"}), "report.json being written"),
     "report/plots.py": (
         frozenset(
-            {"backend", "category", "mean_acceptance_length"}
+            {"backend", "category", "label", "mean_acceptance_length"}
             | {"num_speculative_tokens", "output_length_bucket", "prompt_lookup_max"}
-            | {"prompt_lookup_min"}
+            | {"prompt_lookup_min", "tokens_per_pass"}
         ),
         MATRIX,
     ),

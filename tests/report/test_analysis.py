@@ -98,7 +98,7 @@ def test_acceptance_is_grouped_by_category_output_length_and_concurrency():
     assert set(only(a).acceptance.concurrency) == {"1", "2-4"}
     chat = only(a).acceptance.category["chat"]
     assert len(chat.tokens_per_event) == 30 and min(chat.tokens_per_event) > 2
-    assert a.resources["candidate-backend"]["kv_cache_usage_max"] == pytest.approx(0.45)
+    assert a.resources["candidate-backend"].peak == pytest.approx(0.45)
 
 
 def test_failed_legs_count_as_errors_and_leave_the_timings():
