@@ -164,3 +164,13 @@ def test_report_json_carries_a_quality_object_beside_every_verdict() -> None:
         assert {"decided_by", "n", "needed", "metrics", "mmd"} <= set(q)
     (cand,) = js["candidates"].values()
     assert cand["overall"]["quality"]["verdict"] == js["overall"]["quality"]["verdict"]
+
+
+def test_the_analysis_is_built_whole_and_frozen():
+    import dataclasses
+
+    a = analyze(records(speedups={"chat": 1.5}, n=12))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.counterfactual = None  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        only(a).verdicts = []  # type: ignore[misc]
