@@ -12,7 +12,7 @@ import pytest
 
 import gateway.rollout as rollout_module
 from gateway.rollout import RolloutController
-from gateway.rollout_state import RuleState, load_state
+from gateway.rollout_state import RuleState, load_state, save_state as real_save
 from policies.compile import load_policy
 
 POLICY = """version: 1
@@ -38,7 +38,6 @@ def test_a_slow_state_write_holds_no_lock_and_the_newest_state_wins(
     (name,) = controller.status()["rules"]
     assert load_state(state_path)[name].stage == "canary"
 
-    from gateway.rollout_state import save_state as real_save
     writing, release = threading.Event(), threading.Event()
     written: list[str] = []
 
