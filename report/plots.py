@@ -3,6 +3,9 @@
 Each function takes the :class:`~report.analysis.Analysis` (or one candidate's
 :class:`~report.analysis.CandidateAnalysis`) and returns a ``data:`` URI, or ``None`` when
 there is nothing to draw (the report then says so in words).
+
+Size: one function per figure of the report, sharing one style; splitting them apart would only
+scatter the style helpers.
 """
 
 from __future__ import annotations
