@@ -486,11 +486,16 @@ class ShadowDispatcher:
         # deeper than orjson.dumps allows) must not be able to open the breaker for everyone.
         verdict = backend_verdict(outcome, run.status) if shaped else None
         error = None
-        if verdict is False or (not shaped and outcome == "upstream_error"):
+        if verdict is False:
             error = failure_text(outcome, run.status, error_type, detail)
-            if not shaped:
-                error = f"the request could not be shaped for this backend: {error}"
             self.failure_log.failed(backend.name, backend.url, leg.role, error)
+        elif not shaped and outcome == "upstream_error":
+            # The client's request, not the backend: at DEBUG, or any client could fill the log.
+            log.debug(
+                "shadow leg to %s not sent: the request could not be shaped for it: %s",
+                backend.name,
+                failure_text(outcome, run.status, error_type, detail),
+            )
         self.breaker(backend, policy.budgets.breaker).observe(verdict, error)
         self.count("completed" if ok else "failed", leg.role, backend.name, "" if ok else outcome)
         return run.finish(outcome, error_type)
