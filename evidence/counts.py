@@ -41,10 +41,10 @@ from typing import Any
 import aiohttp
 
 from core import jsonx
-from core.exchange import Exchange, ExchangeSink, LegResult, Recount, managed
+from core.exchange import Exchange, ExchangeSink, LegResult, Recount
 from core.recorder import estimate_tokens, recounted
-from core.tasks import TaskSet
 from core.timings import EXACT_TOKENS, Recording
+from evidence.tap import Tap
 
 __all__ = ["CountPlan", "CountTap", "Tokenizer", "output_text", "reconcile", "to_count"]
 
@@ -198,7 +198,7 @@ def _tokenizer(exchange: Exchange, plan: CountPlan) -> LegResult | None:
     return shadows[0] if shadows else None
 
 
-class CountTap:
+class CountTap(Tap):
     """A sink in front of ``downstream``: an exchange whose legs :func:`to_count` names is handed
     on with a :class:`~core.exchange.Recount` from one of its shadow backends' ``/tokenize``; every
     other exchange goes straight through. At most ``max_in_flight`` exchanges are counted at once:
@@ -212,19 +212,13 @@ class CountTap:
         *,
         on_drop: Callable[[str], None] | None = None,
     ) -> None:
-        self._downstream = downstream
+        super().__init__(downstream)
         self._plan = plan
         self._on_drop = on_drop
-        self._tasks = TaskSet()
-        self._session: aiohttp.ClientSession | None = None
         self._in_flight = 0
         self.counted = 0
         self.dropped = 0
         self.failed = 0
-
-    @property
-    def downstream(self) -> ExchangeSink:
-        return self._downstream
 
     def submit(self, exchange: Exchange) -> None:
         plan = self._plan() if self._session is not None else None
@@ -319,19 +313,3 @@ class CountTap:
     def _report(self, reason: str) -> None:
         if self._on_drop is not None:
             self._on_drop(reason)
-
-    async def start(self) -> None:
-        self._session = aiohttp.ClientSession()
-        downstream = managed(self._downstream)
-        if downstream is not None:
-            await downstream.start()
-
-    async def stop(self, timeout_s: float = 10.0) -> None:
-        """Finish what is in flight (bounded), then stop the downstream sink."""
-        await self._tasks.drain(timeout_s)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-        downstream = managed(self._downstream)
-        if downstream is not None:
-            await downstream.stop()

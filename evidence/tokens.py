@@ -38,10 +38,10 @@ from typing import Any
 import aiohttp
 
 from core import jsonx
-from core.exchange import Exchange, ExchangeSink, LegResult, Likelihood, TokenIds, managed
+from core.exchange import Exchange, ExchangeSink, LegResult, Likelihood, TokenIds
 from core.sample import is_sampled
-from core.tasks import TaskSet
 from evidence.likelihood import LikelihoodPlan, scorable, score, scored_legs
+from evidence.tap import Tap
 
 __all__ = ["TokenEndpoint", "TokenPlan", "TokenTap", "logprob_ids", "prediction_ids", "selected"]
 
@@ -164,7 +164,7 @@ def prediction_ids(prompt_logprobs: object, start: int, count: int) -> tuple[int
     return tuple(out)
 
 
-class TokenTap:
+class TokenTap(Tap):
     """A sink in front of ``downstream`` that attaches token ids to a sampled share, and target
     likelihoods to another (see module)."""
 
@@ -181,13 +181,11 @@ class TokenTap:
         flight) or ``error`` (a call failed or timed out). ``likelihood``: the current
         likelihood plan (None: off); ``on_likelihood_drop(reason)``: the same for the
         likelihood, with its own budget."""
-        self._downstream = downstream
+        super().__init__(downstream)
         self._plan = plan
         self._on_drop = on_drop
         self._likelihood_plan = likelihood
         self._on_likelihood_drop = on_likelihood_drop
-        self._tasks = TaskSet()
-        self._session: aiohttp.ClientSession | None = None
         self._in_flight = 0
         self._scoring = 0
         self.tokenized = 0
@@ -196,10 +194,6 @@ class TokenTap:
         self.scored = 0
         self.likelihood_dropped = 0
         self.likelihood_failed = 0
-
-    @property
-    def downstream(self) -> ExchangeSink:
-        return self._downstream
 
     def _wants_tokens(self, exchange: Exchange) -> TokenPlan | None:
         plan = self._plan()
@@ -407,19 +401,3 @@ class TokenTap:
         except CALL_ERRORS as exc:
             log.debug("drafter %s: %s", drafter.name, exc)
             return None
-
-    async def start(self) -> None:
-        self._session = aiohttp.ClientSession()
-        downstream = managed(self._downstream)
-        if downstream is not None:
-            await downstream.start()
-
-    async def stop(self, timeout_s: float = 10.0) -> None:
-        """Finish what is in flight (bounded), then stop the downstream sink."""
-        await self._tasks.drain(timeout_s)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-        downstream = managed(self._downstream)
-        if downstream is not None:
-            await downstream.stop()

@@ -1,0 +1,39 @@
+"""What every off-path tap in front of the evidence worker shares: its downstream sink, its
+tracked tasks and its HTTP session, started and stopped with the downstream (the token tap,
+:mod:`evidence.tokens`; the token-count tap, :mod:`evidence.counts`)."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from core.exchange import ExchangeSink, managed
+from core.tasks import TaskSet
+
+
+class Tap:
+    """A sink in front of ``downstream`` that calls backends off the request path."""
+
+    def __init__(self, downstream: ExchangeSink) -> None:
+        self._downstream = downstream
+        self._tasks = TaskSet()
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def downstream(self) -> ExchangeSink:
+        return self._downstream
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession()
+        downstream = managed(self._downstream)
+        if downstream is not None:
+            await downstream.start()
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Finish what is in flight (bounded), then stop the downstream sink."""
+        await self._tasks.drain(timeout_s)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        downstream = managed(self._downstream)
+        if downstream is not None:
+            await downstream.stop()
