@@ -23,17 +23,16 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import openai
 import pytest
 
 from core.procs import free_port
 from records.reader import read
 from records.sqlite_store import query_records
+from tests.reliability.helpers import wait_healthy
 
 pytestmark = pytest.mark.e2e
 
@@ -106,21 +105,6 @@ async def client_traffic(url: str, variant: str) -> None:
         await client.close()
 
 
-async def healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 30
-    async with aiohttp.ClientSession() as session:
-        while True:
-            try:
-                async with session.get(f"{url}/healthz") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientConnectionError:
-                pass
-            assert proc.poll() is None, await asyncio.to_thread(log.read_text)
-            assert time.monotonic() < deadline, "gateway did not start"
-            await asyncio.sleep(0.05)
-
-
 def verdicts_of(report: dict[str, Any]) -> tuple[dict[str, str], str | None]:
     """Category (``all`` included) → decision of the one candidate, and its fix, from
     report.json's summary."""
@@ -157,7 +141,7 @@ async def test_the_readme_quick_start_with_sdk_defaults(variant, sims, tmp_path)
         )
     try:
         url = f"http://127.0.0.1:{port}"
-        await healthy(url, proc, log)
+        await wait_healthy(url, proc, log.read_text)
         await client_traffic(url, variant)
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -27,6 +27,7 @@ import pytest
 
 from core.procs import free_port
 from specshadow.main import HelpFormatter, build_parser
+from tests.reliability.helpers import wait_healthy
 
 pytestmark = pytest.mark.e2e
 
@@ -67,19 +68,7 @@ async def serve(args: Sequence[str], env: dict[str, str] | None = None) -> Async
     )
     gw = Gateway(f"http://127.0.0.1:{port}", proc, log)
     try:
-        deadline = time.monotonic() + 30
-        async with aiohttp.ClientSession() as session:
-            while True:
-                try:
-                    async with session.get(f"{gw.url}/healthz") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                if proc.poll() is not None:
-                    raise AssertionError(gw.stderr())
-                assert time.monotonic() < deadline, "gateway did not start"
-                await asyncio.sleep(0.05)
+        await wait_healthy(gw.url, proc, gw.stderr)
         yield gw
     finally:
         if proc.poll() is None:

@@ -173,6 +173,26 @@ class GatewayProcess:
         return self.log.read().decode(errors="replace")
 
 
+async def wait_healthy(
+    url: str, proc: subprocess.Popen[bytes], stderr: Callable[[], str], timeout_s: float = 30
+) -> None:
+    """Until ``url``'s ``/healthz`` answers 200; fails with the process's stderr if it exits
+    first, and after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(f"{url}/healthz") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientConnectionError:
+                pass
+            if proc.poll() is not None:
+                raise AssertionError(stderr())
+            assert time.monotonic() < deadline, "gateway did not start"
+            await asyncio.sleep(0.05)
+
+
 @asynccontextmanager
 async def spawn_gateway(
     args: Sequence[str],
@@ -202,19 +222,7 @@ async def spawn_gateway(
     )
     gp = GatewayProcess(url=f"http://127.0.0.1:{port}", proc=proc, log=log)
     try:
-        deadline = time.monotonic() + 30
-        async with aiohttp.ClientSession() as session:
-            while True:
-                try:
-                    async with session.get(f"{gp.url}/healthz") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                if proc.poll() is not None:
-                    raise AssertionError(gp.stderr())
-                assert time.monotonic() < deadline, "gateway did not start"
-                await asyncio.sleep(0.05)
+        await wait_healthy(gp.url, proc, gp.stderr)
         yield gp
     finally:
         if proc.poll() is None:
