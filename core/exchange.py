@@ -17,7 +17,7 @@ from typing import Any, Literal, NewType, Protocol
 from core import jsonx
 from core.ids import new_id
 from core.timings import Recording, StreamOutcome
-from core.wire import CATEGORY_HEADER
+from core.wire import CATEGORY_HEADER, TRACEPARENT_HEADER, trace_id_of
 
 RequestId = NewType("RequestId", str)
 ModelName = NewType("ModelName", str)
@@ -51,6 +51,9 @@ class CaptureSpec:
 
 
 CAPTURE_OFF = CaptureSpec(text="off", redact=frozenset({"emails", "secrets"}))
+
+RUN_KEY_CHARS = 200
+"""The longest session id or workflow type a record keeps (a header value is client input)."""
 
 
 # How a speculative engine verifies drafts: ``lossless`` (the output distribution is the target
@@ -223,6 +226,12 @@ class Exchange:
     # Output token counts by the engine's tokenizer, added off the request path when a leg's
     # response carried no usage (evidence.counts), or None.
     recount: Recount | None = None
+    # The application run this call belongs to: the trace id of the client's own ``traceparent``
+    # (never one the gateway minted), the value of the policy's session header, and the
+    # workflow type header's value (the report groups calls into runs and runs into types).
+    trace_id: str | None = None
+    session: str | None = None
+    workflow: str | None = None
 
     @property
     def legs(self) -> tuple[LegResult, ...]:
@@ -270,11 +279,14 @@ class ExchangeDraft:
         "sampled",
         "seed",
         "served_by",
+        "session",
         "started_unix_ns",
         "stream",
         "sweep_step",
         "temperature",
+        "trace_id",
         "traceparent",
+        "workflow",
     )
 
     def __init__(
@@ -311,6 +323,9 @@ class ExchangeDraft:
         self.served_by: Role = "primary"
         self.rollout_stage: str | None = None
         self.failover: str | None = None
+        self.trace_id: str | None = None
+        self.session: str | None = None
+        self.workflow: str | None = None
 
     @classmethod
     def from_payload(
@@ -334,6 +349,17 @@ class ExchangeDraft:
             category=headers.get(CATEGORY_HEADER),
             request_json=payload,
         )
+
+    def joined(
+        self, headers: Mapping[str, str], *, session_header: str | None, type_header: str
+    ) -> None:
+        """Note which application run the request belongs to, from its (case-insensitive)
+        ``headers``: the client's ``traceparent`` trace id, the ``session_header``'s value and the
+        ``type_header``'s (each cut to :data:`RUN_KEY_CHARS`; absent or empty: None)."""
+        self.trace_id = trace_id_of(headers.get(TRACEPARENT_HEADER))
+        if session_header is not None:
+            self.session = headers.get(session_header, "")[:RUN_KEY_CHARS] or None
+        self.workflow = headers.get(type_header, "")[:RUN_KEY_CHARS] or None
 
     def decided(
         self,
@@ -382,4 +408,7 @@ class ExchangeDraft:
             served_by=self.served_by,
             rollout_stage=self.rollout_stage,
             failover=self.failover,
+            trace_id=self.trace_id,
+            session=self.session,
+            workflow=self.workflow,
         )

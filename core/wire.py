@@ -14,3 +14,29 @@ SERVED_BY_HEADER = "x-specshadow-served-by"
 
 SHADOW_MARKER_HEADER = "x-specshadow-shadow"
 """Set on every shadow request (value: the leg's role) so backends can exclude shadow traffic."""
+
+WORKFLOW_HEADER = "x-specshadow-workflow"
+"""The application's name for the kind of run a request belongs to (``triage-agent``, ``rag``):
+the report groups runs into workflow types by it (the policy's ``workflows.type_header`` may name
+another header)."""
+
+TRACEPARENT_HEADER = "traceparent"
+"""The W3C trace context header: the calls of one application run share its trace id."""
+
+
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The 32-hex trace id of a W3C ``traceparent`` (``00-<trace id>-<span id>-<flags>``); None
+    for an absent or malformed value and for the all-zero (invalid) id."""
+    if not traceparent:
+        return None
+    parts = traceparent.strip().split("-")
+    if len(parts) < 4 or len(parts[0]) != 2 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    tid = parts[1].lower()
+    if parts[0].lower() == "ff" or tid == "0" * 32:
+        return None
+    try:
+        int(tid, 16)
+    except ValueError:
+        return None
+    return tid

@@ -153,6 +153,8 @@ async def serve_completion(gw: Gateway, request: web.Request, route: Route) -> w
     draft = ExchangeDraft.from_payload(payload, request.headers, route=route, request_id=request_id)
     draft.traceparent = tel.traceparent(span)
     policy = gw.policy.current
+    wf = policy.workflows
+    draft.joined(request.headers, session_header=wf.session_header, type_header=wf.type_header)
     category = draft.category
     if category is None and policy.uses_categories:  # only rules that route by category pay
         category = classify_request(payload)

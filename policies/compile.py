@@ -46,6 +46,7 @@ from policies.compiled import (
     SkipReason,
     SweepSpec,
     Timeouts,
+    WorkflowSpec,
 )
 from policies.errors import PolicyError
 from policies.model import (
@@ -236,6 +237,7 @@ def compile_policy(
         chunk_events=model.telemetry.chunk_events,
         counterfactual=_counterfactual(model, backends),
         quality=_quality(model, backends),
+        workflows=WorkflowSpec(model.workflows.session_header, model.workflows.type_header),
     )
 
 

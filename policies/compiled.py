@@ -18,6 +18,7 @@ from typing import Literal
 
 from core.exchange import CaptureSpec, Role, Route, SpeculativeSpec
 from core.quality import DEFAULT_ALPHA, DEFAULT_MARGINS
+from core.wire import WORKFLOW_HEADER
 from policies.sample import sample_unit
 
 BackendKind = Literal["vllm", "sglang", "openai", "sim"]
@@ -323,6 +324,15 @@ class QualitySpec:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkflowSpec:
+    """Which client headers group calls into runs (``session_header``; None: the trace id only)
+    and name their workflow type (``type_header``)."""
+
+    session_header: str | None = None
+    type_header: str = WORKFLOW_HEADER
+
+
+@dataclass(frozen=True, slots=True)
 class CompiledPolicy:
     """An immutable, validated policy. Replace it whole (see PolicyStore); never mutate it."""
 
@@ -345,6 +355,7 @@ class CompiledPolicy:
     chunk_events: int = 0  # span events per leg (telemetry.chunk_events)
     counterfactual: CounterfactualSpec | None = None  # token ids for counterfactual scoring
     quality: QualitySpec = field(default_factory=QualitySpec)  # equivalence margins and alpha
+    workflows: WorkflowSpec = field(default_factory=WorkflowSpec)  # run and type headers
     generation: int = 0  # set by PolicyStore.replace; 0 until stored
     _no_rule: Decision = field(init=False, repr=False, compare=False)
     _candidates: dict[tuple[str, str | None], tuple[RuleSpec, ...]] = field(

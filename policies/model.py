@@ -42,6 +42,7 @@ from pydantic import (
 from core import jsonx
 from core.exchange import Route, ShadowRole, Verification
 from core.quality import DEFAULT_ALPHA, DEFAULT_MARGINS
+from core.wire import WORKFLOW_HEADER
 from policies.compiled import BackendKind
 
 SCHEMA_DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -668,6 +669,19 @@ class Quality(_Strict):
     ``null`` turns it off."""
 
 
+class Workflows(_Strict):
+    """How the report groups calls into application runs and runs into workflow types
+    (docs/workflows.md). Calls that share the client's W3C ``traceparent`` trace id are one run;
+    a session header, when named, groups them instead (an agent's session may span traces)."""
+
+    session_header: HeaderName | None = None
+    """Client header whose value names the run a call belongs to (e.g. ``x-session-id``); it
+    takes precedence over the trace id. Unset (default): runs are grouped by trace id only."""
+    type_header: HeaderName = WORKFLOW_HEADER
+    """Client header whose value names the run's workflow type (``triage-agent``, ``rag``);
+    a run without it is typed by its first call's route and category."""
+
+
 class PolicyModel(_Strict):
     """A specshadow policy file (``version: 1``)."""
 
@@ -705,6 +719,8 @@ class PolicyModel(_Strict):
     omitted: off."""
     quality: Quality = Quality()
     """Quality equivalence on sampled traffic: margins and test size (see ``Quality``)."""
+    workflows: Workflows = Workflows()
+    """Which headers group calls into runs and name their workflow type (see ``Workflows``)."""
     kill_switch: bool = False
     """``true`` stops all mirroring at once (skip reason ``kill_switch``); rules stay validated and
     evaluated so dashboards show what would have been mirrored."""

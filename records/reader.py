@@ -69,6 +69,7 @@ __all__ = [
     "Speculative",
     "TimingName",
     "Tokens",
+    "Workflow",
     "num",
     "read",
     "read_all",
@@ -399,6 +400,17 @@ class Rollout(View):
     failover = text(doc="why a candidate that should have answered did not (it failed first)")
 
 
+class Workflow(View):
+    """The application run a call belongs to (``workflow``; absent when the request named none):
+    the client's W3C trace id, the policy's session header value, the workflow type header's."""
+
+    __slots__ = ()
+
+    trace_id = name(doc="the trace id of the client's traceparent (32 hex digits)")
+    session = name(doc="the value of the policy's workflows.session_header")
+    type = name(doc="the value of the policy's workflows.type_header (x-specshadow-workflow)")
+
+
 class Tokens(View):
     """The exchange's token ids for counterfactual scoring (``tokens``): the token tap's, or
     ``specshadow counterfactual``'s re-tokenized text (``output_source`` says which)."""
@@ -473,6 +485,7 @@ class Record(View):
     _sampling = view(Sampling, "sampling")
     capture = text()
     _served_by = text("served_by")
+    workflow = view(Workflow, doc="the application run and its type; None when unnamed")
     rollout = view(Rollout)
     output_length_bucket = text()
     concurrency = integer()

@@ -309,6 +309,7 @@ def build_record(
         },
         "capture": capture.text,
         "served_by": exchange.served_by,
+        "workflow": workflow_record(exchange),
         "rollout": None
         if exchange.rollout_stage is None
         else {"stage": exchange.rollout_stage, "failover": exchange.failover},
@@ -331,6 +332,15 @@ def build_record(
         "tokens": tokens_record(exchange),
         "likelihood": likelihood_record(exchange),
     }
+
+
+def workflow_record(exchange: Exchange) -> dict[str, Any] | None:
+    """The record's ``workflow``: the application run this call belongs to (the client's trace
+    id, the policy's session header value) and its workflow type; None when the request named
+    none of them."""
+    if exchange.trace_id is None and exchange.session is None and exchange.workflow is None:
+        return None
+    return {"trace_id": exchange.trace_id, "session": exchange.session, "type": exchange.workflow}
 
 
 def likelihood_record(exchange: Exchange) -> dict[str, Any] | None:

@@ -44,6 +44,9 @@ def written() -> dict[str, Any]:
             for s in ex.shadows
         ),
         dropped=(("vllm-eagle", "candidate", "budget"),),
+        trace_id="4bf92f3577b34da6a3ce929d0e0e4736",
+        session="s-1",
+        workflow="triage-agent",
         tokens=TokenIds(
             source="tokenize:vllm-ngram",
             leg="primary",
