@@ -111,8 +111,13 @@ async def test_lossless_kept_greedy_collapse_and_another_model_not_equivalent(
     verdicts = {b: a.candidates[b].equivalence["all"] for b in CANDIDATES}
     summary = {b: (v.verdict, v.decided_by, v.n) for b, v in verdicts.items()}
     assert all(v.n >= EXCHANGES - 2 for v in verdicts.values()), summary
-    assert verdicts["lossless"].verdict != "not_equivalent", (
-        verdicts["lossless"].reasons,
+    # The verdict allows an identical candidate to be called not_equivalent with probability
+    # ≤ alpha (0.05, Holm across the metrics and the MMD), so holding the lossless candidate to
+    # the default alpha would fail this test up to one run in twenty by design. It is held at
+    # alpha = 0.005 (≤ 1 run in 200); the two defects must be caught at the default alpha (below).
+    strict = analyze(records, alpha=0.005).candidates["lossless"].equivalence["all"]
+    assert strict.verdict != "not_equivalent", (
+        strict.reasons,
         legs_by_backend(records, ("baseline", "lossless")),
     )
     assert verdicts["greedy"].verdict == "not_equivalent", summary
