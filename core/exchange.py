@@ -124,6 +124,10 @@ class LegResult:
     load: LegLoad | None = None  # the backend's load at dispatch; None: never dispatched
     share: float | None = None  # shadow legs: the share of the rule's requests this leg gets
     speculative: SpeculativeSpec | None = None  # the backend's declared speculation, if any
+    # Legs in flight to this backend, time-averaged over this leg's decode interval (first to
+    # last output event; this leg included): the batch it decoded in, as the gateway's book saw
+    # it (gateway.load). None: no decode interval, or it predates the book's history.
+    decode_in_flight: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
