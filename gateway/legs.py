@@ -19,6 +19,7 @@ from opentelemetry.trace import Span
 from core.exchange import LegLoad, LegResult, Role, SpeculativeSpec
 from core.timings import StreamOutcome
 from gateway.forward import RecorderTee, recorder_for
+from gateway.load import BackendLoad
 from otel.telemetry import Telemetry
 
 
@@ -28,6 +29,7 @@ class LegRun:
 
     __slots__ = (
         "backend",
+        "book",
         "capture_text",
         "chunk_events",
         "inflight",
@@ -65,6 +67,7 @@ class LegRun:
         self.share = share
         self.speculative = speculative
         self.load: LegLoad | None = None
+        self.book: BackendLoad | None = None
         self.role: Role = role
         self.backend = backend
         self.server_address = server_address
@@ -91,14 +94,17 @@ class LegRun:
         """``traceparent`` (and ``tracestate``) for this leg's upstream request."""
         return self.telemetry.traceparent_headers(self.span)
 
-    def dispatch(self, load: LegLoad) -> None:
+    def dispatch(self, load: LegLoad, book: BackendLoad | None = None) -> None:
         """The request leaves now (``t0``) and meets ``load``: its backend's book at dispatch.
 
         ``inflight_at_dispatch`` is that book's in-flight count — one book per backend, shared by
         every kind of leg sent to it (the primary, a canary candidate answering, shadows), so a
-        candidate that answers a canary counts what it really carries."""
+        candidate that answers a canary counts what it really carries. ``book`` (that backend's
+        :class:`~gateway.load.BackendLoad`) gives the leg, when it finishes, the batch it decoded
+        in: the book's in-flight count averaged over its decode interval."""
         self.inflight = load.in_flight
         self.load = load
+        self.book = book
         self.started_unix_ns, self.t0_ns = time.time_ns(), time.perf_counter_ns()
 
     def attach(self, response: aiohttp.ClientResponse) -> RecorderTee:
@@ -114,6 +120,14 @@ class LegRun:
             tee.recorder.finish(outcome=outcome, status=self.status) if tee is not None else None
         )
         end_ns = time.perf_counter_ns()
+        decode: float | None = None
+        timings = recording.timings if recording is not None else None
+        if self.book is not None and timings is not None:
+            first, last = timings.ttft_s, timings.e2e_s
+            if first is not None and last is not None:  # TPOT's interval: first to last event
+                decode = self.book.mean_in_flight(
+                    self.t0_ns + round(first * 1e9), self.t0_ns + round(last * 1e9)
+                )
         leg = LegResult(
             role=self.role,
             backend=self.backend,
@@ -130,6 +144,7 @@ class LegRun:
             load=self.load,
             share=self.share,
             speculative=self.speculative,
+            decode_in_flight=decode,
         )
         self.telemetry.finish_leg_span(
             self.span,

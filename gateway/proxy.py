@@ -213,7 +213,7 @@ async def serve_primary(
     gw.in_flight += 1
     primary_load = gw.loads[leg.backend]
     replicas = policy.primary.replicas if policy.primary is not None else 1
-    leg.dispatch(primary_load.dispatch(replicas))
+    leg.dispatch(primary_load.dispatch(replicas), primary_load)
     try:
         async with gw.primary.open("POST", request.path_qs, headers=headers, data=call.body) as up:
             tee = leg.attach(up)
@@ -261,7 +261,7 @@ async def serve_candidate(call: Call, plan: ServePlan) -> web.StreamResponse:
         extra=leg.trace_headers().items(),
     )  # fmt: skip
     load = gw.loads[backend.name]
-    leg.dispatch(load.dispatch(backend.replicas))
+    leg.dispatch(load.dispatch(backend.replicas), load)
     failure: str | None = None
     downstream: web.StreamResponse | None = None
     outcome: StreamOutcome = "upstream_error"

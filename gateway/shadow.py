@@ -460,7 +460,7 @@ class ShadowDispatcher:
             if category:  # gateway-owned, so never in the allow-list: set here on purpose
                 headers[CATEGORY_HEADER] = category
             backend_load = self.loads[backend.name]
-            run.dispatch(backend_load.dispatch(backend.replicas))
+            run.dispatch(backend_load.dispatch(backend.replicas), backend_load)
             client = self.client(backend)
             async with client.open(
                 "POST", request.path_qs, headers=headers, data=body, retry=False

@@ -119,3 +119,35 @@ async def test_load_matched_mirroring_gives_parity_one_and_a_ten_percent_mirror_
     assert (
         scraped is not None and scraped["num_requests_running"] >= 0 and abs(scraped["age_s"]) < 1
     )
+
+
+def test_the_batch_a_leg_decoded_in_is_the_books_in_flight_count_averaged_over_its_interval() -> (
+    None
+):
+    """Ground truth by hand: legs enter and leave at known times; the mean over an interval is
+    the area under the in-flight step function divided by its length."""
+    s = int(1e9)
+    load = BackendLoad(window_s=10.0)
+    load.dispatch(1, now_ns=0)  # A: [0, 10 s)
+    load.dispatch(1, now_ns=2 * s)  # B: [2 s, 4 s)
+    load.done(now_ns=4 * s)
+    load.dispatch(1, now_ns=6 * s)  # C: [6 s, ...)
+    load.done(now_ns=10 * s)  # A ends
+    # Over [1 s, 9 s]: 1 for 1 s, 2 for 2 s, 1 for 2 s, 2 for 3 s → 13 / 8.
+    assert load.mean_in_flight(1 * s, 9 * s) == pytest.approx(13 / 8)
+    # Past the last mark the current count (C alone) extends.
+    assert load.mean_in_flight(10 * s, 12 * s) == pytest.approx(1.0)
+    # The count at dispatch would have said 1 for A; it decoded in 1.5 on average over [1, 7].
+    assert load.mean_in_flight(1 * s, 7 * s) == pytest.approx((1 + 4 + 2 + 2) / 6)
+    assert load.mean_in_flight(5 * s, 5 * s) is None  # no decode interval
+    assert load.mean_in_flight(-1, 5 * s) is None  # before the book's first mark
+
+
+def test_the_books_marks_stay_bounded_and_an_interval_older_than_them_reads_none() -> None:
+    load = BackendLoad(window_s=10.0, max_marks=64)
+    for i in range(1000):
+        load.dispatch(1, now_ns=i * 1000)
+        load.done(now_ns=i * 1000 + 500)
+    assert load.mean_in_flight(0, 400) is None  # dropped long ago
+    # The last legs: in flight half of every microsecond.
+    assert load.mean_in_flight(990_000, 999_000) == pytest.approx(0.5)
