@@ -489,6 +489,7 @@ class RolloutInstruments:
     rollbacks: ObservedCounter
     transitions: ObservedCounter
     failovers: ObservedCounter
+    store_up: GaugeTable
 
     @classmethod
     def create(cls, meter: Meter) -> RolloutInstruments:
@@ -511,6 +512,8 @@ class RolloutInstruments:
                                         description="Rollout stage changes, by rule, stages and actor."),
             failovers=ObservedCounter(meter, sc.METRIC_ROLLOUT_FAILOVERS, unit="{request}",
                                       description="Candidate answers that failed before their first byte and were served by the primary."),
+            store_up=GaugeTable(meter, sc.METRIC_ROLLOUT_STORE_UP,
+                                description="1 while the shared rollout store answers, 0 while this replica serves its last decision without it."),
         )  # fmt: skip
 
 

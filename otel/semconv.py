@@ -152,6 +152,9 @@ METRIC_ROLLOUT_GUARD_BREACHED: Final = "specshadow.rollout.guard.breached"  # lo
 METRIC_ROLLOUT_ROLLBACKS: Final = "specshadow.rollout.rollbacks"  # local
 METRIC_ROLLOUT_TRANSITIONS: Final = "specshadow.rollout.transitions"  # local
 METRIC_ROLLOUT_FAILOVERS: Final = "specshadow.rollout.failovers"  # local
+METRIC_ROLLOUT_STORE_UP: Final = (
+    "specshadow.rollout.store.up"  # local: 1 the shared store answered the last sync
+)
 
 # Outcome values of specshadow.shadow.requests (local)
 SHADOW_OUTCOMES: Final = ("sampled", "sent", "completed", "failed", "dropped")

@@ -394,6 +394,11 @@ class Telemetry:
         ri.serve_ratio.set(serve_ratio, {sc.RULE: rule})
 
     @safe(nothing)
+    def rollout_store(self, store: str, up: bool) -> None:
+        """Whether the shared rollout store (``serve --state sqlite://…|clickhouse://…``) answers."""
+        self.instruments.rollout.store_up.set(1 if up else 0)
+
+    @safe(nothing)
     def rollout_served(self, rule: str, backend: str, served_by: str) -> None:
         self.instruments.rollout.served.add(
             1, {sc.RULE: rule, sc.BACKEND: backend, sc.SERVED_BY: served_by}
