@@ -18,6 +18,12 @@ start and every ``refresh_s`` after (a restart may change the config), logs each
 disagreement with the policy once, and answers :meth:`ServerInfoProbe.reported` for records.
 An endpoint that is not served (vLLM without dev mode: 404) is not an error: the backend simply
 reports nothing, and the policy's declaration is all there is.
+
+The same probe reads each backend's whole engine configuration, reduced to what changes speed or
+output (:mod:`evidence.engine_config`): from the server-info answer, and for vLLM-shaped backends
+also ``/version`` and the ``vllm:cache_config_info`` labels of ``/metrics`` (``/inference/v1/config``
+when ``/server_info`` is not served); :meth:`ServerInfoProbe.engine` answers it for records, the
+policy's ``engine`` declaration filling what no endpoint said.
 """
 
 from __future__ import annotations
@@ -32,6 +38,14 @@ import aiohttp
 
 from core.exchange import SpeculativeSpec, Verification
 from core.jsonx import as_int, as_number
+from evidence.engine_config import (
+    EngineConfig,
+    cache_config_info,
+    from_sglang as engine_from_sglang,
+    from_vllm as engine_from_vllm,
+    resolve_engine,
+    version_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -282,6 +296,9 @@ class _InfoTarget:
     last_error: str | None = None
     warned: frozenset[str] = frozenset()
     fallback: str | None = None  # the URL to ask when ``url`` is not served (FALLBACK_PATHS)
+    base: str = ""  # the backend's base URL (``/version``, ``/metrics``)
+    declared_engine: Mapping[str, Any] | None = None
+    engine: EngineConfig | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +308,7 @@ class InfoTarget:
     url: str
     kind: str
     declared: SpeculativeSpec | None = None
+    engine: Mapping[str, Any] | None = None  # the policy's ``engine`` declaration
 
 
 class ServerInfoProbe:
@@ -308,6 +326,8 @@ class ServerInfoProbe:
         self.retry_s = retry_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._targets: dict[str, _InfoTarget] = {}
+        # Backends that cannot be asked still have their declared engine (never polled).
+        self._declared: dict[str, EngineConfig] = {}
         for name, t in targets.items():
             path = INFO_PATHS.get(t.kind)
             if path is not None:
@@ -318,7 +338,14 @@ class ServerInfoProbe:
                     path[1],
                     t.declared,
                     fallback=t.url + fallback if fallback else None,
+                    base=t.url,
+                    declared_engine=t.engine,
+                    engine=resolve_engine({}, t.engine),
                 )
+            elif t.engine:
+                declared = resolve_engine({}, t.engine)
+                if declared is not None:
+                    self._declared[name] = declared
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -327,6 +354,11 @@ class ServerInfoProbe:
     def reported(self, name: str) -> ReportedSpec | None:
         target = self._targets.get(name)
         return target.reported if target is not None else None
+
+    def engine(self, name: str) -> EngineConfig | None:
+        """The backend's reduced engine configuration (reported, else declared; None: unknown)."""
+        target = self._targets.get(name)
+        return target.engine if target is not None else self._declared.get(name)
 
     def status(self, name: str) -> ProbeStatus | None:
         target = self._targets.get(name)
@@ -353,12 +385,14 @@ class ServerInfoProbe:
                     return
                 if resp.status in (401, 403, 404, 405):
                     target.status, target.last_error = "not_served", f"HTTP {resp.status}"
+                    await self._poll_engine(session, target, None)
                     return
                 resp.raise_for_status()
                 info = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             target.status, target.last_error = "unreachable", f"{type(exc).__name__}: {exc}"
             return
+        await self._poll_engine(session, target, info)
         reported = parse_info(target.source, info)
         if reported is None:
             target.status, target.last_error = "not_served", "unrecognised server info"
@@ -368,3 +402,42 @@ class ServerInfoProbe:
         for problem in sorted(new):
             log.warning("backend %s: %s", target.name, problem)
         target.warned |= new
+
+    async def _poll_engine(
+        self, session: aiohttp.ClientSession, target: _InfoTarget, info: object
+    ) -> None:
+        """The backend's engine configuration from ``info`` and, vLLM-shaped, the other endpoints
+        (each optional: one not served just says nothing)."""
+        parts: dict[str, tuple[str, Mapping[str, Any]]] = {}
+        if target.source == "sglang_server_info":
+            got = engine_from_sglang(info) if isinstance(info, Mapping) else None
+            if got is not None:
+                parts["server_info"] = ("sglang_server_info", got)
+        else:
+            if not isinstance(info, Mapping):
+                info = await self._get(session, target.base + "/inference/v1/config", json=True)
+                source = "vllm_inference_config"
+            else:
+                source = "vllm_server_info"
+            got = engine_from_vllm(info) if isinstance(info, Mapping) else None
+            version = version_of(await self._get(session, target.base + "/version", json=True))
+            if version is not None:
+                parts["version"] = ("vllm_version", {"engine": "vllm", "version": version})
+            if got is not None:
+                parts["server_info"] = (source, got)
+            text = await self._get(session, target.base + "/metrics", json=False)
+            cache = cache_config_info(text) if isinstance(text, str) else {}
+            if cache:
+                parts["metrics"] = ("vllm_cache_config_info", cache)
+        if parts or target.engine is None:
+            target.engine = resolve_engine(parts, target.declared_engine)
+
+    async def _get(self, session: aiohttp.ClientSession, url: str, *, json: bool) -> object:
+        """One optional GET: the JSON (or text), None when not served or unreachable."""
+        try:
+            async with session.get(url) as resp:
+                if resp.status != 200:
+                    return None
+                return await (resp.json(content_type=None) if json else resp.text())
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None

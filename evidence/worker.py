@@ -107,7 +107,8 @@ def backend_facts(
     scraper: MetricsScraper | None = None, probe: ServerInfoProbe | None = None
 ) -> BackendFacts:
     """What the pollers know, in the record's shape (the writer only lays it out): a backend's
-    metrics window, the scrape nearest a leg, and a leg's speculation as declared and reported."""
+    metrics window, the scrape nearest a leg, a leg's speculation as declared and reported, and
+    its backend's engine configuration."""
     snapshot = scraper.snapshot() if scraper is not None else {}
     reported = probe.reported if probe is not None else None
     return BackendFacts(
@@ -116,7 +117,13 @@ def backend_facts(
         speculative=lambda leg: resolve(
             leg.speculative, reported(leg.backend) if reported is not None else None
         ),
+        engine=lambda leg: _engine_json(probe, leg.backend),
     )
+
+
+def _engine_json(probe: ServerInfoProbe | None, backend: str) -> Mapping[str, Any] | None:
+    engine = probe.engine(backend) if probe is not None else None
+    return engine.to_json() if engine is not None else None
 
 
 class EvidenceWorker:

@@ -60,6 +60,7 @@ __all__ = [
     "BackendWindow",
     "Comparison",
     "Drop",
+    "Engine",
     "Leg",
     "LegQuality",
     "Load",
@@ -176,6 +177,19 @@ class Speculative(View):
     mismatches = strings()
 
 
+class Engine(View):
+    """A leg's backend's engine configuration, reduced to what changes speed or output
+    (``legs[].engine``; :mod:`evidence.engine_config`)."""
+
+    __slots__ = ()
+
+    config_fingerprint = name(doc="hash of the reduced configuration, speculative block included")
+    base_fingerprint = name(doc="the same without the speculative block")
+    settings = mapping(doc="field → value: engine, version, model, dtype, quantization, …")
+    sources = mapping(doc="field → where it was read (an endpoint) or 'declared'")
+    declared = strings(doc="the fields only the policy's declaration gave")
+
+
 class LegQuality(View):
     """A completed leg's output scalars (``legs[].quality``; :mod:`evidence.quality`)."""
 
@@ -261,6 +275,7 @@ class Leg(View):
     load_parity = number(doc="this shadow leg's per-replica arrival rate over the primary's")
     output_length_bucket = text()
     speculative = view(Speculative)
+    engine = view(Engine)
     _acceptance = view(Acceptance, "acceptance")
     output = view(Captured)
     parse_error = text()

@@ -113,11 +113,13 @@ class BackendFacts:
     record's shape (the evidence side computes it: ``evidence.worker.backend_facts``): the
     metrics scraper's window of a backend (``legs[].acceptance.backend_window``) and its sample
     nearest in time to a leg (``legs[].load.scraped``), and a leg's speculation as declared and
-    as its backend reports it (``legs[].speculative``)."""
+    as its backend reports it (``legs[].speculative``), and its backend's reduced engine
+    configuration with its fingerprints (``legs[].engine``)."""
 
     window: Callable[[str], Mapping[str, Any] | None] | None = None
     nearest: Nearest | None = None
     speculative: Callable[[LegResult], Mapping[str, Any] | None] | None = None
+    engine: Callable[[LegResult], Mapping[str, Any] | None] | None = None
 
 
 def leg_load(leg: LegResult, nearest: Nearest | None) -> dict[str, Any] | None:
@@ -199,6 +201,7 @@ def leg_record(
         else None,
         "output_length_bucket": output_length_bucket(rec.output_tokens if rec else None),
         "speculative": facts.speculative(leg) if facts.speculative is not None else None,
+        "engine": facts.engine(leg) if facts.engine is not None else None,
         "acceptance": {
             "mean_acceptance_length": acc.mean_acceptance_length,
             "draft_acceptance_rate": acc.draft_acceptance_rate,

@@ -30,6 +30,13 @@ and a candidate a rollout rolled back inside the report's window (:mod:`report.r
 ``rolled_back`` for every category — never recommended for that window — with when, by which
 guard, the reading against its threshold, and what its shadow evidence had said before.
 
+Two gates on the engines' own configurations (``legs[].engine``) come first and last: the window is
+split at the latest configuration change of any leg and only the exchanges after it are judged
+(:mod:`report.requalify`; a rollback before that change no longer applies), and a candidate that
+differs from production in more than its speculative block is ``confounded`` — unless a baseline
+leg runs its configuration without speculation, against which it is then judged
+(:mod:`report.confounds`).
+
 Size: the verdict logic for one candidate and the assembly of all of them; the statistics it calls
 live in ``load``, ``sections`` and ``candidates``.
 """
@@ -48,7 +55,7 @@ from core.stats import wilson
 from counterfactual.matrix import Matrix
 from loadgen.matrix import MatrixRow, stable_regions
 from loadgen.results import LoadgenRow
-from loadgen.speedup import Speedup, pairs_needed
+from loadgen.speedup import Speedup, paired_speedup, pairs_needed
 from records.reader import Record, read_all
 from report import load as lt
 from report.aggregates import Population
@@ -64,12 +71,14 @@ from report.candidates import (
     speculation,
 )
 from report.checklist import Tables, breaches, checklist
+from report.confounds import Confound, confound
 from report.counts import Counts, counts as counts_of
 from report.failures import Failures, failures
 from report.model import Acceptance, KvUsage, RawSpeedups
 from report.population import population_of
 from report.quality import Equivalence, equivalence
 from report.records import ALL
+from report.requalify import ConfigChange, split
 from report.rollbacks import Rollback, by_backend, rollbacks
 from report.sections import (
     Example,
@@ -109,6 +118,7 @@ Decision = Literal[
     "not_load_matched",
     "candidate_failing",
     "rolled_back",
+    "confounded",
 ]
 DECISION_LABELS: dict[str, str] = {
     "adopt": "adopt",
@@ -117,6 +127,7 @@ DECISION_LABELS: dict[str, str] = {
     "not_load_matched": "not load-matched",
     "candidate_failing": "candidate failing",
     "rolled_back": "rolled back",
+    "confounded": "confounded",
 }
 
 
@@ -161,6 +172,7 @@ class CandidateAnalysis:
     lossless: Lossless | None = None  # whether the report may call it lossless
     failures: Failures = field(default_factory=Failures)  # its legs and drops, by how they failed
     rollback: Rollback | None = None  # a rollout rolled it back inside the window
+    confound: Confound | None = None  # how its configuration differs from production's
 
     @property
     def failing(self) -> bool:
@@ -207,6 +219,10 @@ class Analysis:
     window: tuple[int, int] | None = None  # first and last exchange start (unix ns)
     # Which footing the mirrored legs' token counts were read on (evidence.counts).
     counts: Counts | None = None
+    # Every engine configuration change in the window; the verdicts judge from the last one on.
+    config_changes: Sequence[ConfigChange] = field(default_factory=list)
+    judged_since: int | None = None  # unix ns of that change (None: no change)
+    judged: int | None = None  # exchanges judged after it
 
     @property
     def gate_overall(self) -> float | None:
@@ -486,6 +502,9 @@ def analyze_candidate(
     if tables is not None:
         leg = f"candidate {backend}" if tables.several else "candidate"
         verdicts = [_breached(v, breaches(tables, leg, v.category)) for v in verdicts]
+    conf = confound(records, backend)
+    if conf is not None and conf.fields:
+        verdicts = _gated(verdicts, conf, speed, backend)
     if rollback is not None:
         verdicts = _rolled_back(verdicts, rollback)
     return CandidateAnalysis(
@@ -507,7 +526,70 @@ def analyze_candidate(
         lossless=claim,
         failures=failed,
         rollback=rollback,
+        confound=conf,
     )
+
+
+def _gated(
+    verdicts: Sequence[Verdict], gate: Confound, records: Sequence[Record], backend: str
+) -> list[Verdict]:
+    """The confound gate on verdicts: a failing candidate stays failing and a quality or
+    capacity failure stands; otherwise ``confounded`` — or, with a baseline that isolates the
+    speculation, a verdict on the baseline/candidate pairs (speculation alone)."""
+    out = []
+    for v in verdicts:
+        kept = v.decision == "candidate_failing" or (
+            v.decision == "do_not_adopt"
+            and any(r.startswith(("cannot sustain", "quality not")) for r in v.reasons)
+        )
+        if kept:
+            out.append(dataclasses.replace(v, reasons=(*v.reasons, gate.reason())))
+        elif gate.confounded:
+            out.append(
+                dataclasses.replace(
+                    v, decision="confounded", reasons=(gate.reason(),), pairs_needed=None
+                )
+            )
+        else:
+            out.append(_against_baseline(v, gate, records, backend))
+    return out
+
+
+def _against_baseline(
+    v: Verdict, gate: Confound, records: Sequence[Record], backend: str
+) -> Verdict:
+    """The candidate judged on its pairs with the isolating baseline (not load-true: the
+    baseline was mirrored alongside it, at the same moment)."""
+    e2e_pairs, tpot_pairs = [], []
+    for r in records:
+        cand, base = r.candidate_leg(backend), r.baseline
+        if cand is None or base is None or not (cand.ok and base.ok):
+            continue
+        if v.category in (r.category, ALL):
+            e2e_pairs.append((base.e2e_s, cand.e2e_s))
+            tpot_pairs.append((base.tpot_s, cand.tpot_s))
+    e2e, tpot = paired_speedup(e2e_pairs, seed=0), paired_speedup(tpot_pairs, seed=0)
+    head = gate.reason()
+    if e2e is None or e2e.n < MIN_PAIRS:
+        n = e2e.n if e2e is not None else 0
+        reasons = (head, f"{n} candidate/baseline pairs; at least {MIN_PAIRS} needed")
+        return dataclasses.replace(
+            v, decision="not_enough_data", reasons=reasons, pairs=n, pairs_needed=MIN_PAIRS,
+            e2e=e2e, tpot=tpot,
+        )  # fmt: skip
+    said = (
+        f"e2e speed-up over the baseline {e2e.point:.2f}× (95 % CI {e2e.ci_low:.2f}–"
+        f"{e2e.ci_high:.2f}, n={e2e.n})"
+    )
+    decision: Decision = "not_enough_data"
+    if e2e.significant_gain and v.decision in ("adopt", "not_enough_data", "do_not_adopt"):
+        decision = "adopt" if not any("equivalence not yet" in r for r in v.reasons) else decision
+    elif e2e.significant_loss:
+        decision = "do_not_adopt"
+    return dataclasses.replace(
+        v, decision=decision, reasons=(head, said), pairs=e2e.n, pairs_needed=None, e2e=e2e,
+        tpot=tpot,
+    )  # fmt: skip
 
 
 def _mismatched_categories(verdicts: list[Verdict]) -> list[Verdict]:
@@ -635,7 +717,11 @@ def analyze(
     ``transitions``: rollout transitions (:func:`report.rollbacks.load_transitions`) naming who
     rolled a rule back and why; without them, the records still show that it happened.
     ``counterfactual``: the proposer/depth matrix scored on the records' token ids, when built."""
-    everything = read_all(records)
+    whole = read_all(records)
+    # Re-qualification: the verdicts judge the latest engine configuration of every leg.
+    everything, changed, since = split(whole)
+    if since is not None:
+        population = None  # the window's sums span the change: summed again after it
     pop = population if population is not None else population_of(everything)
     sample = len(everything) if len(everything) < pop.records else None
     # Verdicts come from shadow pairs: the primary answered, the candidate was mirrored. During a
@@ -653,8 +739,8 @@ def analyze(
     backends = list(pop.backends)
     table, n, errors = latency(recs, several_candidates=len(backends) > 1)
     tables = Tables(latency=table, errors=errors, several=len(backends) > 1)
-    rolled = rollbacks(everything, transitions)
-    rolled_back = by_backend(rolled)
+    rolled = rollbacks(whole, transitions)
+    rolled_back = by_backend([rb for rb in rolled if since is None or rb.at_unix_ns >= since])
     candidates = {
         b: analyze_candidate(
             recs, b, cats, pop, margins=margins, alpha=alpha, tables=tables,
@@ -670,7 +756,7 @@ def analyze(
         if verdicts:
             recommendations[cat] = recommend(cat, verdicts, specs, h2h)
     resources_ = resources(recs, matrix)
-    starts = [r.started_unix_ns for r in everything]
+    starts = [r.started_unix_ns for r in whole]
     return Analysis(
         categories=cats,
         records=pop.records,
@@ -689,9 +775,12 @@ def analyze(
         head_to_head=h2h,
         recommendations=recommendations,
         policy_fragment=policy_fragment(list(recommendations.values())),
-        rollout=timeline(everything),
+        rollout=timeline(whole),
         counterfactual=counterfactual,
         rollbacks=rolled,
         window=(min(starts), max(starts)) if starts else None,
         counts=counts_of(everything),
+        config_changes=changed,
+        judged_since=since,
+        judged=len(everything) if since is not None else None,
     )

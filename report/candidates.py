@@ -292,7 +292,9 @@ def recommend(
             )
         rolled = [b for b, v in verdicts.items() if v.decision == "rolled_back"]
         failing = [b for b, v in verdicts.items() if v.decision == "candidate_failing"]
+        mixed = [b for b, v in verdicts.items() if v.decision == "confounded"]
         why = [f"{', '.join(rolled)} rolled back in this window"] if rolled else []
+        why += [f"{', '.join(mixed)} confounded (more than speculation changed)"] if mixed else []
         why += [f"{', '.join(failing)} failing"] if failing else []
         return Recommendation(
             category,

@@ -67,6 +67,7 @@ def candidate_json(c: CandidateAnalysis) -> dict[str, Any]:
         "label": c.label,
         "failures": c.failures.to_json(),
         "rollback": c.rollback.to_json() if c.rollback is not None else None,
+        "confound": c.confound.to_json() if c.confound is not None else None,
         "speculative": c.speculation.to_json() if c.speculation is not None else None,
         "lossless": c.lossless.to_json() if c.lossless is not None else None,
         "capacity": {
@@ -109,6 +110,10 @@ def report_json(a: Analysis) -> dict[str, Any]:
         "categories_seen": a.categories,
         "summary": summary(a),
         "rollbacks": [rb.to_json() for rb in a.rollbacks],
+        # Engine configuration changes in the window; the verdicts judge from the last one on.
+        "config_changes": [ch.to_json() for ch in a.config_changes],
+        "judged_since_unix_ns": a.judged_since,
+        "judged_exchanges": a.judged,
         "notes": a.notes,
         "recommendation": {cat: r.backend for cat, r in a.recommendations.items()},
         "recommendation_reasons": {cat: r.to_json() for cat, r in a.recommendations.items()},

@@ -33,6 +33,7 @@ DECISION_COLORS = {
     "not_load_matched": "#f2a900",
     "candidate_failing": "#c62828",
     "rolled_back": "#c62828",
+    "confounded": "#f2a900",
 }
 _DPI = 110
 

@@ -59,7 +59,7 @@ pre.code{max-height:none}
 """
 
 _CLASS = {"adopt": "adopt", "do_not_adopt": "no", "not_enough_data": "nd", "not_load_matched": "nd",
-          "candidate_failing": "no", "rolled_back": "no"}  # fmt: skip
+          "candidate_failing": "no", "rolled_back": "no", "confounded": "nd"}  # fmt: skip
 
 
 def _ms(v: float | None) -> str:

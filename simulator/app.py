@@ -3,7 +3,8 @@
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming and not),
 ``POST /v1/responses``, ``POST /tokenize`` and ``POST /detokenize`` (vLLM's, over
 :mod:`simulator.tokens`), ``GET /v1/models``, ``GET /server_info``, ``GET /health``, ``GET /version``, ``GET /metrics`` (Prometheus text),
-``GET /sim/requests[?id=…]`` (ground truth as JSON).
+``GET /sim/requests[?id=…]`` (ground truth as JSON), ``POST /sim/engine`` (change what the server
+says it runs, mid-run: :mod:`simulator.engine_info`).
 
 Per request: parse and validate (pure) → plan the answer (pure) → record the plan as ground truth →
 apply faults → queue for an engine slot → sleep the prefill, emit the first token → one
@@ -39,6 +40,7 @@ from simulator.config import (
     parse_faults,
 )
 from simulator.engine import BatchEngine
+from simulator.engine_info import SimEngine
 from simulator.metrics import METRICS_CONTENT_TYPE, SimMetrics
 from simulator.plan import Plan, plan_completion
 from simulator.render import (
@@ -67,9 +69,9 @@ CONFIG = web.AppKey("sim_config", SimConfig)
 BATCH = web.AppKey("sim_batch", BatchEngine)
 STATE = web.AppKey("sim_state", SimState)
 METRICS = web.AppKey("sim_metrics", SimMetrics)
+ENGINE = web.AppKey("sim_engine", SimEngine)
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-_VERSION = "0.32.0+sim"
 
 
 class _StreamStopped(Exception):
@@ -462,30 +464,26 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _version(request: web.Request) -> web.Response:
-    return _json_response({"version": _VERSION})
+    return _json_response({"version": request.app[ENGINE].version})
 
 
 async def _server_info(request: web.Request) -> web.Response:
-    """vLLM's development endpoint (``VLLM_SERVER_DEV_MODE=1``), the speculative part only."""
-    config = request.app[CONFIG]
-    if not config.server_info:
+    """vLLM's development endpoint (``VLLM_SERVER_DEV_MODE=1``): :mod:`simulator.engine_info`."""
+    if not request.app[CONFIG].server_info:
         return _error(404, "Not Found", "NotFoundError")
-    spec = None
-    if config.speculative:
-        # A lookup window only where drafts really are vLLM's n-gram proposer (replay): drawn
-        # acceptance (the probabilistic stand-in) is no proposer a replay could reproduce.
-        window = config.proposer == "ngram" and config.drafting == "replay"
-        spec = {
-            "method": config.proposer,
-            "num_speculative_tokens": config.num_speculative_tokens,
-            "prompt_lookup_min": config.prompt_lookup_min if window else None,
-            "prompt_lookup_max": config.prompt_lookup_max if window else None,
-            "rejection_sample_method": config.rejection_sample_method,
-            "num_speculative_tokens_per_batch_size": None,
-        }
-    return _json_response(
-        {"vllm_config": {"model_config": {"model": config.model}, "speculative_config": spec}}
-    )
+    return _json_response(request.app[ENGINE].server_info())
+
+
+async def _set_engine(request: web.Request) -> web.Response:
+    """``POST /sim/engine`` ``{"version": "0.33.0", …}``: what the server says it runs, from now."""
+    try:
+        changes = await request.json()
+        if not isinstance(changes, dict):
+            raise ValueError("expected a JSON object")
+        request.app[ENGINE].update(**changes)
+    except ValueError as exc:
+        return _error(400, str(exc), "BadRequestError")
+    return _json_response(request.app[ENGINE].settings)
 
 
 async def _tokenize(request: web.Request) -> web.Response:
@@ -520,7 +518,9 @@ async def _detokenize(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    response = web.Response(body=request.app[METRICS].render())
+    response = web.Response(
+        body=request.app[METRICS].render() + request.app[ENGINE].cache_config_info()
+    )
     response.headers["Content-Type"] = METRICS_CONTENT_TYPE
     return response
 
@@ -546,6 +546,7 @@ def create_sim_app(config: SimConfig) -> web.Application:
     app[CONFIG] = config
     app[STATE] = SimState(config.max_records, config.max_num_seqs)
     app[METRICS] = SimMetrics(config)
+    app[ENGINE] = SimEngine(config)
     if config.batching == "continuous":
         app[BATCH] = BatchEngine(config, app[METRICS])
 
@@ -564,6 +565,7 @@ def create_sim_app(config: SimConfig) -> web.Application:
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/detokenize", _detokenize)
     app.router.add_get("/sim/requests", _sim_requests)
+    app.router.add_post("/sim/engine", _set_engine)
     app.on_shutdown.append(_on_shutdown)
     return app
 
@@ -582,6 +584,11 @@ class SimServer:
     @property
     def metrics(self) -> SimMetrics:
         return self.app[METRICS]
+
+    @property
+    def engine(self) -> SimEngine:
+        """What the server says it runs; ``engine.update(version=…)`` changes it mid-run."""
+        return self.app[ENGINE]
 
 
 @asynccontextmanager

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal
 
+from simulator.engine_info import check_engine
+
 Mode = Literal["plain", "speculative"]
 Batching = Literal["independent", "continuous"]
 Drafting = Literal["probabilistic", "replay"]
@@ -164,7 +166,9 @@ class SimConfig:
     ``speculative_config`` is null in plain mode, else ``proposer`` as its ``method``,
     ``num_speculative_tokens``, ``prompt_lookup_min`` / ``prompt_lookup_max`` (n-gram) and
     ``rejection_sample_method`` (``synthetic`` declares a lossy
-    verification — pair it with ``divergence_at`` for outputs that show it).
+    verification — pair it with ``divergence_at`` for outputs that show it). ``engine``: what else
+    the server says it runs (version, dtype, quantization, KV-cache dtype, prefix caching, …:
+    :mod:`simulator.engine_info`), changeable mid-run through ``SimServer.engine``.
 
     Sampling (``sampling=True``; :mod:`simulator.sampling` is the ground truth): plain-text
     answers (not structured outputs, not tool calls, which stay deterministic) are drawn token by
@@ -238,6 +242,7 @@ class SimConfig:
     category_copy: Mapping[str, float] = field(default_factory=dict)
     rejection_sample_method: str = "standard"
     server_info: bool = True
+    engine: Mapping[str, object] = field(default_factory=dict)
     sampling: bool = False
     model_salt: str = "target"
     sampling_defect: SamplingDefect = "none"
@@ -289,6 +294,7 @@ class SimConfig:
                 if not 0.0 <= p <= 1.0:
                     raise ValueError(f"{name}{f'[{cat!r}]' if cat else ''}: expected 0..1, got {p}")
         self._check_sampling()
+        object.__setattr__(self, "engine", MappingProxyType(check_engine(self.engine)))
         # Read-only copies: the config is shared by every request of a server.
         object.__setattr__(
             self, "category_acceptance", MappingProxyType(dict(self.category_acceptance))

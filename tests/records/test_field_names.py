@@ -75,6 +75,10 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
         frozenset({"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}),
         "vLLM's and SGLang's server info (speculative_config)",
     ),
+    "evidence/engine_config.py": (
+        frozenset({"prompt_lookup_max", "prompt_lookup_min"}),
+        "vLLM's and SGLang's server info (the whole engine configuration)",
+    ),
     "evidence/tokens.py": (frozenset({"prompt", "tokens"}), "vLLM's /tokenize answer"),
     "gateway/admin.py": (frozenset({"reason", "rule", "stage"}), ROLLOUT),
     "gateway/cli.py": (frozenset({"reason", "stage", "status"}), ROLLOUT),

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from core.exchange import CaptureSpec, LegLoad, SpeculativeSpec, TokenIds
+from evidence.engine_config import resolve_engine
 from evidence.scrape import BackendSnapshot, MetricsSample, WindowStats, window_json
 from evidence.worker import backend_facts, build_evidence
 from records.fields import Field, declared_paths, opaque_paths
@@ -68,6 +69,10 @@ def written() -> dict[str, Any]:
         backend_facts(),
         nearest=nearest,
         window=lambda backend: window_json(snapshot if backend == "vllm-ngram" else None),
+        engine=lambda leg: resolve_engine(
+            {"info": ("vllm_server_info", {"engine": "vllm", "version": "0.32.0"})},
+            {"quantization": "fp8"},
+        ).to_json(),  # type: ignore[union-attr]
     )
     return build_record(evidence, capture=FULL, facts=facts)
 
