@@ -32,7 +32,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "simulator": frozenset({"core"}),
     "records": frozenset({"core"}),
     "evidence": frozenset({"core", "records"}),
-    "gateway": frozenset({"core", "policies", "otel"}),
+    "gateway": frozenset({"core", "policies", "otel", "records"}),
     "counterfactual": frozenset({"core", "records"}),
     "loadgen": frozenset({"core"}),
     "report": frozenset({"core", "policies", "evidence", "records", "counterfactual", "loadgen"}),
