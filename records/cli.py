@@ -1,11 +1,14 @@
 """``specshadow records --store S [--store S …] [--since ISO | --last 1h] [--category C] [--limit N]``
 and ``specshadow records copy --from S --to S2 [--since ISO] [--until ISO]`` and
-``specshadow records sql [--table T] [--otel-logs TABLE]``.
+``specshadow records sql [--table T] [--otel-logs TABLE]`` and ``specshadow records export --store S
+--format speculators|conversations --out FILE [--category C] [--since/--until]
+[--min-acceptance X] [--max-acceptance X] [--redact module:function]``.
 
 The first prints the stores' comparison records as JSON lines (one record per line, oldest
 first), for scripts and other tools; the schema is in docs/records.md. ``--limit N`` keeps the
 newest N. The second moves records between any two stores (SQLite, chDB, ClickHouse; records
-JSONL and collector files as sources), streamed in batches. The third prints the ClickHouse DDL
+JSONL and collector files as sources), streamed in batches. ``export`` writes drafter training
+rows from the records' token ids or captured text (:mod:`records.export`). The ``sql`` action prints the ClickHouse DDL
 of the wide table and of the view that fills it from the Collector's ClickHouse exporter. A store
 is a path or a URL (:mod:`records.stores`).
 """
@@ -16,13 +19,14 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from core import jsonx
 from records.clickhouse import ClickHouseError
+from records.export import FORMATS, Labeller
 from records.readback import JSON_SUFFIXES, SourceError, read_records
 from records.sqlite_store import query_records
 from records.stores import StoreURLError, copy_records, is_url, parse_store
@@ -120,7 +124,10 @@ def window_since(args: argparse.Namespace, now_ns: int | None = None) -> int | N
     return since
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Any, labels: Callable[[str | None], Labeller] | None = None) -> None:
+    """``labels``: the export's labeller for an ``--acceptance-config`` (the console script
+    passes the counterfactual replay's, which this package cannot import); without it exported
+    rows carry no acceptance labels and the acceptance filters are refused."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "records", help="print comparison records from a store as JSON lines"
     )
@@ -129,7 +136,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--category", default=None, help="only this category")
     p.add_argument("--limit", type=int, default=None, help="at most N records (the newest)")
     p.set_defaults(func=run)
-    actions = p.add_subparsers(dest="action", metavar="{copy,sql}")
+    actions = p.add_subparsers(dest="action", metavar="{copy,sql,export}")
     c: argparse.ArgumentParser = actions.add_parser(
         "copy", help="copy records from one store (or records/collector files) into another"
     )
@@ -152,6 +159,45 @@ def register(subparsers: Any) -> None:
     )
     q.add_argument("--retention-days", type=float, default=30.0)
     q.set_defaults(func=run_sql)
+    e: argparse.ArgumentParser = actions.add_parser(
+        "export",
+        help="write drafter training data (speculators' pre-tokenised rows or conversations) "
+        "from the records' own token ids or captured text",
+    )
+    add_store_argument(e)
+    add_window_arguments(e)
+    e.add_argument("--format", choices=FORMATS, required=True, help="the rows' shape")
+    e.add_argument("--out", required=True, metavar="FILE", help="the JSON lines file to write")
+    e.add_argument("--category", default=None, help="only this category")
+    e.add_argument(
+        "--min-acceptance",
+        type=_rate,
+        default=None,
+        metavar="X",
+        help="only rows whose labelled draft acceptance rate (0-1) is at least X",
+    )
+    e.add_argument(
+        "--max-acceptance",
+        type=_rate,
+        default=None,
+        metavar="X",
+        help="only rows whose labelled draft acceptance rate (0-1) is at most X: where drafts fail",
+    )
+    e.add_argument(
+        "--acceptance-config",
+        default=None,
+        metavar="CONFIG",
+        help="the configuration each row's acceptance is replayed with: ngram:K:MIN-MAX or "
+        "draft:BACKEND:K (default ngram:4:2-4)",
+    )
+    e.add_argument(
+        "--redact",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="a function applied to every row last: it returns the row (changed or not), or "
+        "None to drop it",
+    )
+    e.set_defaults(func=run_export, labels=labels)
 
 
 def run_sql(args: argparse.Namespace) -> int:
@@ -226,3 +272,67 @@ def select(
     """``query_records``'s category and limit, over records in memory (already windowed)."""
     chosen = [r for r in records if category is None or r.get("category") == category]
     return chosen[-limit:] if limit is not None else chosen
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected an acceptance rate in 0..1: {text!r}")
+    return value
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from records.export import (
+        ExportCounts,
+        ExportFilter,
+        RedactError,
+        export_rows,
+        load_redactor,
+        write_rows,
+    )
+    from records.readback import iter_records
+
+    if not args.store:
+        print("specshadow records export: give --store", file=sys.stderr)
+        return 2
+    where = ExportFilter(args.category, args.min_acceptance, args.max_acceptance)
+    try:
+        labeller = args.labels(args.acceptance_config) if args.labels is not None else None
+        redact = load_redactor(args.redact) if args.redact else None
+    except (ValueError, RedactError) as exc:
+        print(f"specshadow records export: {exc}", file=sys.stderr)
+        return 2
+    if where.on_acceptance and labeller is None:
+        print("specshadow records export: no acceptance labels here to filter on", file=sys.stderr)
+        return 2
+    counts = ExportCounts()
+    out = Path(args.out)
+    partial = out.with_name(out.name + ".partial")
+    try:
+        records = iter_records(
+            args.store, since_unix_ns=window_since(args), until_unix_ns=args.until
+        )
+        with partial.open("wb") as f:
+            write_rows(
+                export_rows(
+                    records, args.format, where=where, labeller=labeller, redact=redact,
+                    counts=counts,
+                ),
+                f,
+            )  # fmt: skip
+        partial.replace(out)
+    except (SourceError, OSError) as exc:
+        partial.unlink(missing_ok=True)
+        print(f"specshadow records export: {exc}", file=sys.stderr)
+        return 1
+    skipped = {k: v for k, v in counts.as_json().items() if k not in ("read", "written") and v}
+    why = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in skipped.items()) or "none"
+    print(
+        f"wrote {counts.written} {args.format} rows of {counts.read} records to {out}; "
+        f"skipped: {why}",
+        file=sys.stderr,
+    )
+    return 0

@@ -24,7 +24,7 @@ from typing import Any
 
 from backends import cli as vllm_cli
 from core.extras import MissingExtra
-from counterfactual import cli as counterfactual_cli
+from counterfactual import cli as counterfactual_cli, labels as export_labels
 from gateway import cli as rollout_cli
 from loadgen import cli as loadgen_cli
 from policies import cli as policy_cli
@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     agreement.register(vllm_cli.register(sub))
     simulator_cli.register(sub)
     policy_cli.register(sub)
-    records_cli.register(sub)
+    records_cli.register(sub, labels=export_labels.labeller)  # rows labelled by a replay
     loadgen_cli.register(sub)
     report_cli.register(sub)
     counterfactual_cli.register(sub)
