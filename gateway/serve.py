@@ -9,7 +9,8 @@ import asyncio
 import errno
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -81,17 +82,24 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 def serve_app(
-    app: web.Application, settings: Settings, *, print_: Callable[[str], None] | None = None
+    app: web.Application,
+    settings: Settings,
+    *,
+    print_: Callable[[str], None] | None = None,
+    sock: Sequence[socket.socket] | None = None,
 ) -> None:
     """Run ``app`` the way ``specshadow serve`` does: the process's GIL switch interval, uvloop,
     handler cancellation, no access log. Benchmarks that wrap the gateway use this too, so they
-    measure the process a user runs."""
+    measure the process a user runs. ``sock``: listening sockets bound already (a worker of
+    ``serve --workers N``, :mod:`gateway.workers`) instead of ``settings.host``/``port``."""
     if settings.gil_switch_interval_s is not None:
         sys.setswitchinterval(settings.gil_switch_interval_s)
+    where: dict[str, Any] = (
+        {"sock": list(sock)} if sock is not None else {"host": settings.host, "port": settings.port}
+    )
     web.run_app(
         app,
-        host=settings.host,
-        port=settings.port,
+        **where,
         loop=new_event_loop(),
         shutdown_timeout=settings.shutdown_timeout_s,
         # Cancel the handler the moment the client disconnects: the upstream request is closed

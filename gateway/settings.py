@@ -75,6 +75,24 @@ def default_state_path(environ: Mapping[str, str] = os.environ) -> str:
     return os.path.join(base, "specshadow", "rollout.json")
 
 
+def parse_workers(value: str | int) -> int:
+    """``--workers``: a positive number, or ``0`` / ``auto``: one per CPU this process may run on
+    (its affinity mask, which a container's cpuset narrows; a CPU *quota* does not show here)."""
+    text = str(value).strip().lower()
+    if text in ("auto", "0"):
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # pragma: no cover - not Linux
+            return max(1, os.cpu_count() or 1)
+    try:
+        n = int(text)
+    except ValueError:
+        raise ValueError(f"expected a number of workers or 'auto', got {value!r}") from None
+    if n < 0:
+        raise ValueError(f"must be 0 (auto) or more, got {n}")
+    return n
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     host: str = "127.0.0.1"
@@ -107,6 +125,13 @@ class Settings:
     state_path: str | None = None
     scrape_interval_s: float = 1.0  # how often backends' /metrics are scraped (to follow load)
     load_window_s: float = 10.0  # dispatch rates per backend are counted over this window
+    # Gateway processes behind the one port (`serve --workers N`, gateway.workers): a number,
+    # or "auto" / "0" for one per CPU this process may run on. 1: one process, no supervisor.
+    workers: str = "1"
+
+    def worker_count(self) -> int:
+        """``workers`` as a number of processes (``auto`` / ``0`` resolved)."""
+        return parse_workers(self.workers)
 
     def problems(self) -> list[tuple[str, str]]:
         """(field, message) for every value out of its range (nested upstream fields included)."""
@@ -142,6 +167,10 @@ class Settings:
                     f"got {len(self.shadow_kinds)}",
                 )
             )
+        try:
+            parse_workers(self.workers)
+        except ValueError as exc:
+            out.append(("workers", str(exc)))
         if self.gil_switch_interval_s is not None and not self.gil_switch_interval_s > 0:
             out.append(("gil_switch_interval_s", "must be positive"))
         out += [(f"upstream_{name}", msg) for name, msg in self.upstream.problems()]

@@ -15,6 +15,7 @@ The settings themselves (``OTEL_*`` → :class:`~otel.settings.TelemetrySettings
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from opentelemetry.sdk._logs import LoggerProvider
@@ -51,6 +52,8 @@ def build_telemetry(
     *,
     span_exporter: SpanExporter | None = None,
     metric_reader: MetricReader | None = None,
+    pull_reader: PullMetricReader | None = None,
+    process_attributes: Mapping[str, str | int] | None = None,
 ) -> Telemetry:
     """Build the providers, exporters and instruments described by ``settings``.
 
@@ -58,21 +61,26 @@ def build_telemetry(
         span_exporter: an extra exporter (tests: ``InMemorySpanExporter``), attached with a
             ``SimpleSpanProcessor`` so spans are visible the moment they end.
         metric_reader: an extra reader (tests: ``InMemoryMetricReader``).
+        pull_reader: the reader ``GET /metrics`` collects through (a worker of ``serve
+            --workers N``: :class:`otel.multiproc.FleetPullReader`); default a plain one.
+        process_attributes: resource attributes of this process only (a worker's
+            ``service.instance.id`` and ``specshadow.worker.index``): on what it exports over
+            OTLP, which must tell the workers apart, not on ``/metrics``' ``target_info``,
+            which describes the whole gateway.
     """
     if not settings.enabled:
         return Telemetry.disabled(settings)
-    resource = Resource(
-        {
-            "telemetry.sdk.language": "python",
-            "telemetry.sdk.name": "opentelemetry",
-            "telemetry.sdk.version": sdk_version,
-            **settings.resource_attributes,
-            sc.SERVICE_NAME: settings.service_name,
-        }
-    )
+    gateway = {
+        "telemetry.sdk.language": "python",
+        "telemetry.sdk.name": "opentelemetry",
+        "telemetry.sdk.version": sdk_version,
+        **settings.resource_attributes,
+        sc.SERVICE_NAME: settings.service_name,
+    }
+    resource = Resource({**gateway, **(process_attributes or {})})
     relay = _DropRelay()  # exporters are built before the counter they report into
     readers: list[MetricReader] = []
-    pull = PullMetricReader() if settings.prometheus else None
+    pull = (pull_reader or PullMetricReader()) if settings.prometheus else None
     if pull is not None:
         readers.append(pull)
     if settings.metrics is not None:
@@ -110,7 +118,7 @@ def build_telemetry(
         logger_provider=_logger_provider(settings.logs, resource) if settings.logs else None,
         pull_reader=pull,
         max_chunk_gap_observations=settings.max_chunk_gap_observations,
-        resource_attributes=dict(resource.attributes),
+        resource_attributes=dict(Resource(gateway).attributes),
         histograms=histograms,
     )
     relay.target = telemetry.count_telemetry_dropped

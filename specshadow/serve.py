@@ -32,7 +32,7 @@ import os
 import socket
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -47,6 +47,7 @@ from policies.errors import PolicyError
 from policies.store import PolicyStore
 from records.cli import add_store_argument
 from specshadow.app import build_app
+from specshadow.workers import run_workers, state_for_workers
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,14 @@ def register(sub: Any) -> None:
         "$XDG_STATE_HOME/specshadow/rollout.json",
     )
     p.add_argument(
+        "--workers",
+        default=None,
+        metavar="N",
+        help="gateway processes on the one port, supervised (restarted when they die); 0 or "
+        "'auto': one per CPU; more than 1 needs a shared --state (default: sqlite:///… beside "
+        f"the default state file) (default {d.workers})",
+    )
+    p.add_argument(
         "--max-body-bytes",
         type=int,
         default=None,
@@ -184,6 +193,7 @@ FLAGS: dict[str, str] = {
     "store_path": "--store",
     "state_path": "--state",
     "scrape_interval_s": "--scrape-interval",
+    "workers": "--workers",
     "max_body_bytes": "--max-body-bytes",
     "upstream_connect_timeout_s": "--connect-timeout",
     "upstream_idle_timeout_s": "--idle-timeout",
@@ -214,6 +224,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "baseline_kind": args.baseline_kind,
         "store_path": args.store,
         "scrape_interval_s": args.scrape_interval,
+        "workers": args.workers,
         "max_body_bytes": args.max_body_bytes,
         "upstream_connect_timeout_s": args.connect_timeout,
         "upstream_idle_timeout_s": args.idle_timeout,
@@ -224,16 +235,23 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def settings_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] = os.environ
 ) -> Settings:
-    """Flags over ``SPECSHADOW_*`` variables; raises SettingsError naming the flag or variable."""
-    return Settings.from_env(
+    """Flags over ``SPECSHADOW_*`` variables; raises SettingsError naming the flag or variable.
+
+    Without ``--state`` the state is the default JSON file, or with more than one worker a
+    SQLite store beside it (:func:`specshadow.workers.state_for_workers`)."""
+    settings = Settings.from_env(
         environ,
         flags=FLAGS,
         **_overrides(args),
-        state_path=args.state
-        or environ.get("SPECSHADOW_STATE_PATH")
-        or default_state_path(environ),
+        state_path=args.state or environ.get("SPECSHADOW_STATE_PATH"),
         reload_on_sighup=True,
     )
+    state, problem = state_for_workers(
+        settings.state_path, default_state_path(environ), settings.worker_count()
+    )
+    if problem is not None:
+        raise SettingsError([problem])
+    return replace(settings, state_path=state)
 
 
 def given(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -510,11 +528,17 @@ def run(args: argparse.Namespace) -> int:
         set_by = given(args)
         for warning in idle_flags(settings, set_by):
             log.warning("%s", warning)
+        workers = settings.worker_count()
         if settings.port != 0:
             check_listen(settings.host, settings.port)
         store, kinds = prepare(settings)
         for warning in scrape_idle(settings, set_by, store.current):
             log.warning("%s", warning)
+        if workers > 1:
+            # Forked after the checks and the detection: every worker runs this policy.
+            for line in summary(settings, store.current, kinds):
+                log.info("%s", line)
+            return run_workers(settings, store, count=workers)
         telemetry = build_telemetry(TelemetrySettings.from_env())
         app = build_app(settings, policy=store, telemetry=telemetry)
     except (SettingsError, StartupError) as exc:
