@@ -423,7 +423,10 @@ class Workflow(View):
 
     trace_id = name(doc="the trace id of the client's traceparent (32 hex digits)")
     session = name(doc="the value of the policy's workflows.session_header")
-    type = name(doc="the value of the policy's workflows.type_header (x-specshadow-workflow)")
+    type = name(
+        "workflow_type",
+        doc="the value of the policy's workflows.type_header (x-specshadow-workflow)",
+    )
 
 
 class Tokens(View):

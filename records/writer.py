@@ -343,7 +343,11 @@ def workflow_record(exchange: Exchange) -> dict[str, Any] | None:
     none of them."""
     if exchange.trace_id is None and exchange.session is None and exchange.workflow is None:
         return None
-    return {"trace_id": exchange.trace_id, "session": exchange.session, "type": exchange.workflow}
+    return {
+        "trace_id": exchange.trace_id,
+        "session": exchange.session,
+        "workflow_type": exchange.workflow,
+    }
 
 
 def likelihood_record(exchange: Exchange) -> dict[str, Any] | None:

@@ -95,6 +95,7 @@ from report.sections import (
     resources,
 )
 from report.timeline import Segment, timeline
+from report.workflows import Workflows, workflows_of
 
 __all__ = [
     "ALL",
@@ -223,6 +224,9 @@ class Analysis:
     config_changes: Sequence[ConfigChange] = field(default_factory=list)
     judged_since: int | None = None  # unix ns of that change (None: no change)
     judged: int | None = None  # exchanges judged after it
+    # Calls grouped into application runs and runs into workflow types, with each candidate's
+    # projected run speed-up (report.workflows); None when no record names a run.
+    workflows: Workflows | None = None
 
     @property
     def gate_overall(self) -> float | None:
@@ -783,4 +787,8 @@ def analyze(
         config_changes=changed,
         judged_since=since,
         judged=len(everything) if since is not None else None,
+        workflows=workflows_of(
+            everything,
+            pick=pick.backend if (pick := recommendations.get(ALL)) is not None else None,
+        ),
     )

@@ -17,6 +17,7 @@ from typing import Any
 
 from report.analysis import ALL, Analysis, CandidateAnalysis, Verdict
 from report.candidates import RULE
+from report.workflows_view import workflows_json
 
 SCHEMA = "specshadow.report/1"
 
@@ -115,6 +116,8 @@ def report_json(a: Analysis) -> dict[str, Any]:
         "judged_since_unix_ns": a.judged_since,
         "judged_exchanges": a.judged,
         "notes": a.notes,
+        # Per workflow type: the runs' shape, the gate, the projected end-to-end run speed-up.
+        "workflows": workflows_json(a.workflows),
         "recommendation": {cat: r.backend for cat, r in a.recommendations.items()},
         "recommendation_reasons": {cat: r.to_json() for cat, r in a.recommendations.items()},
         "recommendation_rule": RULE,

@@ -19,8 +19,9 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from report.analysis import ALL, DECISION_LABELS, Analysis, CandidateAnalysis, Verdict
+from report.workflows_view import first_line
 
-Kind = Literal["rollback", "failing", "fix", "verdict", "ship", "counts", "window"]
+Kind = Literal["rollback", "failing", "fix", "workflow", "verdict", "ship", "counts", "window"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,9 @@ def front(a: Analysis) -> list[Line]:
         for c in a.candidates.values()
         if c.failing
     )
+    runs = first_line(a.workflows, labels)
+    if runs is not None:  # where calls form runs, the run's speed-up leads the verdicts
+        out.append(Line("workflow", *runs))
     fixes: dict[str, list[str]] = {}
     for c in a.candidates.values():
         overall = c.overall

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from report import workflows_view as wv
 from report.analysis import ALL, Analysis
 from report.candidates import RULE
 from report.front import first_use, front
@@ -88,6 +89,9 @@ def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
         top += [f"- **{line.title}** — {line.text}" for line in glance]
         top.append("")
     lines: list[str] = []
+    if a.workflows is not None and a.workflows.types:  # the run leads where calls form runs
+        lines += [f"## {wv.TITLE}", "", wv.intro(a.workflows), ""]
+        lines += _table(wv.HEAD, wv.rows(a.workflows))
     if a.candidates:
         lines += ["## Bottom line", ""]
         if a.several:

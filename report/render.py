@@ -21,6 +21,7 @@ from typing import Any
 from loadgen.matrix import MatrixRow
 from loadgen.results import LoadgenRow
 from loadgen.speedup import Speedup
+from report import workflows_view as wv
 from report.analysis import ALL, GATE_SHARE, Analysis, CandidateAnalysis, Verdict
 from report.candidates import RULE
 from report.front import first_use, front
@@ -651,6 +652,18 @@ def _gloss(parts: Sequence[str]) -> list[str]:
     )
 
 
+def _workflows(a: Analysis) -> list[str]:
+    """Where calls form application runs, the run's projected speed-up per workflow type."""
+    w = a.workflows
+    if w is None or not w.types:
+        return []
+    return [
+        f"<h2>{escape(wv.TITLE)}</h2>",
+        f'<p class="muted">{escape(wv.intro(w))}</p>',
+        _table(wv.HEAD, wv.rows(w), wrap=(9,)),
+    ]
+
+
 def render_html(
     a: Analysis, figs: Mapping[str, str | None], *, title: str, sources: Sequence[str]
 ) -> str:
@@ -666,6 +679,7 @@ def render_html(
         + f" · categories: {escape(', '.join(a.categories) or '—')}</p>",
         *_glance(a),
         _TOC,
+        *_workflows(a),
         *_bottom_line(a),
     ]  # fmt: skip
     if a.candidates:
