@@ -8,6 +8,7 @@ disabled without one. Everything else gets 403.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 
@@ -15,8 +16,9 @@ from aiohttp import web
 
 from core import jsonx
 from gateway.errors import ClientRequestError, GatewayError, NotFoundError
-from gateway.rollout import RolloutController
+from gateway.rollout import RolloutConflict, RolloutController
 from gateway.state import GATEWAY
+from gateway.state_store import StoreError
 
 
 class AdminForbidden(GatewayError):
@@ -106,10 +108,28 @@ class RolloutBadRequest(ClientRequestError):
     code = "invalid_rollout_change"
 
 
+class RolloutChanged(GatewayError):
+    """The fleet's state moved since this replica read it (a shared store)."""
+
+    status = 409
+    type = "conflict_error"
+    code = "rollout_changed"
+
+
+class RolloutStoreUnavailable(GatewayError):
+    """A promotion needs the shared store (a rollback does not: it is kept and published)."""
+
+    status = 503
+    type = "service_unavailable_error"
+    code = "rollout_store_unavailable"
+
+
 async def rollout_status(request: web.Request) -> web.Response:
     """``GET /admin/rollout``: every rolling-out rule's stage, serve ratio, guards, last change."""
     authorize(request)
-    return _json(_controller(request).status())
+    # Off the event loop: with a shared store the fleet's sync may hold the controller's lock
+    # across a store round trip.
+    return _json(await asyncio.to_thread(_controller(request).status))
 
 
 async def _change_body(request: web.Request) -> dict[str, object]:
@@ -137,14 +157,23 @@ async def rollout_promote(request: web.Request) -> web.Response:
     ):
         raise RolloutBadRequest(f"serve_ratio: must be a number in (0, 1], got {ratio!r}")
     name = request.match_info["rule"]
+    controller = _controller(request)
     try:
-        t = _controller(request).promote(
+        t = await asyncio.to_thread(
+            controller.promote,
             name,
             stage="canary" if stage == "canary" else "live" if stage == "live" else None,
             ratio=float(ratio) if isinstance(ratio, int | float) else None,
         )
     except KeyError:
         raise RolloutNotFound(f"no rule {name!r} has a rollout") from None
+    except RolloutConflict as exc:
+        raise RolloutChanged(str(exc)) from None
+    except StoreError as exc:
+        raise RolloutStoreUnavailable(
+            f"the shared rollout store is unreachable ({exc}): a promotion would not reach the "
+            "fleet; a rollback would (it is kept here and published when the store returns)"
+        ) from None
     return _json(t.to_json())
 
 
@@ -154,10 +183,13 @@ async def rollout_rollback(request: web.Request) -> web.Response:
     body = await _change_body(request)
     reason = body.get("reason")
     name = request.match_info["rule"]
+    controller = _controller(request)
     try:
-        t = _controller(request).rollback(
-            name, reason=str(reason) if reason else "operator rollback"
+        t = await asyncio.to_thread(
+            controller.rollback, name, reason=str(reason) if reason else "operator rollback"
         )
     except KeyError:
         raise RolloutNotFound(f"no rule {name!r} has a rollout") from None
+    except RolloutConflict as exc:
+        raise RolloutChanged(str(exc)) from None
     return _json(t.to_json())

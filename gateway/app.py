@@ -109,6 +109,14 @@ def create_app(
             # Pushed first, run last: telemetry outlives everything that reports into it.
             # Bounded even with a black-holed collector (the exporters run on their own threads).
             stack.push_async_callback(asyncio.to_thread, tel.shutdown, 5.0)
+            # Without a controller from the caller nothing feeds the guards (the evidence worker
+            # is the product's, specshadow.app.build_app): candidates then answer nothing.
+            controller = rollout or RolloutController(
+                settings.state_path, telemetry=tel, guarded=False
+            )
+            # A shared store: stop following it once the sinks stopped (the last observations
+            # are published).
+            stack.push_async_callback(asyncio.to_thread, controller.close)
             for sink in lifecycles:
                 await sink.start()
                 stack.push_async_callback(sink.stop)
@@ -123,11 +131,6 @@ def create_app(
             # Shadow legs and exchange assembly finish (or are cancelled) before the pools close
             # and before the sinks stop, so every exchange reaches them.
             stack.push_async_callback(tasks.drain, settings.shutdown_timeout_s)
-            # Without a controller from the caller nothing feeds the guards (the evidence worker
-            # is the product's, specshadow.app.build_app): candidates then answer nothing.
-            controller = rollout or RolloutController(
-                settings.state_path, telemetry=tel, guarded=False
-            )
             controller.reconcile(store.current)
             # A reload takes effect on the rollouts at once, not at the next request.
             store.listeners.append(lambda ok: controller.reconcile(store.current) if ok else None)

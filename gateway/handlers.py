@@ -51,8 +51,13 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    ok, detail = await request.app[GATEWAY].ready.check()
-    return _json({"status": "ready" if ok else "not_ready", "primary": detail}, 200 if ok else 503)
+    gw = request.app[GATEWAY]
+    ok, detail = await gw.ready.check()
+    body = {"status": "ready" if ok else "not_ready", "primary": detail}
+    store = gw.rollout.store_health() if gw.rollout is not None else None
+    if store is not None:  # detail only: without its store a replica serves its last decision
+        body["rollout_store"] = store[1]
+    return _json(body, 200 if ok else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -26,6 +26,13 @@ rolled it back — persisted in a JSON state file so a restart or a reload never
   rolled-back rule stays rolled back; a changed block (its fingerprint) starts from what the new
   policy says.
 
+- **A fleet** (``--state sqlite:///…`` or ``clickhouse://…``): the state lives in a store every
+  replica shares, and :class:`~gateway.fleet.Fleet` keeps this controller on it — the store's
+  state is served, the guards judge the fleet's pooled observations, and every change
+  (:meth:`_transition`, the one door) is a compare-and-set on the version read, so a rollback
+  is never undone by a replica that had not seen it. Without the store a replica keeps its
+  last state and its local guards (:mod:`gateway.fleet` states the false-alarm budget).
+
 Every transition is logged, counted (``specshadow.rollout.*``) and recorded as an OTel event in
 the trace of the exchange that caused it. State changes take a lock; the request path reads an
 immutable snapshot and never waits for it.
@@ -48,8 +55,17 @@ from typing import Any, Protocol
 
 from core.evidence import Evidence
 from core.exchange import Exchange
+from gateway.fleet import Fleet
 from gateway.guards import GuardBank, GuardState, Observation, observe
-from gateway.rollout_state import Actor, RuleState, Transition, load_state, save_state
+from gateway.rollout_state import (
+    Actor,
+    RuleState,
+    Transition,
+    load_state,
+    new_episode,
+    save_state,
+)
+from gateway.state_store import StoreError, open_store, parse_state_url
 from policies.compiled import (
     CompiledPolicy,
     Decision,
@@ -89,6 +105,14 @@ class RolloutTelemetry(Protocol):
     def rollout_stage(self, rule: str, stage: str, serve_ratio: float) -> None: ...
     def rollout_guards(self, rule: str, guards: Sequence[GuardState]) -> None: ...
     def rollout_transition(self, t: Transition, traceparent: str | None) -> None: ...
+    def rollout_store(self, store: str, up: bool) -> None: ...
+
+
+Cause = tuple[str | None, str | None]  # (exchange id, traceparent) of what caused a change
+
+
+class RolloutConflict(RuntimeError):
+    """The fleet's state moved since this replica read it (a shared store): look again."""
 
 
 _Snapshot = tuple[int, dict[str, RuleState]]  # (generation, every rule's state)
@@ -122,7 +146,11 @@ class RolloutController:
     ) -> None:
         self.guarded = guarded
         self._warned_unguarded = False
-        self.state_path = Path(state_path) if state_path is not None else None
+        url = parse_state_url(os.fspath(state_path)) if state_path is not None else None
+        self.state_url = url
+        self.state_path = (
+            Path(url.path) if url is not None and not url.shared and url.path else None
+        )
         self.telemetry = telemetry
         self.kv_recent = kv_recent
         self.clock = clock
@@ -137,6 +165,10 @@ class RolloutController:
         self._writing = False
         self._write_lock = threading.Lock()  # guards the four above; never held across a write
         self._states: dict[str, RuleState] = load_state(self.state_path)
+        # A shared store (sqlite://, clickhouse://): the fleet's state and pooled evidence.
+        self.fleet = (
+            Fleet(self, open_store(url), url.poll_s) if url is not None and url.shared else None
+        )
         self._live: dict[str, _Live] = {}
         self._specs: dict[str, RuleSpec] = {}
         self._policy: CompiledPolicy | None = None
@@ -149,6 +181,9 @@ class RolloutController:
     def reconcile(self, policy: CompiledPolicy) -> None:
         """Follow a (new) policy: keep the state of unchanged rollout blocks, start changed ones
         from the policy's stage, forget rules that no longer roll out."""
+        if self.fleet is not None:
+            self._reconcile_fleet(policy)
+            return
         with self._lock:
             if policy.generation == self._generation:
                 return
@@ -162,7 +197,8 @@ class RolloutController:
                 if old is not None and old.fingerprint == spec.fingerprint:
                     continue
                 step = 0 if spec.steps and spec.stage == "canary" else None
-                new = RuleState(spec.stage, spec.fingerprint, step, False, now)
+                new = RuleState(spec.stage, spec.fingerprint, step, False, now,
+                                episode=new_episode())  # fmt: skip
                 if old is not None or spec.stage != "shadow":
                     reason = "policy rollout block changed" if old is not None else "policy"
                     new = replace(new, last=Transition(
@@ -184,6 +220,26 @@ class RolloutController:
                 self._snapshot()
             self._publish()
         self._persist()  # after releasing the lock
+
+    def _reconcile_fleet(self, policy: CompiledPolicy) -> None:
+        """A shared store: the fleet's state is the store's. A rule whose stored state follows
+        another block than this policy's is held in shadow until the fleet sync writes the new
+        block (or finds this policy behind); nothing here waits for the store."""
+        assert self.fleet is not None
+        with self._lock:
+            if policy.generation == self._generation:
+                return
+            specs = {r.name: r for r in policy.all_rules if r.rollout is not None}
+            for name in list(self._states):
+                spec = specs[name].rollout if name in specs else None
+                if spec is None or self._states[name].fingerprint != spec.fingerprint:
+                    del self._states[name]
+                    self.fleet.heads.pop(name, None)
+            self._specs = specs
+            self._policy = policy
+            self._generation = policy.generation
+        self.fleet.start()  # the first time: one synchronous read, then the sync thread
+        self.fleet._wake.set()
 
     # -- the request path ----------------------------------------------------------------------
 
@@ -243,7 +299,15 @@ class RolloutController:
         if observation is None:
             return
         with self._lock:
-            self._handle(rule, spec, observation, exchange)
+            if self.fleet is None:
+                self._handle(rule, spec, observation, exchange)
+            else:
+                state = self.fleet.observe(
+                    rule.name, spec, observation, exchange.exchange_id, exchange.traceparent
+                )
+                if state is not None:  # the store is unreachable and the local guards tripped
+                    self._roll_back(rule.name, state, "guard", "local guards (the rollout store "
+                                    "is unreachable)", None, exchange)  # fmt: skip
         self._persist()
 
     def _handle(self, rule: RuleSpec, spec: RolloutSpec, observation: Observation,
@@ -263,17 +327,44 @@ class RolloutController:
             state = self._states[rule.name] = replace(
                 state, served_at_step=state.served_at_step + 1
             )
-        breach = next((g for g in live.guards if g.status == "breach"), None)
+        self._decide(rule, spec, state, live.guards, (exchange.exchange_id, exchange.traceparent))
+
+    def _decide(self, rule: RuleSpec, spec: RolloutSpec, state: RuleState,
+                guards: Sequence[GuardState], cause: Cause) -> None:  # fmt: skip
+        """Roll back on a breach, step up on a held step (the caller holds the lock)."""
+        breach = next((g for g in guards if g.status == "breach"), None)
         if breach is not None and state.stage != "shadow":
-            self._roll_back(rule.name, state, "guard", _breach_text(breach), breach.name, exchange)
+            self._roll_back(
+                rule.name, state, "guard", _breach_text(breach), breach.name, None, cause
+            )
         elif (
             state.stage == "canary"
             and spec.steps
             and state.ratio is None
-            and self._held(state, spec.hold_requests, spec.hold_s, live.guards)
+            and self._held(state, spec.hold_requests, spec.hold_s, guards)
         ):
-            self._step_up(rule, state, exchange)
-        self._publish_guards(rule.name, live.guards)
+            self._step_up(rule, state, cause)
+        self._publish_guards(rule.name, guards)
+
+    def _reset_live(self, name: str, bank: GuardBank) -> None:
+        """The fleet's pooled bank for a new episode is the rule's bank (what status shows)."""
+        self._live[name] = _Live(bank)
+
+    def _judged(self, name: str, spec: RolloutSpec, state: RuleState, cause: Cause) -> None:
+        """The fleet fed the pooled bank up to the store's newest observation (or the first
+        breach): decide on it (the caller holds the lock)."""
+        live = self._live.get(name)
+        rule = self._specs.get(name)
+        if live is None or rule is None:
+            return
+        kv = self.kv_recent(spec.candidate.backend.name) if self.kv_recent is not None else ()
+        live.kv = tuple(kv)
+        live.guards = live.bank.states(live.kv)
+        self._decide(rule, spec, state, live.guards, cause)
+
+    def _store_health(self, up: bool) -> None:
+        if self.telemetry is not None and self.fleet is not None:
+            self.telemetry.rollout_store(self.fleet.store.name, up)
 
     def _held(
         self, state: RuleState, requests: int, seconds: float, guards: Sequence[GuardState]
@@ -285,7 +376,7 @@ class RolloutController:
             and any(g.status == "ok" for g in guards)
         )
 
-    def _step_up(self, rule: RuleSpec, state: RuleState, exchange: Exchange | None) -> None:
+    def _step_up(self, rule: RuleSpec, state: RuleState, cause: Cause | None) -> None:
         spec = rule.rollout
         assert spec is not None
         assert spec.steps
@@ -297,7 +388,7 @@ class RolloutController:
         else:
             new = replace(state, stage="live", step=None, since_unix=now, served_at_step=0)
             reason = "the last step held with guards green"
-        self._transition(rule.name, state, new, "schedule", reason, None, exchange)
+        self._transition(rule.name, state, new, "schedule", reason, None, None, cause)
 
     def _roll_back(
         self,
@@ -307,7 +398,8 @@ class RolloutController:
         reason: str,
         guard: str | None,
         exchange: Exchange | None,
-    ) -> None:
+        cause: Cause | None = None,
+    ) -> Transition | None:
         new = replace(
             state,
             stage="shadow",
@@ -316,22 +408,42 @@ class RolloutController:
             since_unix=self.clock(),
             served_at_step=0,
         )
-        self._transition(name, state, new, by, reason, guard, exchange)
+        return self._transition(name, state, new, by, reason, guard, exchange, cause)
 
     def _transition(self, name: str, old: RuleState, new: RuleState, by: Actor, reason: str,
-                    guard: str | None, exchange: Exchange | None) -> None:  # fmt: skip
+                    guard: str | None, exchange: Exchange | None,
+                    cause: Cause | None = None) -> Transition | None:  # fmt: skip
         """Record, snapshot and announce a stage change (the caller holds the lock and calls
-        :meth:`_persist` after releasing it)."""
+        :meth:`_persist` after releasing it). The one door for every change: with a shared
+        store it is a compare-and-set on the version this replica read — None when the fleet
+        had moved (nothing changed here); a rollback the store cannot take now is kept and
+        published when it returns; another change raises StoreError."""
         rule = self._specs.get(name)
         ratio = serve_ratio(rule.rollout, new) if rule is not None and rule.rollout else 0.0
-        t = Transition(
-            name, old.stage, new.stage, ratio, self.clock(), by, reason, guard,
-            exchange.exchange_id if exchange is not None else None,
+        exchange_id, traceparent = (
+            (exchange.exchange_id, exchange.traceparent) if exchange is not None
+            else cause if cause is not None else (None, None)
         )  # fmt: skip
-        self._states[name] = replace(new, last=t)
-        self._snapshot()  # written by the caller once it released the lock (_persist)
-        self._announce(t, exchange)
+        t = Transition(
+            name, old.stage, new.stage, ratio, self.clock(), by, reason, guard, exchange_id
+        )  # fmt: skip
+        new = replace(new, last=t)
+        if self.fleet is None:
+            self._states[name] = new
+            self._snapshot()  # written by the caller once it released the lock (_persist)
+            self._announce(t, traceparent)
+        else:
+            try:
+                if not self.fleet.commit(name, new, traceparent):
+                    return None
+            except StoreError:
+                if not (new.stage == "shadow" and new.rolled_back):
+                    raise
+                self._states[name] = new  # fail static: this replica stops serving it now
+                self.fleet.pending[name] = new
+                self._announce(t, traceparent)
         self._publish()
+        return t
 
     # -- the state file (written outside the lock) -------------------------------------------
 
@@ -369,7 +481,7 @@ class RolloutController:
                 self._writing = False
             raise
 
-    def _announce(self, t: Transition | None, exchange: Exchange | None) -> None:
+    def _announce(self, t: Transition | None, traceparent: str | None) -> None:
         if t is None:
             return
         self.transitions = [*self.transitions[-99:], t]
@@ -380,9 +492,7 @@ class RolloutController:
             t.rule, t.from_stage, t.to_stage, t.serve_ratio, t.by, t.reason,
         )  # fmt: skip
         if self.telemetry is not None:
-            self.telemetry.rollout_transition(
-                t, exchange.traceparent if exchange is not None else None
-            )
+            self.telemetry.rollout_transition(t, traceparent)
 
     def _publish(self) -> None:
         if self.telemetry is None:
@@ -414,7 +524,11 @@ class RolloutController:
         rule = self._specs[name]
         spec = rule.rollout
         assert spec is not None
-        state = self._states[name]
+        state = self._states.get(name)
+        if state is None:
+            raise RolloutConflict(
+                f"rule {name!r} is held: this replica has not read its state from the store"
+            )
         now = self.clock()
         if stage is None:
             if state.stage == "shadow":
@@ -433,8 +547,9 @@ class RolloutController:
                     since_unix=now,
                     served_at_step=0,
                 )
-                self._transition(name, state, new, "operator", "promoted one step", None, None)
-                return self._states[name].last  # type: ignore[return-value]
+                return _done(
+                    self._transition(name, state, new, "operator", "promoted one step", None, None)
+                )
             else:
                 stage = "live"
         step = 0 if stage == "canary" and spec.steps and ratio is None else None
@@ -446,17 +561,30 @@ class RolloutController:
             since_unix=now,
             served_at_step=0,
             ratio=ratio if stage == "canary" else None,
+            episode=new_episode(),
         )
-        self._live.pop(name, None)
-        self._transition(name, state, new, "operator", f"promoted to {stage}", None, None)
-        return self._states[name].last  # type: ignore[return-value]
+        t = self._transition(name, state, new, "operator", f"promoted to {stage}", None, None)
+        if t is not None:
+            self._live.pop(name, None)
+        return _done(t)
 
     def rollback(self, name: str, reason: str = "operator rollback") -> Transition:
+        """Back to shadow, sticky. With a shared store a rollback wins: when the fleet moved
+        since this replica read it, it reads again and rolls back what is there now."""
         try:
-            with self._lock:
-                state = self._states[name]
-                self._roll_back(name, state, "operator", reason, None, None)
-                return self._states[name].last  # type: ignore[return-value]
+            for _ in range(5):
+                with self._lock:
+                    if name not in self._specs:
+                        raise KeyError(name)
+                    state = self._states.get(name)
+                    if state is None:
+                        raise RolloutConflict(f"rule {name!r} is held: its state is not known here")
+                    t = self._roll_back(name, state, "operator", reason, None, None)
+                    if t is not None:
+                        return t
+                if self.fleet is not None:
+                    self.fleet.sync()
+            raise RolloutConflict(f"rule {name!r}: the fleet's state kept moving; try again")
         finally:
             self._persist()
 
@@ -482,13 +610,43 @@ class RolloutController:
                     if live is not None
                     else [],
                     "last_transition": state.last.to_json() if state.last is not None else None,
+                    "episode": state.episode,
                 }
+            for name in self._specs:
+                if name not in rules:  # a shared store's rule this replica has no state for
+                    rules[name] = {"stage": "shadow", "held": True, "serve_ratio": 0.0,
+                                   "guards": [], "last_transition": None}  # fmt: skip
             return {
                 "state_path": str(self.state_path) if self.state_path is not None else None,
+                "store": self.fleet.status() if self.fleet is not None else None,
                 "guarded": self.guarded,
                 "failovers": self.failovers,
                 "rules": rules,
             }
+
+    def store_health(self) -> tuple[bool, str] | None:
+        """A shared store's reachability, for ``/readyz`` (None: a file or memory)."""
+        if self.fleet is None:
+            return None
+        h = self.fleet.health
+        if h.up:
+            return True, f"{self.fleet.store.name} reachable"
+        return False, (
+            f"{self.fleet.store.name} unreachable ({h.error}): serving the last decision"
+        )
+
+    def close(self) -> None:
+        """Stop following a shared store (publishing what is queued); nothing for a file."""
+        if self.fleet is not None:
+            self.fleet.close()
+
+
+def _done(t: Transition | None) -> Transition:
+    if t is None:
+        raise RolloutConflict(
+            "the fleet's rollout state moved since this replica read it: look again"
+        )
+    return t
 
 
 def _breach_text(g: GuardState) -> str:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import tempfile
+import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,6 +58,10 @@ class RuleState:
     # this episode, and automatic stepping stops; persisted like the rest, so a restart or a
     # reload of the same policy keeps it.
     ratio: float | None = None
+    # The guards' evidence belongs to one episode: a new one starts with a changed policy block
+    # or an operator's promotion (a step up or a rollback keeps it). Shared stores tag every
+    # pooled observation with it (gateway.fleet).
+    episode: str = ""
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -75,7 +80,12 @@ class RuleState:
             served_at_step=int(data.get("served_at_step", 0)),
             last=Transition(**last) if isinstance(last, Mapping) else None,
             ratio=jsonx.as_number(data.get("ratio")),
+            episode=str(data.get("episode") or ""),
         )
+
+
+def new_episode() -> str:
+    return uuid.uuid4().hex[:16]
 
 
 def load_state(path: Path | None) -> dict[str, RuleState]:

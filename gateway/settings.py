@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, get_args, get_type_hints
 
+from gateway.state_store import parse_state_url
 from policies.compiled import BackendKind
 
 MIB = 1024 * 1024
@@ -120,8 +121,9 @@ class Settings:
     # (docs/benchmarks.md) found 0.5 ms no better for latency and 3-12 % costlier in CPU.
     gil_switch_interval_s: float | None = None
     store_path: str | None = None  # comparison records (embedded SQLite store); None: not kept
-    # Rollout state (stage per rule, sticky rollbacks). None: kept in memory only — embedded
-    # uses (tests, the demo); `specshadow serve` always gives a path (default_state_path()).
+    # Rollout state (stage per rule, sticky rollbacks): a JSON file's path, or a store the
+    # replicas share — sqlite:///PATH, clickhouse://host:port/db (gateway.state_store). None:
+    # kept in memory only — embedded uses (tests, the demo); `specshadow serve` always gives one.
     state_path: str | None = None
     scrape_interval_s: float = 1.0  # how often backends' /metrics are scraped (to follow load)
     load_window_s: float = 10.0  # dispatch rates per backend are counted over this window
@@ -171,6 +173,11 @@ class Settings:
             parse_workers(self.workers)
         except ValueError as exc:
             out.append(("workers", str(exc)))
+        if self.state_path is not None:
+            try:
+                parse_state_url(self.state_path)
+            except ValueError as exc:
+                out.append(("state_path", str(exc)))
         if self.gil_switch_interval_s is not None and not self.gil_switch_interval_s > 0:
             out.append(("gil_switch_interval_s", "must be positive"))
         out += [(f"upstream_{name}", msg) for name, msg in self.upstream.problems()]

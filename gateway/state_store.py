@@ -1,0 +1,341 @@
+"""Where rollout state lives when replicas share it: ``--state sqlite:///PATH`` or
+``--state clickhouse://host:port/db`` (a plain path stays the one process's JSON file,
+:mod:`gateway.rollout_state`).
+
+A shared store holds three append-only tables:
+
+- ``rollout_log`` — every rule's state, one row per change: ``(rule, version, row_id,
+  parent_id, priority, writer, at, fingerprint, state)``, the state as JSON with the
+  transition that made it (``last``). The current state of a rule is the head of its chain
+  (:func:`resolve`). Every transition and every operator action is a row; nothing is updated.
+- ``rollout_evidence`` — each replica's guard observations, one row per exchange, tagged with
+  the rule and the episode they belong to; every replica reads the same rows in the same order
+  (:mod:`gateway.fleet` runs one sequential test over them).
+- ``rollout_replicas`` — one row per replica start: its incarnation number ``k`` (the share of
+  the false-alarm budget its local guards may spend, :mod:`gateway.fleet`).
+
+**Compare-and-set.** A change names the version it was computed from (:meth:`cas`). On SQLite
+that is a transaction (``BEGIN IMMEDIATE``; WAL mode; a busy timeout): the row is written only
+if the rule's newest version is still the expected one, so versions form one chain. ClickHouse
+has no transactions: the row is inserted at ``expected + 1`` with ``parent_id`` = the row it
+was built on, then read back. Where two writers raced to one version, :func:`resolve` keeps,
+at each version, only rows whose parent is the previous version's winner, and among those the
+highest ``priority`` wins — a rollback (priority 2) over anything else (1), then the earlier
+row. So a rollback is never undone by a writer that had not seen it: a row built on a state the
+rollback replaced has the wrong parent and is not part of the chain.
+
+Errors of every kind (the file unreadable, the server refused or unreachable) are
+:class:`StoreError`; the caller keeps its last state (fail static).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import urllib.parse
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from core import jsonx
+from gateway.rollout_state import RuleState
+
+ROLLBACK_PRIORITY = 2
+CHANGE_PRIORITY = 1
+DEFAULT_POLL_S = 0.5
+DEFAULT_SETTLE_S = 2.0  # ClickHouse: evidence rows are read once this old (server clock)
+Cursor = tuple[int, str, int]  # where a reader stands in the evidence log
+
+
+class StoreError(RuntimeError):
+    """The shared store could not be read or written."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateURL:
+    """``--state``: a file path, ``sqlite:///PATH`` or ``clickhouse://[user[:pw]@]host[:port]/db``;
+    ``?poll_s=`` (how often a replica reads the store, default 0.5 s)."""
+
+    kind: str  # file | sqlite | clickhouse
+    path: str | None = None
+    host: str | None = None
+    port: int = 8123
+    database: str = "default"
+    user: str | None = None
+    password: str | None = None
+    poll_s: float = DEFAULT_POLL_S
+
+    @property
+    def shared(self) -> bool:
+        return self.kind != "file"
+
+    def describe(self) -> str:
+        if self.kind == "clickhouse":
+            return f"clickhouse://{self.host}:{self.port}/{self.database}"
+        return f"sqlite://{self.path}" if self.kind == "sqlite" else str(self.path)
+
+
+def parse_state_url(text: str) -> StateURL:
+    """``--state`` parsed; ValueError naming what is wrong."""
+    if "://" not in text:
+        return StateURL("file", path=text)
+    parts = urllib.parse.urlsplit(text)
+    options = dict(urllib.parse.parse_qsl(parts.query))
+    unknown = sorted(set(options) - {"poll_s"})
+    if unknown:
+        raise ValueError(f"{text}: unknown option(s) {', '.join(unknown)} (known: poll_s)")
+    poll_s = DEFAULT_POLL_S
+    if "poll_s" in options:
+        try:
+            poll_s = float(options["poll_s"])
+        except ValueError:
+            raise ValueError(f"{text}: poll_s must be a number") from None
+        if not 0 < poll_s <= 60:
+            raise ValueError(f"{text}: poll_s must be in (0, 60], got {poll_s:g}")
+    if parts.scheme == "sqlite":
+        path = parts.netloc + parts.path
+        if not path:
+            raise ValueError(f"{text}: no file path (sqlite:///path/to/rollout.db)")
+        return StateURL("sqlite", path=path, poll_s=poll_s)
+    if parts.scheme != "clickhouse":
+        raise ValueError(
+            f"{text}: unknown scheme {parts.scheme!r} (a path, sqlite:// or clickhouse://)"
+        )
+    if not parts.hostname:
+        raise ValueError(f"{text}: no host (clickhouse://host:8123/db)")
+    try:
+        port = parts.port or 8123
+    except ValueError:
+        raise ValueError(f"{text}: the port is not a number") from None
+    database = parts.path.strip("/") or "default"
+    if not database.replace("_", "").isalnum():
+        raise ValueError(f"{text}: database name {database!r} is not a plain identifier")
+    return StateURL(
+        "clickhouse", host=parts.hostname, port=port, database=database,
+        user=urllib.parse.unquote(parts.username) if parts.username else None,
+        password=urllib.parse.unquote(parts.password) if parts.password else None,
+        poll_s=poll_s,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class StoredState:
+    """One row of ``rollout_log``: a rule's state at ``version``."""
+
+    rule: str
+    version: int
+    row_id: str
+    parent_id: str
+    priority: int
+    writer: str
+    at: float
+    state: RuleState = field(compare=False)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> StoredState:
+        return cls(
+            str(row["rule"]), int(row["version"]), str(row["row_id"]), str(row["parent_id"]),
+            int(row["priority"]), str(row["writer"]), float(row["at"]),
+            RuleState.from_json(jsonx.loads(row["state"])),
+        )  # fmt: skip
+
+
+def resolve(rows: Iterable[StoredState]) -> list[StoredState]:
+    """One rule's chain, oldest first: at each version the highest-priority row (then the
+    earliest, then the smallest id) among those built on the previous version's winner."""
+    by_version: dict[int, list[StoredState]] = {}
+    for r in rows:
+        by_version.setdefault(r.version, []).append(r)
+    chain: list[StoredState] = []
+    parent, version = "", 1
+    while version in by_version:
+        built_on = [r for r in by_version[version] if r.parent_id == parent]
+        if not built_on:
+            break
+        winner = min(built_on, key=lambda r: (-r.priority, r.at, r.row_id))
+        chain.append(winner)
+        parent, version = winner.row_id, version + 1
+    return chain
+
+
+def priority_of(state: RuleState) -> int:
+    return ROLLBACK_PRIORITY if state.stage == "shadow" and state.rolled_back else CHANGE_PRIORITY
+
+
+class SharedStore(Protocol):
+    """What :mod:`gateway.fleet` needs of a shared store (SQLite or ClickHouse)."""
+
+    name: str
+
+    def register(self, replica: str, at: float) -> int: ...
+    def current(self) -> dict[str, StoredState]: ...
+    def history(self, rule: str) -> list[StoredState]: ...
+    def cas(
+        self, rule: str, expected: StoredState | None, new: RuleState, writer: str
+    ) -> StoredState | None: ...
+    def append(self, rows: Sequence[tuple[str, str, str, int, bytes]]) -> None: ...
+    def evidence(
+        self, rule: str, episode: str, after: Cursor | None, limit: int
+    ) -> tuple[Cursor | None, list[bytes]]: ...
+    def close(self) -> None: ...
+
+
+def new_row(rule: str, version: int, parent: str, new: RuleState, writer: str) -> dict[str, Any]:
+    return {
+        "rule": rule, "version": version, "row_id": uuid.uuid4().hex, "parent_id": parent,
+        "priority": priority_of(new), "writer": writer,
+        "at": new.last.at_unix if new.last is not None else new.since_unix,
+        "fingerprint": new.fingerprint, "state": jsonx.dumps(new.to_json()).decode(),
+    }  # fmt: skip
+
+
+LOG_COLUMNS = "rule, version, row_id, parent_id, priority, writer, at, fingerprint, state"
+
+
+class SqliteStateStore:
+    """The shared store in one SQLite file: the processes of one host (WAL, busy timeout,
+    transactions)."""
+
+    def __init__(self, path: str, *, timeout_s: float = 5.0) -> None:
+        self.name = f"sqlite://{path}"
+        self.path = path
+        self._lock = threading.Lock()  # one connection, used by this process's threads in turn
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(
+                path, timeout=timeout_s, isolation_level=None, check_same_thread=False
+            )
+            self._db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = NORMAL")
+            self._db.executescript(
+                "CREATE TABLE IF NOT EXISTS rollout_log (rule TEXT NOT NULL, version INTEGER NOT"
+                " NULL, row_id TEXT NOT NULL, parent_id TEXT NOT NULL, priority INTEGER NOT NULL,"
+                " writer TEXT NOT NULL, at REAL NOT NULL, fingerprint TEXT NOT NULL, state TEXT"
+                " NOT NULL, PRIMARY KEY (rule, version));"
+                "CREATE TABLE IF NOT EXISTS rollout_evidence (id INTEGER PRIMARY KEY"
+                " AUTOINCREMENT, rule TEXT NOT NULL, episode TEXT NOT NULL, replica TEXT NOT NULL,"
+                " seq INTEGER NOT NULL, body BLOB NOT NULL);"
+                "CREATE INDEX IF NOT EXISTS rollout_evidence_episode ON rollout_evidence"
+                " (rule, episode, id);"
+                "CREATE TABLE IF NOT EXISTS rollout_replicas (k INTEGER PRIMARY KEY AUTOINCREMENT,"
+                " replica TEXT NOT NULL, at REAL NOT NULL);"
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.name}: {exc}") from exc
+
+    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        try:
+            with self._lock:
+                return list(self._db.execute(sql, args))
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.name}: {exc}") from exc
+
+    def register(self, replica: str, at: float) -> int:
+        try:
+            with self._lock:
+                cur = self._db.execute(
+                    "INSERT INTO rollout_replicas (replica, at) VALUES (?, ?)", (replica, at)
+                )
+                return int(cur.lastrowid or 0)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.name}: {exc}") from exc
+
+    def _states(self, sql: str, args: Sequence[Any] = ()) -> list[StoredState]:
+        cols = [c.strip() for c in LOG_COLUMNS.split(",")]
+        return [
+            StoredState.from_row(dict(zip(cols, r, strict=True))) for r in self._query(sql, args)
+        ]
+
+    def current(self) -> dict[str, StoredState]:
+        rows = self._states(
+            f"SELECT {LOG_COLUMNS} FROM rollout_log l WHERE version ="
+            " (SELECT max(version) FROM rollout_log m WHERE m.rule = l.rule)"
+        )
+        return {r.rule: r for r in rows}
+
+    def history(self, rule: str) -> list[StoredState]:
+        return self._states(
+            f"SELECT {LOG_COLUMNS} FROM rollout_log WHERE rule = ? ORDER BY version", (rule,)
+        )
+
+    def cas(
+        self, rule: str, expected: StoredState | None, new: RuleState, writer: str
+    ) -> StoredState | None:
+        """Write ``new`` as the rule's next version if its head is still ``expected``: the row
+        written, or None (the head moved: re-read)."""
+        version = expected.version if expected is not None else 0
+        row = new_row(rule, version + 1, expected.row_id if expected else "", new, writer)
+        try:
+            with self._lock:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    (head,) = self._db.execute(
+                        "SELECT coalesce(max(version), 0) FROM rollout_log WHERE rule = ?", (rule,)
+                    ).fetchone()
+                    if head != version:
+                        self._db.execute("ROLLBACK")
+                        return None
+                    self._db.execute(
+                        f"INSERT INTO rollout_log ({LOG_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",
+                        [row[c.strip()] for c in LOG_COLUMNS.split(",")],
+                    )
+                    self._db.execute("COMMIT")
+                    return StoredState.from_row(row)
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.name}: {exc}") from exc
+
+    def append(self, rows: Sequence[tuple[str, str, str, int, bytes]]) -> None:
+        if not rows:
+            return
+        try:
+            with self._lock:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    self._db.executemany(
+                        "INSERT INTO rollout_evidence (rule, episode, replica, seq, body)"
+                        " VALUES (?, ?, ?, ?, ?)",
+                        rows,
+                    )
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.name}: {exc}") from exc
+
+    def evidence(
+        self, rule: str, episode: str, after: Cursor | None, limit: int
+    ) -> tuple[Cursor | None, list[bytes]]:
+        start = after[0] if after is not None else 0
+        rows = self._query(
+            "SELECT id, body FROM rollout_evidence WHERE rule = ? AND episode = ? AND id > ?"
+            " ORDER BY id LIMIT ?",
+            (rule, episode, start, limit),
+        )
+        if not rows:
+            return after, []
+        return (int(rows[-1][0]), "", 0), [bytes(body) for _, body in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def open_store(url: StateURL) -> SharedStore:
+    """The shared store ``url`` names (StoreError if it cannot be opened now)."""
+    if url.kind == "sqlite":
+        assert url.path is not None
+        return SqliteStateStore(url.path)
+    if url.kind == "clickhouse":
+        from gateway.state_clickhouse import ClickHouseStateStore
+
+        return ClickHouseStateStore(url)
+    raise ValueError(f"{url.describe()} is a file, not a shared store")
