@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from simulator.config import SimConfig
+from simulator.lookahead import Schedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +83,17 @@ Proposer = Callable[[Sequence[int], int], Sequence[int]]  # (context ids, k) -> 
 
 
 def replay_steps(
-    prompt: Sequence[int], out: Sequence[int], *, k: int, propose: Proposer
+    prompt: Sequence[int],
+    out: Sequence[int],
+    *,
+    k: int,
+    propose: Proposer,
+    lookahead: Schedule | None = None,
 ) -> tuple[Step, ...]:
-    """The steps ``propose`` would have had over ``prompt`` + ``out`` (see the module doc)."""
+    """The steps ``propose`` would have had over ``prompt`` + ``out`` (see the module doc).
+
+    ``lookahead``: a dynamic rule (:mod:`simulator.lookahead`) sets each step's ``k`` instead,
+    and hears each step's drafted and accepted counts."""
     n = len(out)
     if n <= 0:
         return ()
@@ -93,13 +102,16 @@ def replay_steps(
     j = 1
     while j < n:
         remaining = n - j
-        draft = list(propose(context, k))[: remaining - 1]
+        wanted = lookahead.k if lookahead is not None else k
+        draft = list(propose(context, wanted))[: remaining - 1]
         accepted = 0
         for want, got in zip(draft, out[j:], strict=False):
             if want != got:
                 break
             accepted += 1
         steps.append(Step(len(draft), accepted))
+        if lookahead is not None:
+            lookahead.verified(wanted, len(draft), accepted)
         context += out[j : j + accepted + 1]
         j += accepted + 1
     return tuple(steps)

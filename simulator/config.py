@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from simulator.engine_info import check_engine
+from simulator.lookahead import parse as parse_lookahead
 
 Mode = Literal["plain", "speculative"]
 Batching = Literal["independent", "continuous"]
@@ -156,6 +157,9 @@ class SimConfig:
     ``acceptance`` and ``coverage`` do not apply; ``max_model_len`` caps the drafts as in vLLM
     (the simulator still serves a longer prompt, which then never drafts). The literal n-gram port
     costs CPU at planning time: about 0.2 s for 256 output tokens over a 4,600-token prompt.
+    ``lookahead`` (replayed drafts): a dynamic draft-length rule instead of a fixed
+    ``num_speculative_tokens`` (:mod:`simulator.lookahead`: Hugging Face's heuristic, EMA tiers,
+    the elastic EWMA, a drafter's confidence exit).
 
     Copying (``copy``, per category ``category_copy``): the probability that each segment of a
     text answer copies a span (4–24 pieces) of the prompt's content or of the answer so far
@@ -236,6 +240,9 @@ class SimConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     drafter_match: float = 0.7
+    # A dynamic draft-length rule for replayed drafts (simulator.lookahead), e.g.
+    # "heuristic:start=4,floor=1,cap=8"; None: num_speculative_tokens every step.
+    lookahead: str | None = None
     category_drafter_match: Mapping[str, float] = field(default_factory=dict)
     max_model_len: int = 4096
     copy: float = 0.0
@@ -282,6 +289,8 @@ class SimConfig:
             raise ValueError(
                 f"drafting='replay' needs proposer 'ngram' or 'draft_model', got {self.proposer!r}"
             )
+        if self.lookahead is not None:
+            parse_lookahead(self.lookahead)  # a clear error for an unknown rule or constant
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError("expected 1 <= prompt_lookup_min <= prompt_lookup_max")
         if self.max_model_len < 1:

@@ -58,13 +58,44 @@ def predictions(tokens: Sequence[int], match: float) -> list[int | None]:
     return [None, *(_prediction(keys[i], tokens[i], match)[0] for i in range(1, len(tokens)))]
 
 
-def drafter_proposer(full: Sequence[int], match: float) -> Proposer:
-    """A proposer over contexts that are prefixes of ``full`` (prompt + the actual output)."""
+def confidences(tokens: Sequence[int], match: float) -> list[float | None]:
+    """``out[i]``: the drafter's probability of its own prediction of ``tokens[i]`` — the
+    rank-1 logprob :func:`prompt_logprobs` reports, exponentiated (``None`` at 0)."""
+    keys = _context_keys(tokens)
+    return [
+        None,
+        *(math.exp(_best_logprob(_prediction(keys[i], tokens[i], match)[1]))
+          for i in range(1, len(tokens))),
+    ]  # fmt: skip
+
+
+def _best_logprob(v: float) -> float:
+    return -round(0.05 + 0.6 * v, 4)
+
+
+def drafter_proposer(
+    full: Sequence[int], match: float, *, threshold: float | None = None
+) -> Proposer:
+    """A proposer over contexts that are prefixes of ``full`` (prompt + the actual output).
+
+    ``threshold``: confidence early exit — the draft stops after the first token whose
+    probability (:func:`confidences`) is under it, as transformers'
+    ``assistant_confidence_threshold`` does."""
     preds = predictions(full, match)
+    probs = confidences(full, match) if threshold is not None else None
 
     def propose(context: Sequence[int], k: int) -> list[int]:
         start = len(context)
-        return [p for p in preds[start : start + k] if p is not None]
+        out: list[int] = []
+        for i in range(start, min(start + k, len(preds))):
+            p = preds[i]
+            if p is None:
+                continue
+            out.append(p)
+            q = probs[i] if probs is not None else None
+            if threshold is not None and q is not None and q < threshold:
+                break
+        return out
 
     return propose
 
@@ -83,7 +114,7 @@ def prompt_logprobs(tokens: Sequence[int], match: float, top: int) -> list[Any]:
     for i in range(1, len(tokens)):
         actual = tokens[i]
         predicted, v = _prediction(keys[i], actual, match)
-        best_lp = -round(0.05 + 0.6 * v, 4)
+        best_lp = _best_logprob(v)
         ranked = [
             predicted,
             *(

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from simulator.acceptance import Proposer, Step, plan_steps, replay_steps
 from simulator.config import Mode, SimConfig
 from simulator.drafter import drafter_proposer, prompt_logprobs
+from simulator.lookahead import schedule
 from simulator.ngram import find_longest_matched_ngram_and_propose_tokens
 from simulator.request import SimRequest
 from simulator.sampling import (
@@ -132,7 +133,15 @@ def _full_tokens(
 
 def _proposer(config: SimConfig, request: SimRequest, out: list[int], category: str) -> Proposer:
     if config.proposer == "draft_model":
-        return drafter_proposer([*request.prompt_ids, *out], config.drafter_match_for(category))
+        rule = schedule(config.lookahead)
+        threshold = (
+            float(rule.params["threshold"])  # type: ignore[arg-type]  # a number, by parse()
+            if rule is not None and rule.name == "confidence"
+            else None
+        )
+        return drafter_proposer(
+            [*request.prompt_ids, *out], config.drafter_match_for(category), threshold=threshold
+        )
     lo, hi, max_len = config.prompt_lookup_min, config.prompt_lookup_max, config.max_model_len
 
     def propose(context: Sequence[int], k: int) -> list[int]:
@@ -224,6 +233,7 @@ def plan_completion(config: SimConfig, request: SimRequest, category: str) -> Pl
             out,
             k=config.num_speculative_tokens,
             propose=_proposer(config, request, out, category),
+            lookahead=schedule(config.lookahead),
         )
     else:
         steps = plan_steps(
