@@ -103,11 +103,22 @@ class Load(View):
     replicas = integer()
     per_replica_rate_rps = number()
     per_replica_in_flight = number()
+    decode_in_flight = number(
+        doc="this gateway's legs in flight to the backend, averaged over the leg's decode "
+        "interval (first to last output event; this leg included)"
+    )
     scraped = view(Scraped)
 
     @property
     def present(self) -> bool:
         return bool(self.raw)
+
+    @property
+    def per_replica_decode_in_flight(self) -> float | None:
+        """:attr:`decode_in_flight` per replica: the batch the leg decoded in, as this gateway
+        saw it."""
+        d = self.decode_in_flight
+        return None if d is None else d / (self.replicas or 1)
 
     @property
     def per_replica_concurrency(self) -> float | None:

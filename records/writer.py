@@ -136,6 +136,7 @@ def leg_load(leg: LegResult, nearest: Nearest | None) -> dict[str, Any] | None:
         "replicas": load.replicas,
         "per_replica_rate_rps": load.per_replica_rate_rps,
         "per_replica_in_flight": load.per_replica_in_flight,
+        "decode_in_flight": leg.decode_in_flight,
         "scraped": None
         if sample is None
         else {
