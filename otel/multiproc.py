@@ -337,11 +337,12 @@ class FleetPullReader(PullMetricReader):
         *,
         worker: int,
         flush_interval_s: float = FLUSH_INTERVAL_S,
+        pid: int | None = None,  # tests: several "workers" in one process
     ) -> None:
         super().__init__()
         self.folder = Path(folder)
         self.worker = worker
-        self.pid = os.getpid()
+        self.pid = pid if pid is not None else os.getpid()
         self.flush_interval_s = flush_interval_s
         self.path = self.folder / f"w{worker}-{self.pid}.json"
         self.socket_path = self.folder / f"w{worker}-{self.pid}.sock"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from gateway.workers import Supervisor, WorkerIdentity, bind_sockets, install, m
 from otel.multiproc import FleetPullReader
 from otel.settings import TelemetrySettings
 from otel.setup import build_telemetry
+from policies.errors import PolicyError
 from policies.store import PolicyStore
 from specshadow.app import build_app
 
@@ -81,12 +83,18 @@ def run_workers(
         identity: WorkerIdentity, socks: list[socket.socket], ready: Callable[[], None]
     ) -> int:
         reader = FleetPullReader(identity.metrics_dir, worker=identity.index)
-        telemetry = build_telemetry(
-            telemetry_settings,
-            pull_reader=reader,
-            process_attributes=identity.resource_attributes(),
-        )
-        app = build_app(settings, policy=policy, telemetry=telemetry)
+        try:
+            telemetry = build_telemetry(
+                telemetry_settings,
+                pull_reader=reader,
+                process_attributes=identity.resource_attributes(),
+            )
+            app = build_app(settings, policy=policy, telemetry=telemetry)
+        except (PolicyError, OSError, ValueError) as exc:
+            # What one process would refuse to start on (an unusable --store, a state store that
+            # cannot be opened): status 2 makes the parent stop at once instead of retrying.
+            sys.stderr.write(f"specshadow serve: worker {identity.index}: {exc}\n")
+            return 2
         install(app, identity, ready)
         if telemetry_settings.enabled and telemetry_settings.prometheus:
             reader.start()

@@ -1,0 +1,280 @@
+"""``specshadow serve --workers 2`` as real processes on loopback, the official openai SDK as the
+client, simulators as the primary and the shadow.
+
+Ground truth is counted independently of the gateway: the requests the test sent, the shadow
+simulator's own count of what reached it, and the pids the kernel shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from core.procs import free_port
+from gateway.workers import WORKER_HEADER, Supervisor
+from tests.reliability.helpers import wait_healthy
+
+pytestmark = pytest.mark.e2e
+
+SAMPLED = 'specshadow_outcome="sampled"'
+
+
+@asynccontextmanager
+async def workers_gateway(
+    primary: str, shadow: str, tmp: Path, *extra: str
+) -> AsyncIterator[tuple[str, subprocess.Popen[bytes], Callable[[], str]]]:
+    port = free_port()
+    log = tempfile.TemporaryFile()  # noqa: SIM115 — closed in finally
+    proc = subprocess.Popen(  # noqa: ASYNC220 — started once; the loop is idle meanwhile
+        [
+            sys.executable,
+            "-m",
+            "specshadow",
+            "serve",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--primary",
+            primary,
+            "--primary-kind",
+            "sim",
+            "--shadow",
+            shadow,
+            "--shadow-kind",
+            "sim",
+            "--state",
+            f"sqlite://{tmp / 'state.sqlite'}",
+            *extra,
+        ],
+        env={**os.environ, "XDG_STATE_HOME": str(tmp)},
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+
+    def stderr() -> str:
+        log.seek(0)
+        return log.read().decode(errors="replace")
+
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_healthy(url, proc, stderr)
+        await wait_for(lambda: ready_workers(url), lambda n: n == 2)
+        yield url, proc, stderr
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(proc.wait, 30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+async def wait_for(
+    fetch: Callable[[], Awaitable[Any]], ok: Callable[[Any], bool], timeout_s: float = 20.0
+) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await fetch()
+        if ok(last):
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"condition not met; last: {last}")
+
+
+async def get(url: str, path: str) -> tuple[str, Any]:
+    """One GET on a fresh connection (so the kernel may pick either worker): (worker, body)."""
+    async with aiohttp.ClientSession() as session, session.get(url + path) as resp:
+        assert resp.status == 200, resp.status
+        body = await resp.json() if "json" in resp.content_type else await resp.text()
+        return resp.headers[WORKER_HEADER], body
+
+
+async def ready_workers(url: str) -> int:
+    try:
+        _, doc = await get(url, "/admin/workers")
+    except aiohttp.ClientError:
+        return 0
+    return sum(1 for w in doc["workers"] if w["ready"])
+
+
+def sampled(text: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("specshadow_shadow_requests_total{") and SAMPLED in line)  # fmt: skip
+
+
+def pid_of(worker_header: str) -> int:
+    return int(worker_header.split("pid=")[1])
+
+
+async def send(url: str, n: int) -> set[int]:
+    """``n`` chat requests through the SDK, each on its own connection; the pids that answered."""
+    pids: set[int] = set()
+
+    async def one(i: int) -> None:
+        # A client of its own: its own connection, so the kernel spreads the requests.
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as client:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="sim-model", messages=[{"role": "user", "content": f"hello {i}"}],
+                max_tokens=4,
+            )  # fmt: skip
+        assert raw.parse().choices[0].message.content
+        pids.add(pid_of(raw.headers[WORKER_HEADER]))
+
+    for start in range(0, n, 8):
+        await asyncio.gather(*(one(i) for i in range(start, min(n, start + 8))))
+    return pids
+
+
+async def test_two_workers_share_one_port_and_every_scrape_counts_every_mirrored_request(
+    sims: Callable[..., Awaitable[Any]], tmp_path: Path
+) -> None:
+    primary, shadow = await sims(), await sims(mode="speculative")
+    n = 40
+    async with workers_gateway(primary.base_url, shadow.base_url, tmp_path) as (url, proc, _err):
+        _, status = await get(url, "/admin/workers")
+        worker_pids = {w["pid"] for w in status["workers"]}
+        assert len(worker_pids) == 2 and proc.pid not in worker_pids
+        answered = await send(url, n)
+        assert answered == worker_pids  # both workers served the SDK's requests
+        # Every mirrored request reached the shadow (its own count), and a scrape through the
+        # shared port counts them all, whichever worker answers it.
+        await wait_for(lambda: asyncio.sleep(0, len(shadow.state.requests)), lambda c: c == n)
+        scraped_by: set[str] = set()
+        for _ in range(12):
+            worker, text = await get(url, "/metrics")
+            scraped_by.add(worker.split(";")[0])
+            assert sampled(text) == n, text
+        assert scraped_by == {"0", "1"}
+
+
+async def test_a_killed_worker_is_restarted_keeps_its_counts_and_sigterm_stops_all(
+    sims: Callable[..., Awaitable[Any]], tmp_path: Path
+) -> None:
+    primary, shadow = await sims(), await sims(mode="speculative")
+    async with workers_gateway(primary.base_url, shadow.base_url, tmp_path) as (url, proc, err):
+        await send(url, 16)
+        # A scrape makes every worker write its snapshot; what a scrape showed is never taken
+        # back (a SIGKILL loses only what a worker counted since its last snapshot, unseen).
+        _, text = await get(url, "/metrics")
+        assert sampled(text) == 16
+        _, status = await get(url, "/admin/workers")
+        victim = status["workers"][1]["pid"]
+        survivor = status["workers"][0]["pid"]
+        os.kill(victim, signal.SIGKILL)
+
+        def restarted(doc: Any) -> bool:
+            w = doc["workers"][1]
+            return bool(w["ready"] and w["pid"] not in (None, victim))
+
+        status = await wait_for(lambda: get_body(url, "/admin/workers"), restarted)
+        slot = status["workers"][1]
+        assert slot["restarts"] == 1 and slot["last_exit"]["signal"] == "SIGKILL"
+        assert status["workers"][0]["pid"] == survivor
+        assert f"worker 1 (pid {victim}) killed by SIGKILL" in err()
+        # Still in the totals after the kill: the dead worker's snapshot is folded.
+        for _ in range(6):
+            _, text = await get(url, "/metrics")
+            assert sampled(text) == 16
+        await send(url, 8)
+        await wait_for(lambda: get_body(url, "/metrics"), lambda t: sampled(t) == 24)
+        # SIGTERM to the parent: every worker drains and exits, the parent exits 0.
+        pids = [w["pid"] for w in status["workers"]]
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0, err()
+        for pid in pids:
+            assert not Path(f"/proc/{pid}").exists(), pid  # noqa: ASYNC240 — one stat
+
+
+async def get_body(url: str, path: str) -> Any:
+    return (await get(url, path))[1]
+
+
+async def test_sigterm_lets_a_stream_in_flight_finish(
+    sims: Callable[..., Awaitable[Any]], tmp_path: Path
+) -> None:
+    primary, shadow = await sims(step_s=0.02), await sims(mode="speculative")
+    async with workers_gateway(primary.base_url, shadow.base_url, tmp_path) as (url, proc, err):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        stream = await client.chat.completions.create(
+            model="sim-model", messages=[{"role": "user", "content": "a long answer"}],
+            max_tokens=60, stream=True, stream_options={"include_usage": True},
+        )  # fmt: skip
+        chunks = 0
+        usage = None
+        async for chunk in stream:
+            chunks += 1
+            if chunks == 2:
+                proc.send_signal(signal.SIGTERM)  # mid-stream
+            usage = chunk.usage or usage
+        await client.close()
+        assert usage is not None and usage.completion_tokens == 60
+        assert await asyncio.to_thread(proc.wait, 30) == 0, err()
+
+
+async def test_a_worker_that_cannot_start_stops_the_gateway_with_status_2(
+    sims: Callable[..., Awaitable[Any]], tmp_path: Path
+) -> None:
+    primary = await sims()
+    port = free_port()
+    (tmp_path / "a-file").write_text("not a folder")
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "specshadow",
+            "serve",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--primary",
+            primary.base_url,
+            "--primary-kind",
+            "sim",
+            "--store",
+            str(tmp_path / "a-file" / "records.db"),
+            "--state",
+            f"sqlite://{tmp_path / 'state.sqlite'}",
+        ],
+        capture_output=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, result.stderr.decode()
+    assert b"could not start" in result.stderr
+
+
+def test_a_worker_that_keeps_crashing_before_it_is_ready_stops_the_supervisor(
+    tmp_path: Path,
+) -> None:
+    attempts = tmp_path / "attempts"
+
+    def crash(identity: Any, _socks: Any, _ready: Callable[[], None]) -> int:
+        with open(attempts, "a") as f:
+            f.write(f"{identity.index}\n")
+        return 1
+
+    run_dir = tmp_path / "run"
+    (run_dir / "metrics").mkdir(parents=True)
+    supervisor = Supervisor([[], []], crash, run_dir=run_dir, shutdown_timeout_s=1.0)
+    assert supervisor.run() == 1
+    counts = attempts.read_text().split()
+    # Worker slots are retried with a back-off until one has failed three times in a row.
+    assert max(counts.count("0"), counts.count("1")) == 3
