@@ -25,6 +25,7 @@ import pytest
 
 from core.procs import free_port
 from gateway.workers import WORKER_HEADER, Supervisor
+from tests.receivers.otlp import OtlpHttpReceiver
 from tests.reliability.helpers import wait_healthy
 
 pytestmark = pytest.mark.e2e
@@ -34,7 +35,7 @@ SAMPLED = 'specshadow_outcome="sampled"'
 
 @asynccontextmanager
 async def workers_gateway(
-    primary: str, shadow: str, tmp: Path, *extra: str
+    primary: str, shadow: str, tmp: Path, *extra: str, env: dict[str, str] | None = None
 ) -> AsyncIterator[tuple[str, subprocess.Popen[bytes], Callable[[], str]]]:
     port = free_port()
     log = tempfile.TemporaryFile()  # noqa: SIM115 — closed in finally
@@ -60,7 +61,7 @@ async def workers_gateway(
             f"sqlite://{tmp / 'state.sqlite'}",
             *extra,
         ],
-        env={**os.environ, "XDG_STATE_HOME": str(tmp)},
+        env={**os.environ, "XDG_STATE_HOME": str(tmp), **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=log,
     )
@@ -200,6 +201,42 @@ async def test_a_killed_worker_is_restarted_keeps_its_counts_and_sigterm_stops_a
         assert await asyncio.to_thread(proc.wait, 30) == 0, err()
         for pid in pids:
             assert not Path(f"/proc/{pid}").exists(), pid  # noqa: ASYNC240 — one stat
+
+
+async def test_each_worker_exports_otlp_under_its_own_instance_id(
+    sims: Callable[..., Awaitable[Any]], tmp_path: Path, otlp_http_receiver: OtlpHttpReceiver
+) -> None:
+    primary, shadow = await sims(), await sims(mode="speculative")
+    env = otlp_http_receiver.env(OTEL_METRIC_EXPORT_INTERVAL="300")
+    async with workers_gateway(primary.base_url, shadow.base_url, tmp_path, env=env) as (url, *_):
+        _, status = await get(url, "/admin/workers")
+        pids = {w["pid"] for w in status["workers"]}
+        answered = await send(url, 24)
+        assert answered == pids
+
+        def latest() -> dict[str, float]:
+            """Per worker instance: its newest cumulative count of sampled shadow legs."""
+            out: dict[str, float] = {}
+            for m in list(otlp_http_receiver.collected.metrics):
+                if m.name != "specshadow.shadow.requests":
+                    continue
+                for p in m.points:
+                    if p.attributes.get("specshadow.outcome") == "sampled":
+                        out[m.resource["service.instance.id"]] = p.value or 0.0
+            return out
+
+        # Each worker exports its own counts; the two together are what was sent.
+        await wait_for(lambda: asyncio.sleep(0, latest()), lambda c: sum(c.values()) == 24)
+        resources = {
+            (m.resource["service.instance.id"], m.resource["specshadow.worker.index"],
+             m.resource["process.pid"])
+            for m in list(otlp_http_receiver.collected.metrics)
+        }  # fmt: skip
+        gateway_id = status["gateway_id"]
+        by_index = {p: (i, pid) for i, p, pid in resources}
+        assert set(by_index) == {0, 1}
+        assert {by_index[0][0], by_index[1][0]} == {f"{gateway_id}-0", f"{gateway_id}-1"}
+        assert {by_index[0][1], by_index[1][1]} == pids
 
 
 async def get_body(url: str, path: str) -> Any:
