@@ -1,7 +1,8 @@
 """The report's first screen and its reading aids, shared by HTML and Markdown (pure).
 
 :func:`front` — what a person must see before anything else, in this order: a rollback inside
-the window (when, which guard, its reading against the threshold), a failing candidate (its
+the window (when, which guard, its reading against the threshold), an engine configuration change
+inside the window (the verdicts judge only the exchanges after it), a failing candidate (its
 failures by kind and the first error), the one fix of a load-mismatched candidate, then each
 candidate's verdict for all traffic with what it rests on, what to ship, and — when any leg's
 token count was not its own — how the counts were put on one footing (:mod:`report.counts`).
@@ -21,7 +22,9 @@ from typing import Literal
 from report.analysis import ALL, DECISION_LABELS, Analysis, CandidateAnalysis, Verdict
 from report.workflows_view import first_line
 
-Kind = Literal["rollback", "failing", "fix", "workflow", "verdict", "ship", "counts", "window"]
+Kind = Literal[
+    "rollback", "changed", "failing", "fix", "workflow", "verdict", "ship", "counts", "window"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,16 @@ def front(a: Analysis) -> list[Line]:
                 f"Rolled back: {named}",
                 f"{rb.text()}. Not recommended for this window; its verdict is rolled back."
                 + words,
+            )
+        )
+    if a.config_changes and a.judged_since is not None:
+        moved = "; ".join(ch.text() for ch in a.config_changes)
+        out.append(
+            Line(
+                "changed",
+                "Configuration changed",
+                f"{moved}. The verdicts judge the latest configuration: the {a.judged} exchanges "
+                f"since {_at(a.judged_since)}.",
             )
         )
     out.extend(

@@ -159,7 +159,11 @@ def evidence_worker(
         [*first, telemetry, *consumers],
         capture_default=policy.current.capture,
         scraper=scraper,
-        probe=ServerInfoProbe(info) if info else None,
+        # Asked every ten scrapes (10 s by default): an engine upgrade re-qualifies the evidence
+        # within seconds, for a few small GETs per backend.
+        probe=ServerInfoProbe(info, refresh_s=min(60.0, 10 * settings.scrape_interval_s))
+        if info
+        else None,
         # Visible as specshadow.telemetry.dropped{signal=metrics, reason=queue_full}.
         on_drop=lambda: telemetry.count_telemetry_dropped("metrics", "queue_full", 1),
     )
