@@ -146,6 +146,7 @@ def _fragment(backend: str, cand: Leg, config: Mapping[str, Any]) -> str:
         {
             "backends": {name: {"url": f"http://{address}", "kind": "vllm"}},
             "default": {
+                "ratio": "load_matched",
                 "legs": [
                     {"backend": backend, "role": "candidate"},
                     {"backend": name, "role": "baseline"},
