@@ -290,7 +290,18 @@ def _backend(name: str, b: Backend, connect_s: float, idle_s: float) -> BackendS
         server_address=_server_address(b.url),
         replicas=b.replicas,
         speculative=_speculative(b),
+        engine=_engine(b),
     )
+
+
+def _engine(b: Backend) -> dict[str, object] | None:
+    """The declared engine block under the record's field names (``name`` is ``engine``)."""
+    if b.engine is None:
+        return None
+    declared = b.engine.model_dump(exclude_none=True)
+    if "name" in declared:
+        declared["engine"] = declared.pop("name")
+    return declared or None
 
 
 def _speculative(b: Backend) -> SpeculativeSpec | None:

@@ -43,6 +43,8 @@ class BackendSpec:
     server_address: str  # host:port, for spans and LegResult.server_address
     replicas: int = 1  # servers behind url (per-replica load = load / replicas)
     speculative: SpeculativeSpec | None = None  # declared; the gateway also asks the backend
+    # The declared engine configuration (evidence.engine_config's field names); None: none.
+    engine: Mapping[str, object] | None = None
 
     def auth_header(self, environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
         """``("authorization", "Bearer <key>")`` from ``api_key_env``, read now; None if unset.

@@ -189,6 +189,46 @@ class Speculative(_Strict):
     """n-gram proposers: the longest n-gram matched (vLLM's ``prompt_lookup_max``)."""
 
 
+class Engine(_Strict):
+    """What a backend's engine runs, as the operator knows it: the fields that change speed or
+    output. Every field is optional; the gateway also asks the engine (vLLM's ``/server_info``,
+    ``/version`` and ``/metrics``, SGLang's ``/server_info``) and what it reports wins. A field only
+    declared here is labelled ``declared`` in records and in the report's confound gate
+    (docs/confounds.md). Declare what no endpoint says: an OpenAI-compatible backend's version,
+    a vLLM without dev mode's quantization."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    """The engine: ``vllm``, ``sglang``, ``trtllm``, … (the record's ``engine`` field)."""
+    version: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    """The engine's release, e.g. ``0.32.0``."""
+    model: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = None
+    """The served weights (a path or a hub id)."""
+    revision: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = None
+    """The weights' revision (a commit or tag)."""
+    dtype: Annotated[str, StringConstraints(min_length=1, max_length=32)] | None = None
+    """The weights' dtype: ``bfloat16``, ``float16``, …"""
+    quantization: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    """The quantization method: ``fp8``, ``awq``, ``gptq``, … (unset: none)."""
+    kv_cache_dtype: Annotated[str, StringConstraints(min_length=1, max_length=32)] | None = None
+    """The KV cache's dtype: ``auto`` (the weights'), ``fp8``, …"""
+    enable_prefix_caching: bool | None = None
+    """Whether prefix caching is on."""
+    enable_chunked_prefill: bool | None = None
+    """Whether chunked prefill is on."""
+    max_num_seqs: int | None = Field(default=None, ge=1, le=1_000_000)
+    """The scheduler's limit on sequences in a batch."""
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=100_000_000)
+    """The scheduler's limit on tokens in a batch."""
+    tensor_parallel_size: int | None = Field(default=None, ge=1, le=4096)
+    """GPUs a layer is split across."""
+    pipeline_parallel_size: int | None = Field(default=None, ge=1, le=4096)
+    """Pipeline stages the layers are split into."""
+    data_parallel_size: int | None = Field(default=None, ge=1, le=4096)
+    """Engine replicas behind one server."""
+    max_model_len: int | None = Field(default=None, ge=1, le=100_000_000)
+    """The longest context served."""
+
+
 class Backend(_Strict):
     """An upstream the gateway may send requests to. Upstreams come only from here (or the
     ``--primary``/``--shadow``/``--baseline`` flags): no client header or URL can pick one."""
@@ -225,6 +265,9 @@ class Backend(_Strict):
     speculative: Speculative | None = None
     """This backend's speculative decoding (method, depth, label, verification); see
     ``Speculative``. Records carry it per leg; the report names candidates by its label."""
+    engine: Engine | None = None
+    """What this backend's engine runs beyond speculation (version, dtype, quantization, …); see
+    ``Engine``. Fills what the engine does not report; the report's confound gate reads it."""
 
 
 class PromptBytes(_Strict):

@@ -42,11 +42,12 @@ def scrape_targets(policy: CompiledPolicy) -> dict[str, str]:
 
 
 def info_targets(policy: CompiledPolicy) -> dict[str, InfoTarget]:
-    """Backends that can say what speculation they run (vLLM, SGLang, the simulator)."""
+    """Backends that can say what they run (vLLM, SGLang, the simulator), and any whose engine the
+    policy declares."""
     return {
-        name: InfoTarget(b.url, b.kind, b.speculative)
+        name: InfoTarget(b.url, b.kind, b.speculative, b.engine)
         for name, b in policy.backends.items()
-        if b.kind in INFO_PATHS
+        if b.kind in INFO_PATHS or b.engine
     }
 
 
