@@ -9,8 +9,11 @@ continuous-batching engine follows it, so the demo has a known answer.
 Fitted by least squares on the records' completed legs (:attr:`records.reader.Leg.ok`, the rule
 every reader of the records shares): the primary's ``tpot`` (one token per pass) at its
 batch, and any live candidate's ``tpot × tokens_per_pass`` (its step time) at its batch and
-verification slots. The batch is the backend's scraped ``num_requests_running`` when the leg has
-it, else the gateway's in-flight count per replica. With no spread in ``slots`` the slope cannot
+verification slots. The batch is the one the leg decoded in: the gateway's in-flight count to the
+backend averaged over the leg's decode interval, per replica (the interval its TPOT is measured
+over; :mod:`gateway.load`). Records without it fall back to the batch at dispatch (the scraped
+``num_requests_running``, else the in-flight count per replica), which is biased low when
+traffic arrives in bursts: legs dispatched after a leg join its batch. With no spread in ``slots`` the slope cannot
 be told from the floor; the model then says so and assumes verification is free (``slot_s = 0``,
 a memory-bound upper bound on speed-up).
 
@@ -29,7 +32,7 @@ from typing import Any
 from core.stats import percentile
 from records.reader import Leg
 
-__all__ = ["StepModel", "fit_step_model", "leg_batch"]
+__all__ = ["StepModel", "dispatch_batch", "fit_step_model", "leg_batch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +70,21 @@ class StepModel:
 
 
 def leg_batch(leg: Leg | Mapping[str, Any]) -> float | None:
-    """The batch a leg ran in: the scraped running requests, else in-flight per replica (a leg
-    as stored or as read: :class:`records.reader.Leg`)."""
+    """The batch a leg decoded in (a leg as stored or as read: :class:`records.reader.Leg`):
+    the gateway's in-flight count averaged over the leg's decode interval, per replica
+    (``load.decode_in_flight``); for records without it, the batch at dispatch
+    (:func:`dispatch_batch`)."""
+    load = (leg if isinstance(leg, Leg) else Leg(leg)).load
+    decode = load.per_replica_decode_in_flight
+    if decode is not None and decode > 0:
+        return decode
+    return dispatch_batch(leg)
+
+
+def dispatch_batch(leg: Leg | Mapping[str, Any]) -> float | None:
+    """The batch at the leg's dispatch: the scraped running requests, else in-flight per
+    replica. Biased low for the batch a leg decodes in when traffic arrives in bursts (the
+    legs dispatched after it join its batch), so only the fallback."""
     load = (leg if isinstance(leg, Leg) else Leg(leg)).load
     scraped = load.scraped
     running = scraped.num_requests_running if scraped is not None else None
