@@ -178,9 +178,10 @@ def predicted_over_measured(
     logs = []
     for r in records:
         p, c = r.primary, r.candidate_leg(None)
-        if p is None or c is None or not p.tpot_s or not c.tpot_s or credit(p) is None:
+        batch = credit(p) if p is not None else None
+        if p is None or c is None or not p.tpot_s or not c.tpot_s or batch is None:
             continue
-        at = dataclasses.replace(model, batch=credit(p)).speedup(tpp, drafted)
+        at = dataclasses.replace(model, batch=batch).speedup(tpp, drafted)
         assert at is not None
         logs.append(math.log(at) - math.log(p.tpot_s / c.tpot_s))
     assert len(logs) >= 50, len(logs)

@@ -19,7 +19,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-import pyarrow.json as pa_json
+import pyarrow.json as pa_json  # type: ignore[import-untyped]  # no stubs
 import pytest
 
 from core import jsonx
