@@ -62,6 +62,10 @@ LEG_ROLE: Final = "specshadow.leg.role"  # primary | candidate | baseline
 BACKEND: Final = "specshadow.backend"  # backend name from the policy
 REQUEST_ID: Final = "specshadow.request_id"  # spans only
 EXCHANGE_ID: Final = "specshadow.exchange_id"  # spans only
+# The compare span: each leg's engine configuration fingerprint, by role (``….primary``,
+# ``….candidate``, ``….baseline``), whole and without the speculative block (docs/confounds.md).
+ENGINE_FINGERPRINT: Final = "specshadow.engine.fingerprint"  # spans only
+ENGINE_BASE_FINGERPRINT: Final = "specshadow.engine.base_fingerprint"  # spans only
 CATEGORY: Final = "specshadow.category"  # prompt category from the trace/policy
 TIMING_TTFT_S: Final = "specshadow.timing.ttft_s"
 TIMING_TPOT_S: Final = "specshadow.timing.tpot_s"

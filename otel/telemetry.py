@@ -335,7 +335,7 @@ class Telemetry:
         span = self.tracer.start_span(
             "compare",
             context=_PROPAGATOR.extract({"traceparent": traceparent}),
-            attributes={sc.EXCHANGE_ID: evidence.exchange.exchange_id},
+            attributes={sc.EXCHANGE_ID: evidence.exchange.exchange_id, **_engines(evidence)},
         )
         try:
             for c in comparisons:
@@ -685,3 +685,16 @@ def _genai_attributes(names: inst.GenAiMetrics, base: at.Attributes) -> at.Attri
     if isinstance(names, inst.LatestGenAi):
         return {**base, sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_OPENAI}
     return base
+
+
+def _engines(evidence: Evidence) -> dict[str, str]:
+    """Each leg's engine fingerprints by role (the first leg of each role), when known."""
+    out: dict[str, str] = {}
+    for leg in read(evidence.record).legs:
+        engine = leg.engine
+        if engine is None or engine.config_fingerprint is None:
+            continue
+        out.setdefault(f"{sc.ENGINE_FINGERPRINT}.{leg.role}", engine.config_fingerprint)
+        if engine.base_fingerprint is not None:
+            out.setdefault(f"{sc.ENGINE_BASE_FINGERPRINT}.{leg.role}", engine.base_fingerprint)
+    return out

@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from core.exchange import CAPTURE_OFF
 from evidence.engine_config import (
     FIELDS,
     SPECULATIVE,
@@ -183,3 +184,57 @@ async def test_the_probe_reads_a_simulator_and_follows_its_change_mid_run(sims: 
         ]
     declared = probe.engine("api")  # never asked: an OpenAI-compatible API says nothing
     assert declared is not None and declared.declared == ("version",)
+
+
+def test_the_compare_span_carries_each_legs_fingerprints() -> None:
+    import dataclasses
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from evidence.worker import backend_facts, build_evidence
+    from otel import semconv as sc
+    from otel.settings import TelemetrySettings
+    from otel.setup import build_telemetry
+    from records.writer import build_record
+    from tests.evidence.legs import exchange, leg
+
+    spans = InMemorySpanExporter()
+    telemetry = build_telemetry(TelemetrySettings(), span_exporter=spans)
+    request = telemetry.start_request_span(route="/v1/chat/completions", method="POST", carrier={})
+    traceparent = telemetry.traceparent(request)
+    telemetry.end_request_span(request, status_code=200)
+    words = ["Hello", " world"]
+    ex = dataclasses.replace(
+        exchange(primary=leg("primary", words), shadows=[leg("candidate", words)]),
+        traceparent=traceparent,
+    )
+    engines = {
+        "primary": resolve_engine({}, {"version": "1", "quantization": None}),
+        "candidate": resolve_engine({}, {"version": "1", "speculative": {"method": "ngram"}}),
+    }
+    facts = dataclasses.replace(
+        backend_facts(),
+        engine=lambda leg: engines[leg.role].to_json(),  # type: ignore[union-attr]
+    )
+    evidence = build_evidence(ex)
+    evidence = type(evidence)(
+        evidence.exchange,
+        category=evidence.category,
+        category_source=evidence.category_source,
+        greedy=evidence.greedy,
+        comparisons=evidence.comparisons,
+        acceptance=evidence.acceptance,
+        record=lambda e: build_record(e, capture=ex.capture or CAPTURE_OFF, facts=facts),
+    )
+    telemetry.record_comparisons(evidence)
+    (compare,) = [s for s in spans.get_finished_spans() if s.name == "compare"]
+    attributes = dict(compare.attributes or {})
+    for role, engine in engines.items():
+        assert engine is not None
+        assert attributes[f"{sc.ENGINE_FINGERPRINT}.{role}"] == engine.fingerprint
+        assert attributes[f"{sc.ENGINE_BASE_FINGERPRINT}.{role}"] == engine.base_fingerprint
+    assert (
+        attributes[f"{sc.ENGINE_BASE_FINGERPRINT}.primary"]
+        == attributes[f"{sc.ENGINE_BASE_FINGERPRINT}.candidate"]
+    )
+    assert telemetry.shutdown(timeout_s=5.0)
