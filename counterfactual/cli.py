@@ -19,9 +19,10 @@ from typing import Any
 from core import jsonx
 from counterfactual.grid import DEFAULT_DEPTHS, DEFAULT_WINDOWS, parse_depths, parse_windows
 from counterfactual.matrix import Matrix
+from counterfactual.rules import DEFAULT_RULES, Rule, parse_rule
 from records.cli import add_store_argument
 
-__all__ = ["register", "write_outputs"]
+__all__ = ["register", "token_texts", "write_outputs"]
 
 
 def write_outputs(matrix: Matrix, out_dir: str | Path) -> dict[str, Path]:
@@ -50,6 +51,35 @@ def write_outputs(matrix: Matrix, out_dir: str | Path) -> dict[str, Path]:
     return paths
 
 
+def token_texts(
+    sources: list[str | Path], path: str | None, url: str | None
+) -> tuple[dict[int, str] | None, str]:
+    """Token id → text for classifying rejections: ``path`` (a ``tokenizer.json`` or an
+    ``{id: text}`` map), else the tokenizer server's ``/detokenize`` for every output id the
+    records hold (``url``, else the records' first candidate or baseline server — never the
+    primary's). (None, why) when there is neither."""
+    from counterfactual.rejections import detokenize_pieces, load_pieces
+    from counterfactual.retokenize import find_tokenizer
+    from records.readback import iter_records
+    from records.reader import read
+
+    if path is not None:
+        return load_pieces(path), f"token texts from {path}"
+    url = url or find_tokenizer(iter_records(sources))
+    if url is None:
+        return None, "no token texts: give --token-texts FILE or --tokenizer URL"
+    ids = {
+        t
+        for r in map(read, iter_records(sources))
+        if r.tokens is not None and r.tokens.output
+        for t in r.tokens.output
+    }
+    try:
+        return detokenize_pieces(url, ids), f"token texts from {url}/detokenize"
+    except OSError as exc:
+        return None, f"no token texts ({exc}): rejections are not classified"
+
+
 def _run(args: argparse.Namespace) -> int:
     from counterfactual.matrix import build_matrix
     from counterfactual.retokenize import TokenizerError, find_tokenizer, needs_tokens, retokenized
@@ -59,6 +89,9 @@ def _run(args: argparse.Namespace) -> int:
     try:
         depths = parse_depths(args.depths)
         windows = parse_windows(args.windows)
+        rules: tuple[Rule, ...] = (
+            tuple(parse_rule(text) for text in args.rule) if args.rule else DEFAULT_RULES
+        )
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         sources: list[str | Path] = list(args.store)
@@ -96,8 +129,25 @@ def _run(args: argparse.Namespace) -> int:
                 if sink is not None:
                     sink.write(jsonx.dumps(row) + b"\n")
 
+            pieces, why = (
+                (None, "--no-rejections: rejections are not classified")
+                if args.no_rejections
+                else token_texts(sources, args.token_texts, args.tokenizer)
+            )
+            print(why)
+            vocabulary = None
+            if args.drafter_vocab is not None:
+                from counterfactual.rejections import load_drafter_vocabulary
+
+                vocabulary = load_drafter_vocabulary(args.drafter_vocab)
             matrix = build_matrix(
-                lambda: iter_records(sources), depths=depths, windows=windows, per_request=write
+                lambda: iter_records(sources),
+                depths=depths,
+                windows=windows,
+                rules=rules,
+                per_request=write,
+                pieces=pieces,
+                drafter_vocabulary=vocabulary,
             )
     except (OSError, ValueError, SourceError, TokenizerError) as exc:
         print(f"specshadow counterfactual: {exc}", file=sys.stderr)
@@ -156,6 +206,34 @@ def register(subparsers: Any) -> None:
         metavar="URL",
         help="for records without token ids but with captured text: a server with POST /tokenize "
         "(default: the records' first candidate or baseline server; never the primary)",
+    )
+    p.add_argument(
+        "--rule",
+        action="append",
+        default=[],
+        metavar="RULE",
+        help="a dynamic lookahead rule to score beside fixed k, repeatable, e.g. "
+        "heuristic:start=4,floor=1,cap=8, ema_tiers, elastic, batch_schedule:1=8/16=2 "
+        "(default: heuristic, ema_tiers and elastic with their published constants)",
+    )
+    p.add_argument(
+        "--token-texts",
+        default=None,
+        metavar="FILE",
+        help="token id -> text (a Hugging Face tokenizer.json or a JSON {id: text} map), to "
+        "classify where drafts are rejected (default: the tokenizer server's /detokenize)",
+    )
+    p.add_argument(
+        "--no-rejections",
+        action="store_true",
+        help="do not fetch token texts: rejections are counted by position, not classified",
+    )
+    p.add_argument(
+        "--drafter-vocab",
+        default=None,
+        metavar="FILE",
+        help="a drafter's vocabulary: EAGLE-3's d2t as JSON {\"d2t\": [...]} or a JSON list of "
+        "target token ids; output tokens outside it are counted as rejections by construction",
     )
     p.add_argument(
         "--per-request",

@@ -4,6 +4,12 @@ The default grid is vLLM's n-gram proposer at ``num_speculative_tokens`` 1…8 o
 windows — vLLM's default ``(5, 5)`` and the ``(1, 3)``, ``(2, 4)``, ``(3, 5)`` windows its docs and
 users reach for — plus every drafter the records carry predictions for, at the same depths. A
 live candidate's configuration is always added, so predicted and measured meet.
+
+Beside fixed ``k``, every proposer family is scored under the dynamic rules of
+:mod:`.rules` (Hugging Face's heuristic, SGLang-style EMA tiers, vLLM's elastic EWMA; the
+confidence threshold for drafters whose records carry probabilities; batch-size schedules
+given on the command line, as bounds). Such a configuration's ``num_speculative_tokens`` is
+the rule's cap.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["DEFAULT_DEPTHS", "DEFAULT_WINDOWS", "Config", "grid", "parse_windows"]
+from counterfactual.rules import DEFAULT_RULES, ReplayClass, Rule, replay_class
+
+__all__ = ["DEFAULT_DEPTHS", "DEFAULT_WINDOWS", "Config", "config_json", "grid", "parse_windows"]
 
 Proposer = Literal["ngram", "draft_model"]
 DEFAULT_DEPTHS: tuple[int, ...] = tuple(range(1, 9))
@@ -28,6 +36,11 @@ class Config:
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
     drafter: str | None = None  # draft-model configurations: the drafter backend
+    rule: Rule | None = None  # a dynamic draft-length rule (k is then its cap)
+
+    @property
+    def replay_class(self) -> ReplayClass:
+        return replay_class(self.rule, self.proposer)
 
     @property
     def family(self) -> tuple[str, int | None, int | None, str | None]:
@@ -36,6 +49,12 @@ class Config:
 
     @property
     def label(self) -> str:
+        if self.rule is not None:
+            if self.proposer == "ngram":
+                where = f"ngram lookup {self.prompt_lookup_min}-{self.prompt_lookup_max}"
+            else:
+                where = f"draft {self.drafter}"
+            return f"{where} {self.rule.text}"
         if self.proposer == "ngram":
             return (
                 f"ngram k={self.num_speculative_tokens} "
@@ -58,19 +77,56 @@ class Config:
         }
 
 
+def config_json(c: Config) -> dict[str, object]:
+    """The configuration's fields in a row: as ``--speculative-config`` names them, the rule (its
+    text, name and constants; None for fixed k) and the replay class."""
+    return {
+        "proposer": c.proposer,
+        "num_speculative_tokens": c.num_speculative_tokens,
+        "prompt_lookup_min": c.prompt_lookup_min,
+        "prompt_lookup_max": c.prompt_lookup_max,
+        "drafter": c.drafter,
+        "label": c.label,
+        "rule": None if c.rule is None else c.rule.text,
+        "rule_name": None if c.rule is None else c.rule.name,
+        "rule_params": None if c.rule is None else c.rule.params_json(),
+        "replay_class": c.replay_class,
+    }
+
+
 def grid(
     *,
     depths: Sequence[int] = DEFAULT_DEPTHS,
     windows: Sequence[tuple[int, int]] = DEFAULT_WINDOWS,
     drafters: Iterable[str] = (),
     extra: Iterable[Config] = (),
+    rules: Iterable[Rule] = DEFAULT_RULES,
+    drafter_rules: Iterable[Rule] = (),
 ) -> tuple[Config, ...]:
-    """Every configuration to score, sorted, without duplicates."""
+    """Every configuration to score, sorted (fixed ``k`` first), without duplicates.
+
+    ``rules`` apply to every family, ``drafter_rules`` (the confidence threshold) to drafters."""
+    rules, drafter_rules = tuple(rules), tuple(drafter_rules)
     configs = {Config("ngram", k, lo, hi) for lo, hi in windows for k in depths}
     configs |= {Config("draft_model", k, drafter=d) for d in drafters for k in depths}
+    configs |= {Config("ngram", r.cap, lo, hi, rule=r) for lo, hi in windows for r in rules}
+    configs |= {
+        Config("draft_model", r.cap, drafter=d, rule=r)
+        for d in drafters
+        for r in (*rules, *drafter_rules)
+    }
     configs |= set(extra)
-    return tuple(
-        sorted(configs, key=lambda c: (c.family[0], str(c.family[1:]), c.num_speculative_tokens))
+    return tuple(sorted(configs, key=sort_key))
+
+
+def sort_key(c: Config) -> tuple[object, ...]:
+    """Family, then fixed k by depth, then the rules."""
+    return (
+        c.family[0],
+        str(c.family[1:]),
+        c.rule is not None,
+        c.num_speculative_tokens if c.rule is None else 0,
+        "" if c.rule is None else c.rule.text,
     )
 
 

@@ -25,14 +25,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.classify import ALL
-from core.stats import RatioStats, paired_ratio_test
-from counterfactual.grid import DEFAULT_DEPTHS, DEFAULT_WINDOWS, Config, grid
-from counterfactual.replay import Replay, drafter_offers, ngram_offers, replay
+from core.stats import RatioStats
+from counterfactual.grid import (
+    DEFAULT_DEPTHS,
+    DEFAULT_WINDOWS,
+    Config,
+    config_json,
+    grid,
+    sort_key,
+)
+from counterfactual.live import LiveCheck, interval_json, live_json
+from counterfactual.rejections import classify_output, shares
+from counterfactual.replay import FIRST_TOKENS, Replay, drafter_offers, ngram_offers, replay
+from counterfactual.rules import DEFAULT_RULES, Rule, how_to_run
 from counterfactual.speed import StepModel, fit_step_model, leg_batch
 from records.reader import Leg, Record, read
 from records.rules import output_length_bucket
 
-__all__ = ["ALL", "Matrix", "build_matrix", "live_config", "request_json"]
+__all__ = ["ALL", "Matrix", "build_matrix", "config_json", "live_config", "request_json"]
 
 # A record as stored (a JSON object) or already read; every field is read through the reader.
 AnyRecord = Mapping[str, Any] | Record
@@ -48,8 +58,16 @@ class Cell:
     draft_tokens: int = 0
     by_position: list[int] = field(default_factory=list)
     greedy: int = 0
+    # Steps that started in the output's first FIRST_TOKENS tokens: drafts, drafted, accepted.
+    early: list[int] = field(default_factory=lambda: [0, 0, 0])
+    rejected: dict[str, int] = field(default_factory=dict)  # class → first rejected positions
 
-    def add(self, r: Replay, greedy: bool) -> None:
+    def add(self, r: Replay, greedy: bool, classes: list[str] | None = None) -> None:
+        for i, v in enumerate(r.early):
+            self.early[i] += v
+        if classes is not None:
+            for pos in r.rejected_at:
+                self.rejected[classes[pos]] = self.rejected.get(classes[pos], 0) + 1
         self.mal.add(r.drafts, r.accepted)
         self.tpp.add(r.passes, r.output_tokens)
         self.draft_tokens += r.draft_tokens
@@ -58,38 +76,6 @@ class Cell:
         for i, v in enumerate(r.accepted_by_position):
             self.by_position[i] += v
         self.greedy += greedy
-
-
-@dataclass(slots=True)
-class LiveCheck:
-    """A live candidate running a scored configuration: predicted vs measured, same requests."""
-
-    backend: str
-    config: Config
-    predicted: RatioStats = field(default_factory=RatioStats)
-    measured: RatioStats = field(default_factory=RatioStats)
-    # The same split by greedy / sampled: exact per request on greedy traffic (the candidate's
-    # output is production's), equal only in expectation on sampled traffic.
-    by_kind: dict[str, tuple[RatioStats, RatioStats]] = field(default_factory=dict)
-    # Sampled requests one by one — (predicted drafts, accepted, measured drafts, accepted) — for
-    # the paired test that judges them (see :func:`_compare`).
-    sampled_pairs: list[tuple[float, float, float, float]] = field(default_factory=list)
-    # The engine check: the configuration replayed on the candidate's *own* generated ids
-    # against what it reported — exact per request, greedy or sampled, when the ids are there.
-    engine: tuple[RatioStats, RatioStats] = field(
-        default_factory=lambda: (RatioStats(), RatioStats())
-    )
-
-    def add(self, greedy: bool, predicted: Replay, drafts: float, accepted: float) -> None:
-        pair = self.by_kind.setdefault(
-            "greedy" if greedy else "sampled", (RatioStats(), RatioStats())
-        )
-        for target in (self.predicted, pair[0]):
-            target.add(predicted.drafts, predicted.accepted)
-        for target in (self.measured, pair[1]):
-            target.add(drafts, accepted)
-        if not greedy:
-            self.sampled_pairs.append((predicted.drafts, predicted.accepted, drafts, accepted))
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +88,10 @@ class Matrix:
     records: int  # records read
     scored: int  # records with tokens, replayed
     configs: tuple[Config, ...]
+    # Per category: the output tokens' classes (None: no token texts), and the tokens outside a
+    # declared drafter vocabulary (None: none declared).
+    output_classes: dict[str, dict[str, int]] | None = None
+    out_of_vocabulary: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The summary (``counterfactual_summary.json``); the rows are ``counterfactual.json``."""
@@ -113,7 +103,31 @@ class Matrix:
             "picks": self.picks,
             "deploy": [config_json(c) for c in self.deploy],
             "live": self.live,
+            "rules": _rules_json(self.configs),
+            "output_classes": None
+            if self.output_classes is None
+            else {cat: shares({}, counts) for cat, counts in sorted(self.output_classes.items())},
+            "out_of_vocabulary": self.out_of_vocabulary,
         }
+
+
+def _rules_json(configs: tuple[Config, ...]) -> list[dict[str, Any]]:
+    """Each dynamic rule scored: its law's constants, replay class and where it runs."""
+    seen: dict[tuple[Rule, str], dict[str, Any]] = {}
+    for c in configs:
+        if c.rule is not None:
+            seen.setdefault(
+                (c.rule, c.proposer),
+                {
+                    "rule": c.rule.text,
+                    "rule_name": c.rule.name,
+                    "rule_params": c.rule.params_json(),
+                    "proposer": c.proposer,
+                    "replay_class": c.replay_class,
+                    "how_to_run": how_to_run(c.rule),
+                },
+            )
+    return list(seen.values())
 
 
 def request_json(
@@ -140,17 +154,6 @@ def request_json(
             }
             for c, r in results.items()
         },
-    }
-
-
-def config_json(c: Config) -> dict[str, Any]:
-    return {
-        "proposer": c.proposer,
-        "num_speculative_tokens": c.num_speculative_tokens,
-        "prompt_lookup_min": c.prompt_lookup_min,
-        "prompt_lookup_max": c.prompt_lookup_max,
-        "drafter": c.drafter,
-        "label": c.label,
     }
 
 
@@ -205,10 +208,17 @@ def build_matrix(
     *,
     depths: tuple[int, ...] = DEFAULT_DEPTHS,
     windows: tuple[tuple[int, int], ...] = DEFAULT_WINDOWS,
+    rules: tuple[Rule, ...] = DEFAULT_RULES,
     per_request: Callable[[dict[str, Any]], None] | None = None,
+    pieces: Mapping[int, str] | None = None,
+    drafter_vocabulary: frozenset[int] | None = None,
 ) -> Matrix:
     """Score the grid on every record with tokens; ``open_records`` is called twice.
 
+    ``rules``: the dynamic draft-length rules scored beside fixed k (:mod:`.rules`; a
+    ``batch_schedule`` is a bound between the fixed-k rows of its smallest and largest k).
+    ``pieces``: token id → text, to classify where drafts are rejected (:mod:`.rejections`).
+    ``drafter_vocabulary``: the target ids a declared drafter can propose (EAGLE-3's ``d2t``).
     ``per_request`` receives, for every scored record, its replay under every configuration
     (:func:`request_json`) — streamed, never kept.
     """
@@ -223,16 +233,30 @@ def build_matrix(
         tok = _tokens(record)
         if tok is not None:
             drafter_names.update(tok[2])
-    configs = grid(depths=depths, windows=windows, drafters=sorted(drafter_names), extra=live)
+    replayed = tuple(r for r in rules if r.name != "batch_schedule")
+    bounds = tuple(r for r in rules if r.name == "batch_schedule")
+    bound_depths = {k for r in bounds for k in r.tiers() if k >= 1}
+    configs = grid(
+        depths=tuple(sorted({*depths, *bound_depths})),
+        windows=windows,
+        drafters=sorted(drafter_names),
+        extra=live,
+        rules=replayed,
+    )
     max_k = max(c.num_speculative_tokens for c in configs)
     families: dict[tuple[Any, ...], list[Config]] = {}
     for c in configs:
         families.setdefault(c.family, []).append(c)
+    bound_configs = tuple(
+        Config(f[0], r.cap, f[1], f[2], f[3], rule=r) for f in families for r in bounds
+    )
 
     cells: dict[tuple[Config, str, str], Cell] = {}
     checks: dict[tuple[str, Config], LiveCheck] = {}
     points: list[tuple[float, float, float]] = []
     primary_batches: list[float] = []
+    output_classes: dict[str, dict[str, int]] | None = None if pieces is None else {}
+    oov: dict[str, list[int]] = {}
     records = scored = 0
     for record in map(read, open_records()):
         records += 1
@@ -248,6 +272,16 @@ def build_matrix(
         category = record.category
         bucket = output_length_bucket(len(output)) or "unknown"
         greedy = record.greedy
+        classes = None if pieces is None else classify_output([pieces.get(t, "") for t in output])
+        for cat in (category, ALL):
+            if output_classes is not None and classes is not None:
+                counts = output_classes.setdefault(cat, {})
+                for cls in classes:
+                    counts[cls] = counts.get(cls, 0) + 1
+            if drafter_vocabulary is not None:
+                tally = oov.setdefault(cat, [0, 0])
+                tally[0] += len(output)
+                tally[1] += sum(t not in drafter_vocabulary for t in output)
         results: dict[Config, Replay] = {}
         for family, members in families.items():
             proposer, lo, hi, drafter = family
@@ -259,14 +293,16 @@ def build_matrix(
                     continue
                 available, match = drafter_offers(output, predicted)
             for c in members:
-                results[c] = replay(len(output), c.num_speculative_tokens, available, match)
+                results[c] = replay(
+                    len(output), c.num_speculative_tokens, available, match, rule=c.rule
+                )
         if per_request is not None:
             per_request(request_json(record, category, bucket, greedy, results))
         for c, r in results.items():
             for cat in (category, ALL):
                 for bk in (bucket, ALL):
                     cell = cells.setdefault((c, cat, bk), Cell(c.num_speculative_tokens))
-                    cell.add(r, greedy)
+                    cell.add(r, greedy, classes)
         own_ids = record.tokens.legs if record.tokens is not None else {}
         for leg in record.legs:
             if leg.role != "candidate":
@@ -277,8 +313,15 @@ def build_matrix(
             if c is None or c not in results or drafts is None or accepted is None:
                 continue
             check = checks.setdefault((leg.backend, c), LiveCheck(leg.backend, c))
-            check.add(greedy, results[c], drafts, accepted)
             own = own_ids.get(check.backend) or None  # the reader's {backend: generated ids}
+            check.add(
+                greedy,
+                results[c],
+                drafts,
+                accepted,
+                agrees=_agrees(record, leg, own, output, own_ids),
+                baseline_agrees=_baseline_agrees(record, output, own_ids),
+            )
             if (
                 own is not None
                 and c.proposer == "ngram"
@@ -291,48 +334,140 @@ def build_matrix(
                 check.engine[1].add(drafts, accepted)
 
     model = fit_step_model(points, primary_batches)
-    rows = [
-        _row(c, cat, bk, cell, model) for (c, cat, bk), cell in sorted(cells.items(), key=_order)
-    ]
+    rows: list[dict[str, Any]] = []
+    for (c, cat, bk), cell in sorted(cells.items(), key=_order):
+        shown = None if output_classes is None or bk != ALL else output_classes.get(cat)
+        rows.append(_row(c, cat, bk, cell, model, shown))
+        if c.rule is None and c.num_speculative_tokens == max(depths) and bk == ALL:
+            rows.extend(
+                _bound_row(b, cat, bk, cells) for b in bound_configs if b.family == c.family
+            )
     picks = _picks(rows, configs)
     deploy = _deploy(picks, configs)
     return Matrix(
         rows=rows,
         picks=picks,
         deploy=deploy,
-        live=[_live_json(ch) for ch in checks.values()],
+        live=[live_json(ch) for ch in checks.values()],
         model=model,
         records=records,
         scored=scored,
-        configs=configs,
+        configs=configs + bound_configs,
+        output_classes=output_classes,
+        out_of_vocabulary=None
+        if drafter_vocabulary is None
+        else {
+            "vocabulary_size": len(drafter_vocabulary),
+            "categories": {
+                cat: {
+                    "output_tokens": n,
+                    "out_of_vocabulary": miss,
+                    "share": miss / n if n else 0.0,
+                    # A drafter that cannot name the token is rejected wherever it is drafted.
+                    "guaranteed_rejections": miss,
+                }
+                for cat, (n, miss) in sorted(oov.items())
+            },
+        },
     )
+
+
+def _same(
+    a: Leg | None, ids: list[int] | None, output: list[int], primary: Leg | None
+) -> bool | None:
+    """Whether a leg's output is production's: by ids where kept, else by the output's hash."""
+    if ids is not None:
+        return list(ids) == list(output)
+    if a is None or primary is None:
+        return None
+    mine, theirs = a.output_sha256, primary.output_sha256
+    return None if mine is None or theirs is None else mine == theirs
+
+
+def _agrees(
+    record: Record,
+    leg: Leg,
+    own: list[int] | None,
+    output: list[int],
+    own_ids: Mapping[str, list[int]],
+) -> bool:
+    """The candidate answered production's output (unknown: assumed, as before drift was told)."""
+    same = _same(leg, own, output, record.primary)
+    return True if same is None else same
+
+
+def _baseline_agrees(
+    record: Record, output: list[int], own_ids: Mapping[str, list[int]]
+) -> bool | None:
+    base = record.baseline
+    if base is None or not base.ok:
+        return None
+    return _same(base, own_ids.get(base.backend or "") or None, output, record.primary)
+
+
+def _bound_row(
+    b: Config, category: str, bucket: str, cells: Mapping[tuple[Config, str, str], Cell]
+) -> dict[str, Any]:
+    """A batch-size schedule: no value, a bound between the fixed-k rows of its smallest and
+    largest k (k = 0: plain decoding, one token per pass)."""
+    assert b.rule is not None
+    ks = list(b.rule.tiers())
+    found: dict[str, list[float]] = {"mean_acceptance_length": [], "tokens_per_pass": []}
+    requests = 0
+    for k in ks:
+        if k < 1:
+            found["mean_acceptance_length"].append(1.0)
+            found["tokens_per_pass"].append(1.0)
+            continue
+        cell = cells.get((Config(b.proposer, k, b.prompt_lookup_min, b.prompt_lookup_max,
+                                 b.drafter), category, bucket))  # fmt: skip
+        if cell is None:
+            continue
+        requests = cell.mal.n
+        mal, tpp = cell.mal.estimate(), cell.tpp.estimate()
+        if mal is not None:
+            found["mean_acceptance_length"].append(mal + 1.0)
+        if tpp is not None:
+            found["tokens_per_pass"].append(tpp)
+
+    def span(values: list[float]) -> dict[str, Any]:
+        return {
+            "estimate": None,
+            "low": min(values) if values else None,
+            "high": max(values) if values else None,
+            "n": requests,
+        }
+
+    return {
+        **config_json(b),
+        "category": category,
+        "output_length_bucket": bucket,
+        "requests": requests,
+        "greedy_requests": None,
+        "mean_acceptance_length": span(found["mean_acceptance_length"]),
+        "draft_acceptance_rate": None,
+        "acceptance_by_position": [None] * b.num_speculative_tokens,
+        "acceptance_by_output_position": None,
+        "tokens_per_pass": span(found["tokens_per_pass"]),
+        "drafted_per_pass": None,
+        "predicted_tpot_speedup": None,
+        "predicted_tpot_speedup_interval": None,
+        "rejections": None,
+    }
 
 
 def _order(item: tuple[tuple[Config, str, str], Cell]) -> tuple[Any, ...]:
     (c, cat, bk), _ = item
-    return (
-        cat != ALL,
-        cat,
-        bk != ALL,
-        bk,
-        c.family[0],
-        str(c.family[1:]),
-        c.num_speculative_tokens,
-    )
-
-
-def _interval_json(stats: RatioStats, offset: float = 0.0) -> dict[str, Any]:
-    est, ci = stats.estimate(), stats.interval()
-    return {
-        "estimate": None if est is None else est + offset,
-        "low": None if ci is None else ci[0] + offset,
-        "high": None if ci is None else ci[1] + offset,
-        "n": stats.n,
-    }
+    return (cat != ALL, cat, bk != ALL, bk, *sort_key(c))
 
 
 def _row(
-    c: Config, category: str, bucket: str, cell: Cell, model: StepModel | None
+    c: Config,
+    category: str,
+    bucket: str,
+    cell: Cell,
+    model: StepModel | None,
+    output_classes: Mapping[str, int] | None,
 ) -> dict[str, Any]:
     drafts = cell.mal.sx
     tpp = cell.tpp.estimate()
@@ -352,15 +487,42 @@ def _row(
         "output_length_bucket": bucket,
         "requests": cell.mal.n,
         "greedy_requests": cell.greedy,
-        "mean_acceptance_length": _interval_json(cell.mal, 1.0),
+        "mean_acceptance_length": interval_json(cell.mal, 1.0),
         "draft_acceptance_rate": cell.mal.sy / cell.draft_tokens if cell.draft_tokens else None,
         "acceptance_by_position": [v / drafts if drafts else None for v in cell.by_position]
         or [None] * c.num_speculative_tokens,
-        "tokens_per_pass": _interval_json(cell.tpp),
+        "acceptance_by_output_position": _by_output_position(cell),
+        "tokens_per_pass": interval_json(cell.tpp),
         "drafted_per_pass": drafted_per_pass,
         # Predicted, never measured: tokens per pass through the fitted step-time model.
         "predicted_tpot_speedup": speedup,
         "predicted_tpot_speedup_interval": interval,
+        # Where drafts were rejected (all-lengths rows, with token texts): per class, its share
+        # of first rejected positions against its share of the output tokens.
+        "rejections": None if output_classes is None else shares(cell.rejected, output_classes),
+    }
+
+
+def _by_output_position(cell: Cell) -> dict[str, Any]:
+    """Drafting steps that started within the output's first FIRST_TOKENS tokens, and the rest."""
+    e_drafts, e_drafted, e_acc = cell.early
+    drafts, drafted, acc = (
+        cell.mal.sx - e_drafts,
+        cell.draft_tokens - e_drafted,
+        cell.mal.sy - e_acc,
+    )
+
+    def part(n: float, d: float, a: float) -> dict[str, Any]:
+        return {
+            "drafts": int(n),
+            "draft_acceptance_rate": a / d if d else None,
+            "mean_acceptance_length": 1.0 + a / n if n else None,
+        }
+
+    return {
+        "first_tokens": FIRST_TOKENS,
+        "first": part(e_drafts, e_drafted, e_acc),
+        "rest": part(drafts, drafted, acc),
     }
 
 
@@ -438,102 +600,3 @@ def _deploy(picks: Mapping[str, Mapping[str, Any]], configs: tuple[Config, ...])
         if c not in order:
             order.append(c)
     return order[:2]
-
-
-def _live_json(check: LiveCheck) -> dict[str, Any]:
-    out = {
-        "backend": check.backend,
-        **config_json(check.config),
-        **_compare(check.predicted, check.measured),
-    }
-    for kind in ("greedy", "sampled"):
-        pair = check.by_kind.get(kind)
-        out[kind] = (
-            None
-            if pair is None
-            else _compare(*pair, paired=check.sampled_pairs if kind == "sampled" else None)
-        )
-    # The pooled figures mix exact (greedy) and in-expectation (sampled) agreement: the flag is
-    # each kind's own rule's.
-    flagged = [
-        kind for kind in ("greedy", "sampled") if out[kind] is not None and out[kind]["flag"]
-    ]
-    out["flag"] = bool(flagged)
-    out["note"] = (
-        f"{' and '.join(flagged)} requests: " + " / ".join(out[k]["note"] for k in flagged)
-        if flagged
-        else "predicted and measured agree on every kind of request"
-    )
-    out["engine_check"] = _compare(*check.engine) if check.engine[0].n else None
-    sampled = out["sampled"]
-    engine = out["engine_check"]
-    if engine is not None and not engine["flag"] and sampled is not None and sampled["flag"]:
-        # Exact on the candidate's own output: what differs is the answers, not the replay.
-        more = (sampled["relative_gap"] or 0.0) < 0
-        out["note"] = sampled["note"] = (
-            f"sampled requests: the candidate's own answers repeated {'more' if more else 'less'}"
-            f" than production's (p = {sampled['p_value']:.3g}); the engine check passed (the "
-            "replay is exact on the candidate's own output), so the difference is in what it "
-            "answered — see the quality section"
-        )
-    if out["engine_check"] is not None and out["engine_check"]["flag"]:
-        out["flag"] = True
-        out["note"] = (
-            "replayed on the candidate's own output, the configuration predicts acceptance its "
-            "engine did not report: the engine does not run what it declares"
-        )
-    return out
-
-
-SAMPLED_ALPHA = 0.01  # the sampled requests' paired test's false-alarm rate
-
-
-def _compare(
-    predicted_stats: RatioStats,
-    measured_stats: RatioStats,
-    paired: list[tuple[float, float, float, float]] | None = None,
-) -> dict[str, Any]:
-    """Predicted against measured. Exact per request (greedy, the engine check): the flag is two
-    95 % intervals that do not overlap. Sampled (``paired``): the candidate answered other draws
-    than production's, so agreement holds only in expectation and per-request acceptance is
-    mostly zero with a few large values — a delta-method interval there can have no width at all
-    (48 requests, none accepted anything). The flag is then a paired sign-flip permutation test
-    (:func:`core.stats.paired_ratio_test`) at ``SAMPLED_ALPHA``."""
-    predicted = _interval_json(predicted_stats, 1.0)
-    measured = _interval_json(measured_stats, 1.0)
-    gap = None
-    if predicted["estimate"] is not None and measured["estimate"] is not None:
-        gap = predicted["estimate"] / measured["estimate"] - 1.0
-    out: dict[str, Any] = {
-        "predicted_mean_acceptance_length": predicted,
-        "measured_mean_acceptance_length": measured,
-        "relative_gap": gap,
-    }
-    if paired is not None:
-        p = paired_ratio_test(paired)
-        flag = p is not None and p < SAMPLED_ALPHA
-        out["p_value"] = p
-        out["flag"] = flag
-        out["note"] = (
-            f"predicted and measured differ (paired permutation test, p = {p:.3g} < "
-            f"{SAMPLED_ALPHA}): the replay is wrong for this traffic, or the engine does not run "
-            "what it declares"
-            if flag and p is not None
-            else "predicted and measured agree in expectation (paired permutation test, p "
-            + ("n/a" if p is None else f"= {p:.3g}")
-            + ")"
-        )
-        return out
-    disjoint = (
-        None
-        if None in (predicted["low"], predicted["high"], measured["low"], measured["high"])
-        else predicted["high"] < measured["low"] or measured["high"] < predicted["low"]
-    )
-    out["flag"] = bool(disjoint)
-    out["note"] = (
-        "predicted and measured intervals do not overlap: the replay is wrong for this "
-        "traffic, or the engine does not run what it declares"
-        if disjoint
-        else "predicted and measured agree within their intervals"
-    )
-    return out

@@ -13,6 +13,7 @@ from typing import Any
 
 from counterfactual.grid import Config
 from counterfactual.matrix import ALL, Matrix
+from counterfactual.rules import how_to_run
 
 __all__ = ["policy_fragment", "render_markdown"]
 
@@ -22,6 +23,8 @@ def _f(value: object, digits: int = 2) -> str:
 
 
 def _interval(obj: Mapping[str, Any] | None, digits: int = 2) -> str:
+    if obj and obj.get("estimate") is None and obj.get("low") is not None:
+        return f"bound [{_f(obj['low'], digits)}, {_f(obj['high'], digits)}]"
     if not obj or obj.get("estimate") is None:
         return "–"
     if obj.get("low") is None:
@@ -96,9 +99,88 @@ def render_markdown(m: Matrix, *, top: int = 8) -> str:
             f"| {r['label']} | {r['requests']} | {_interval(r['mean_acceptance_length'])} | "
             f"{positions} | {_interval(r['tokens_per_pass'])} | {_speedup(r)} |"
         )
+    lines += _rules_section(m) + _rejections_section(m)
     lines += ["", "Every row, per category and output length: `counterfactual.json`. Method and "
               "limits: docs/counterfactual.md.", ""]  # fmt: skip
     return "\n".join(lines)
+
+
+def _rules_section(m: Matrix) -> list[str]:
+    """Per proposer family, all traffic: its best fixed k against every dynamic rule."""
+    overall = [r for r in m.rows if r["category"] == ALL and r["output_length_bucket"] == ALL]
+    if not any(r["rule"] is not None for r in overall):
+        return []
+    lines = ["", "## Dynamic lookahead against the best fixed k, all traffic", "",
+             "| configuration | replay | mean acceptance length | tokens per pass | "
+             "predicted TPOT speed-up |", "|---|---|---|---|---|"]  # fmt: skip
+    families: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in overall:
+        key = (r["proposer"], r["prompt_lookup_min"], r["prompt_lookup_max"], r["drafter"])
+        families.setdefault(key, []).append(r)
+    shown: list[dict[str, Any]] = []
+    for rows in families.values():
+        fixed = [r for r in rows if r["rule"] is None]
+        best = max(fixed, key=lambda r: r["predicted_tpot_speedup"] or (r["tokens_per_pass"]["estimate"] or 0.0), default=None)  # fmt: skip
+        shown += ([best] if best is not None else []) + [r for r in rows if r["rule"] is not None]
+    lines += [
+        f"| {r['label']} | {r['replay_class']} | {_interval(r['mean_acceptance_length'])} "
+        f"| {_interval(r['tokens_per_pass'])} | {_speedup(r)} |"
+        for r in shown
+    ]
+    lines += ["", "A bound's interval is the range between its schedule's fixed-k rows, not a "
+              "confidence interval. Where each rule runs:", ""]  # fmt: skip
+    lines += [f"- `{r['rule']}`: {r['how_to_run']}" for r in m.as_json()["rules"]]
+    return lines
+
+
+def _rejections_section(m: Matrix) -> list[str]:
+    """Per category, for its pick (else its best row): where drafts were rejected, the first
+    tokens against the rest, and a declared drafter vocabulary's misses."""
+    lines: list[str] = []
+    rows = {(r["category"], r["label"]): r for r in m.rows if r["output_length_bucket"] == ALL}
+    chosen: list[Mapping[str, Any]] = []
+    for cat, pick in sorted(m.picks.items(), key=lambda kv: (kv[0] != ALL, kv[0])):
+        label = pick["config"]["label"] if pick["config"] else (pick["ranking"] or [None])[0]
+        row = rows.get((cat, label)) if label else None
+        if row is not None:
+            chosen.append(row)
+    if any(r.get("rejections") for r in chosen):
+        lines += ["", "## Where drafts are rejected (the pick of each category)", "",
+                  "Share of first rejected positions by what the target's token was, against "
+                  "that class's share of output tokens (a ratio above 1: drafts fail there more "
+                  "than its share).", "",
+                  "| category | configuration | class | share of rejections | share of output |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for r in chosen:
+            classes = sorted((r.get("rejections") or {}).items(),
+                             key=lambda kv: -kv[1]["rejection_share"])  # fmt: skip
+            for cls, v in classes[:5]:
+                lines.append(
+                    f"| {r['category']} | {r['label']} | {cls} | "
+                    f"{_f(v['rejection_share'] * 100, 1)} % | {_f(v['output_share'] * 100, 1)} % |"
+                )
+    if chosen:
+        lines += ["", "## Acceptance by position in the output", "",
+                  "| category | configuration | first tokens: acceptance rate | the rest |",
+                  "|---|---|---|---|"]  # fmt: skip
+        for r in chosen:
+            pos = r.get("acceptance_by_output_position") or {}
+            first, rest = pos.get("first") or {}, pos.get("rest") or {}
+            lines.append(
+                f"| {r['category']} | {r['label']} | "
+                f"{_f(first.get('draft_acceptance_rate'))} (first {pos.get('first_tokens', '–')}, "
+                f"{first.get('drafts', 0)} steps) | {_f(rest.get('draft_acceptance_rate'))} "
+                f"({rest.get('drafts', 0)} steps) |"
+            )
+    oov = m.out_of_vocabulary
+    if oov is not None:
+        lines += ["", f"## Outside the declared drafter vocabulary ({oov['vocabulary_size']} "
+                  "tokens): rejections by construction", "",
+                  "| category | output tokens | outside | share |", "|---|---|---|---|"]  # fmt: skip
+        for cat, v in oov["categories"].items():
+            lines.append(f"| {cat} | {v['output_tokens']} | {v['out_of_vocabulary']} | "
+                         f"{_f(v['share'] * 100, 1)} % |")  # fmt: skip
+    return lines
 
 
 def _backend_name(c: Config) -> str:
@@ -108,7 +190,8 @@ def _backend_name(c: Config) -> str:
 
 
 def policy_fragment(m: Matrix) -> str | None:
-    """YAML to paste into a policy: the picks as candidate backends and legs (None: no pick)."""
+    """YAML to paste into a policy: the picks as candidate backends and legs (None: no pick).
+    A pick that is a dynamic rule is a comment saying which engine runs it and how."""
     if not m.deploy:
         return None
     out = [
@@ -116,9 +199,17 @@ def policy_fragment(m: Matrix) -> str | None:
         "# Serve each on its own vLLM with the --speculative-config shown, set its url, and add",
         "# the legs to the rule that mirrors the traffic they were scored on. Predicted, not",
         "# measured: the live candidate's records will say whether the prediction holds.",
-        "backends:",
     ]
-    for c in m.deploy:
+    out += [
+        f"# Pick: {c.label} ({c.replay_class}). {how_to_run(c.rule)}."
+        for c in m.deploy
+        if c.rule is not None
+    ]
+    engines = [c for c in m.deploy if c.rule is None]
+    if not engines:
+        return "\n".join(out) + "\n"
+    out.append("backends:")
+    for c in engines:
         spec = c.speculative_config()
         out.append(f"  {_backend_name(c)}:")
         out.append("    url: http://REPLACE-ME:8000")
@@ -132,7 +223,7 @@ def policy_fragment(m: Matrix) -> str | None:
             out.append(f"      prompt_lookup_max: {c.prompt_lookup_max}")
         out.append(f'      label: "{c.label}"')
     out.append("legs:  # add to your rule's legs")
-    out.extend(f"  - {{backend: {_backend_name(c)}, role: candidate}}" for c in m.deploy)
+    out.extend(f"  - {{backend: {_backend_name(c)}, role: candidate}}" for c in engines)
     return "\n".join(out) + "\n"
 
 

@@ -18,14 +18,26 @@ n-gram, draft-model and EAGLE proposers all draft one-hot (greedy) tokens.
 Where it differs from vLLM: vLLM drafts all ``k`` at the last step and counts acceptances past
 ``max_tokens`` that it then discards; what the model would have said there is unknowable, so the
 replay stops at the end (one step per request; docs/counterfactual.md).
+
+A dynamic rule (:mod:`.rules`) chooses each step's ``k`` from the steps before it; the step
+contract is the same, and the rule hears each step's drafted and accepted counts. Beside the
+counts, a replay keeps where drafts were rejected (the output position of each step's first
+rejected draft token, for :mod:`.rejections`) and the steps that started within the output's
+first :data:`FIRST_TOKENS` tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["Replay", "replay"]
+if TYPE_CHECKING:
+    from counterfactual.rules import Rule
+
+__all__ = ["FIRST_TOKENS", "Replay", "confidence_offers", "replay"]
+
+FIRST_TOKENS = 16  # "the first tokens" of an output, against the rest (acceptance by position)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +51,12 @@ class Replay:
     draft_tokens: int
     accepted: int
     accepted_by_position: tuple[int, ...]  # drafting steps that accepted draft position i
+    # The output position of each drafting step's first rejected draft token (steps that
+    # accepted their whole draft have none).
+    rejected_at: tuple[int, ...] = ()
+    # Drafting steps, drafted and accepted tokens of the steps that started within the first
+    # FIRST_TOKENS output tokens.
+    early: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def mean_acceptance_length(self) -> float | None:
@@ -50,23 +68,38 @@ class Replay:
         return self.output_tokens / self.passes if self.passes else None
 
 
-def replay(n: int, k: int, available: Sequence[int], match: Sequence[int]) -> Replay:
-    """Steps of depth ``k`` along an output of ``n`` tokens.
+def replay(
+    n: int,
+    k: int,
+    available: Sequence[int],
+    match: Sequence[int],
+    rule: Rule | None = None,
+) -> Replay:
+    """Steps of depth ``k`` — or of the depth ``rule`` chooses before each step, up to its cap —
+    along an output of ``n`` tokens.
 
     ``available[j]`` / ``match[j]`` (``j`` in ``[0, n)``; index 0 is never read): the draft
     tokens the proposer offers with ``j`` tokens emitted, and how many leading tokens of that
     offer equal the output from ``j`` on.
     """
+    controller = rule.controller() if rule is not None else None
+    if rule is not None:
+        k = rule.cap
     if k < 1:
         raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
     by_position = [0] * k
+    rejected: list[int] = []
+    early = [0, 0, 0]
     passes = drafts = draft_tokens = accepted = 0
     if n > 0:
         passes, j = 1, 1
         while j < n:
             passes += 1
-            d = min(k, available[j], n - j - 1)
+            wanted = controller.k if controller is not None else k
+            d = min(wanted, available[j], n - j - 1)
             if d <= 0:
+                if controller is not None:
+                    controller.update(wanted, 0, 0)
                 j += 1
                 continue
             a = min(match[j], d)
@@ -75,6 +108,14 @@ def replay(n: int, k: int, available: Sequence[int], match: Sequence[int]) -> Re
             accepted += a
             for i in range(a):
                 by_position[i] += 1
+            if a < d:
+                rejected.append(j + a)
+            if j < FIRST_TOKENS:
+                early[0] += 1
+                early[1] += d
+                early[2] += a
+            if controller is not None:
+                controller.update(wanted, d, a)
             j += a + 1
     return Replay(
         k=k,
@@ -84,6 +125,8 @@ def replay(n: int, k: int, available: Sequence[int], match: Sequence[int]) -> Re
         draft_tokens=draft_tokens,
         accepted=accepted,
         accepted_by_position=tuple(by_position),
+        rejected_at=tuple(rejected),
+        early=(early[0], early[1], early[2]),
     )
 
 
@@ -131,3 +174,34 @@ def drafter_offers(output: Sequence[int], predicted: Sequence[int]) -> tuple[lis
     for j in range(n - 1, -1, -1):
         match[j] = match[j + 1] + 1 if predicted[j] == output[j] else 0
     return [n] * n, match[:n]
+
+
+def confidence_offers(
+    output: Sequence[int],
+    predicted: Sequence[int],
+    probability: Sequence[float],
+    threshold: float,
+    cap: int,
+) -> tuple[list[int], list[int]]:
+    """(available, match) for a draft model that stops drafting after the first token it gave a
+    probability under ``threshold`` (``probability[j]``: the drafter's probability of its own
+    prediction of output token ``j``, teacher-forced).
+
+    Exact on every accepted prefix: while drafts are accepted their contexts are the output's,
+    so the teacher-forced probabilities are the drafter's. Past the first wrong prediction the
+    drafter's context is its own wrong token, which no record holds: the draft is counted up to
+    that token (accepted counts are exact; drafted tokens a lower bound).
+    """
+    n = len(output)
+    if len(predicted) != n or len(probability) != n:
+        raise ValueError(f"expected {n} predictions and probabilities")
+    _, match = drafter_offers(output, predicted)
+    available = [0] * n
+    for j in range(n):
+        i = 0
+        while i < cap and j + i < n:
+            i += 1
+            if probability[j + i - 1] < threshold or predicted[j + i - 1] != output[j + i - 1]:
+                break
+        available[j] = i
+    return available, match

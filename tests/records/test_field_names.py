@@ -54,17 +54,20 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
     "core/recorder.py": (frozenset({"prompt_tokens"}), OPENAI + ": the usage object"),
     "core/request_body.py": (frozenset({"role", "text"}), OPENAI),
     "counterfactual/cli.py": (frozenset({"label", "reason"}), MATRIX),
+    "counterfactual/live.py": (frozenset({"flag", "greedy", "sampled"}), MATRIX),
     "counterfactual/matrix.py": (
         frozenset(
-            {"category", "flag", "label", "mean_acceptance_length", "output_length_bucket"}
-            | {"prompt_lookup_max", "prompt_lookup_min", "sampled", "tokens_per_pass"}
+            {"category", "label", "mean_acceptance_length", "output_length_bucket"}
+            | {"prompt_lookup_max", "prompt_lookup_min", "tokens_per_pass"}
         ),
         MATRIX,
     ),
+    "counterfactual/rejections.py": (frozenset({"prompt"}), "vLLM's /detokenize answer"),
     "counterfactual/render.py": (
         frozenset(
             {"backend", "category", "flag", "label", "mean_acceptance_length", "reason"}
-            | {"output_length_bucket", "tokens_per_pass"}
+            | {"output_length_bucket", "tokens_per_pass", "prompt_lookup_max", "prompt_lookup_min"}
+            | {"draft_acceptance_rate", "output_tokens", "rule", "share"}
         ),
         MATRIX,
     ),
