@@ -33,12 +33,26 @@ pytestmark = pytest.mark.e2e
 SAMPLED = 'specshadow_outcome="sampled"'
 
 
+def flags(primary: str, shadow: str) -> list[str]:
+    return [
+        "--primary",
+        primary,
+        "--primary-kind",
+        "sim",
+        "--shadow",
+        shadow,
+        "--shadow-kind",
+        "sim",
+    ]
+
+
 @asynccontextmanager
 async def workers_gateway(
-    primary: str, shadow: str, tmp: Path, *extra: str, env: dict[str, str] | None = None
+    args: list[str], tmp: Path, env: dict[str, str] | None = None
 ) -> AsyncIterator[tuple[str, subprocess.Popen[bytes], Callable[[], str]]]:
     port = free_port()
     log = tempfile.TemporaryFile()  # noqa: SIM115 — closed in finally
+    state = f"sqlite://{tmp / 'state.sqlite'}"
     proc = subprocess.Popen(  # noqa: ASYNC220 — started once; the loop is idle meanwhile
         [
             sys.executable,
@@ -49,17 +63,9 @@ async def workers_gateway(
             str(port),
             "--workers",
             "2",
-            "--primary",
-            primary,
-            "--primary-kind",
-            "sim",
-            "--shadow",
-            shadow,
-            "--shadow-kind",
-            "sim",
             "--state",
-            f"sqlite://{tmp / 'state.sqlite'}",
-            *extra,
+            state,
+            *args,
         ],
         env={**os.environ, "XDG_STATE_HOME": str(tmp), **(env or {})},
         stdout=subprocess.DEVNULL,
@@ -143,17 +149,45 @@ async def send(url: str, n: int) -> set[int]:
     return pids
 
 
-async def test_two_workers_share_one_port_and_every_scrape_counts_every_mirrored_request(
-    sims: Callable[..., Awaitable[Any]], tmp_path: Path
+def policy(primary: str, candidate: str, ratio: float) -> str:
+    return (
+        "version: 1\n"
+        f"backends:\n  prim: {{url: '{primary}', kind: sim}}\n  cand: {{url: '{candidate}', kind: sim}}\n"
+        "primary: prim\n"
+        f"default:\n  ratio: {ratio}\n  legs: [{{backend: cand, role: candidate}}]\n"
+    )
+
+
+def otlp_sampled(receiver: OtlpHttpReceiver) -> dict[str, float]:
+    """Per worker instance: its newest cumulative OTLP count of sampled shadow legs."""
+    out: dict[str, float] = {}
+    for m in list(receiver.collected.metrics):
+        if m.name != "specshadow.shadow.requests":
+            continue
+        for p in m.points:
+            if p.attributes.get("specshadow.outcome") == "sampled":
+                out[m.resource["service.instance.id"]] = p.value or 0.0
+    return out
+
+
+async def test_two_workers_one_port_one_metrics_own_otlp_restarted_and_stopped_together(
+    sims: Callable[..., Awaitable[Any]], tmp_path: Path, otlp_http_receiver: OtlpHttpReceiver
 ) -> None:
+    """One gateway, every property of the worker set in turn (one start keeps CI short)."""
     primary, shadow = await sims(), await sims(mode="speculative")
     n = 40
-    async with workers_gateway(primary.base_url, shadow.base_url, tmp_path) as (url, proc, _err):
+    env = otlp_http_receiver.env(OTEL_METRIC_EXPORT_INTERVAL="300")
+    async with workers_gateway(flags(primary.base_url, shadow.base_url), tmp_path, env) as (
+        url, proc, err,
+    ):  # fmt: skip
         _, status = await get(url, "/admin/workers")
         worker_pids = {w["pid"] for w in status["workers"]}
         assert len(worker_pids) == 2 and proc.pid not in worker_pids
+
+        # One port, both workers serving the SDK's requests.
         answered = await send(url, n)
-        assert answered == worker_pids  # both workers served the SDK's requests
+        assert answered == worker_pids
+
         # Every mirrored request reached the shadow (its own count), and a scrape through the
         # shared port counts them all, whichever worker answers it.
         await wait_for(lambda: asyncio.sleep(0, len(shadow.state.requests)), lambda c: c == n)
@@ -164,18 +198,25 @@ async def test_two_workers_share_one_port_and_every_scrape_counts_every_mirrored
             assert sampled(text) == n, text
         assert scraped_by == {"0", "1"}
 
+        # OTLP: each worker exports its own counts under its own instance id; together they
+        # are what was sent.
+        await wait_for(
+            lambda: asyncio.sleep(0, otlp_sampled(otlp_http_receiver)),
+            lambda c: sum(c.values()) == n,
+        )
+        resources = {
+            (m.resource["specshadow.worker.index"],
+             (m.resource["service.instance.id"], m.resource["process.pid"]))
+            for m in list(otlp_http_receiver.collected.metrics)
+        }  # fmt: skip
+        by_index = dict(resources)
+        assert len(resources) == 2 and set(by_index) == {0, 1}
+        gateway_id = status["gateway_id"]
+        assert {by_index[0][0], by_index[1][0]} == {f"{gateway_id}-0", f"{gateway_id}-1"}
+        assert {by_index[0][1], by_index[1][1]} == worker_pids
 
-async def test_a_killed_worker_is_restarted_keeps_its_counts_and_sigterm_stops_all(
-    sims: Callable[..., Awaitable[Any]], tmp_path: Path
-) -> None:
-    primary, shadow = await sims(), await sims(mode="speculative")
-    async with workers_gateway(primary.base_url, shadow.base_url, tmp_path) as (url, proc, err):
-        await send(url, 16)
-        # A scrape makes every worker write its snapshot; what a scrape showed is never taken
-        # back (a SIGKILL loses only what a worker counted since its last snapshot, unseen).
-        _, text = await get(url, "/metrics")
-        assert sampled(text) == 16
-        _, status = await get(url, "/admin/workers")
+        # A killed worker is restarted; what a scrape showed is never taken back (the dead
+        # worker's last snapshot is folded into the totals).
         victim = status["workers"][1]["pid"]
         survivor = status["workers"][0]["pid"]
         os.kill(victim, signal.SIGKILL)
@@ -189,12 +230,12 @@ async def test_a_killed_worker_is_restarted_keeps_its_counts_and_sigterm_stops_a
         assert slot["restarts"] == 1 and slot["last_exit"]["signal"] == "SIGKILL"
         assert status["workers"][0]["pid"] == survivor
         assert f"worker 1 (pid {victim}) killed by SIGKILL" in err()
-        # Still in the totals after the kill: the dead worker's snapshot is folded.
         for _ in range(6):
             _, text = await get(url, "/metrics")
-            assert sampled(text) == 16
+            assert sampled(text) == n
         await send(url, 8)
-        await wait_for(lambda: get_body(url, "/metrics"), lambda t: sampled(t) == 24)
+        await wait_for(lambda: get_body(url, "/metrics"), lambda t: sampled(t) == n + 8)
+
         # SIGTERM to the parent: every worker drains and exits, the parent exits 0.
         pids = [w["pid"] for w in status["workers"]]
         proc.send_signal(signal.SIGTERM)
@@ -203,51 +244,30 @@ async def test_a_killed_worker_is_restarted_keeps_its_counts_and_sigterm_stops_a
             assert not Path(f"/proc/{pid}").exists(), pid  # noqa: ASYNC240 — one stat
 
 
-async def test_each_worker_exports_otlp_under_its_own_instance_id(
-    sims: Callable[..., Awaitable[Any]], tmp_path: Path, otlp_http_receiver: OtlpHttpReceiver
-) -> None:
-    primary, shadow = await sims(), await sims(mode="speculative")
-    env = otlp_http_receiver.env(OTEL_METRIC_EXPORT_INTERVAL="300")
-    async with workers_gateway(primary.base_url, shadow.base_url, tmp_path, env=env) as (url, *_):
-        _, status = await get(url, "/admin/workers")
-        pids = {w["pid"] for w in status["workers"]}
-        answered = await send(url, 24)
-        assert answered == pids
-
-        def latest() -> dict[str, float]:
-            """Per worker instance: its newest cumulative count of sampled shadow legs."""
-            out: dict[str, float] = {}
-            for m in list(otlp_http_receiver.collected.metrics):
-                if m.name != "specshadow.shadow.requests":
-                    continue
-                for p in m.points:
-                    if p.attributes.get("specshadow.outcome") == "sampled":
-                        out[m.resource["service.instance.id"]] = p.value or 0.0
-            return out
-
-        # Each worker exports its own counts; the two together are what was sent.
-        await wait_for(lambda: asyncio.sleep(0, latest()), lambda c: sum(c.values()) == 24)
-        resources = {
-            (m.resource["service.instance.id"], m.resource["specshadow.worker.index"],
-             m.resource["process.pid"])
-            for m in list(otlp_http_receiver.collected.metrics)
-        }  # fmt: skip
-        gateway_id = status["gateway_id"]
-        by_index = {p: (i, pid) for i, p, pid in resources}
-        assert set(by_index) == {0, 1}
-        assert {by_index[0][0], by_index[1][0]} == {f"{gateway_id}-0", f"{gateway_id}-1"}
-        assert {by_index[0][1], by_index[1][1]} == pids
-
-
 async def get_body(url: str, path: str) -> Any:
     return (await get(url, path))[1]
 
 
-async def test_sigterm_lets_a_stream_in_flight_finish(
+async def test_sighup_reloads_every_worker_and_sigterm_lets_a_stream_in_flight_finish(
     sims: Callable[..., Awaitable[Any]], tmp_path: Path
 ) -> None:
     primary, shadow = await sims(step_s=0.02), await sims(mode="speculative")
-    async with workers_gateway(primary.base_url, shadow.base_url, tmp_path) as (url, proc, err):
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy(primary.base_url, shadow.base_url, 0.0))
+    # Poll rarely, so only the forwarded signal can explain a prompt reload.
+    env = {"SPECSHADOW_POLICY_POLL_S": "3600"}
+    async with workers_gateway(["--policy", str(path)], tmp_path, env) as (url, proc, err):
+        path.write_text(policy(primary.base_url, shadow.base_url, 1.0))
+        proc.send_signal(signal.SIGHUP)
+        reloaded: set[str] = set()
+
+        async def generation() -> int:
+            worker, doc = await get(url, "/admin/policy")
+            if doc["generation"] == 2:
+                reloaded.add(worker.split(";")[0])
+            return len(reloaded)
+
+        await wait_for(generation, lambda n: n == 2)  # both workers answered with generation 2
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         stream = await client.chat.completions.create(
             model="sim-model", messages=[{"role": "user", "content": "a long answer"}],
