@@ -39,6 +39,7 @@ def _breached(bank: GuardBank, spec: GuardSpec) -> bool:
 
 def first_rollback(spec: GuardSpec, observations: Sequence[Observation], mode: str) -> int | None:
     """The exchange at which any bank of ``mode`` (pooled | one | alone) first breaches."""
+    banks: list[tuple[GuardBank, int | None]]
     if mode == "one":
         banks = [(GuardBank(spec), None)]
     elif mode == "alone":
