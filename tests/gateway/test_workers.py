@@ -8,8 +8,10 @@ simulator's own count of what reached it, and the pids the kernel shows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -158,6 +160,15 @@ def policy(primary: str, candidate: str, ratio: float) -> str:
     )
 
 
+def record_rows(store: Path) -> tuple[int, int]:
+    """(records, distinct exchanges) in a SQLite record store."""
+    with contextlib.closing(sqlite3.connect(store, timeout=30)) as db:
+        n, distinct = db.execute(
+            "SELECT count(*), count(DISTINCT exchange_id) FROM records"
+        ).fetchone()
+    return int(n), int(distinct)
+
+
 def otlp_sampled(receiver: OtlpHttpReceiver) -> dict[str, float]:
     """Per worker instance: its newest cumulative OTLP count of sampled shadow legs."""
     out: dict[str, float] = {}
@@ -177,7 +188,9 @@ async def test_two_workers_one_port_one_metrics_own_otlp_restarted_and_stopped_t
     primary, shadow = await sims(), await sims(mode="speculative")
     n = 40
     env = otlp_http_receiver.env(OTEL_METRIC_EXPORT_INTERVAL="300")
-    async with workers_gateway(flags(primary.base_url, shadow.base_url), tmp_path, env) as (
+    store = tmp_path / "records.sqlite"  # one SQLite record store, written by both workers
+    args = [*flags(primary.base_url, shadow.base_url), "--store", str(store)]
+    async with workers_gateway(args, tmp_path, env) as (
         url, proc, err,
     ):  # fmt: skip
         _, status = await get(url, "/admin/workers")
@@ -215,6 +228,9 @@ async def test_two_workers_one_port_one_metrics_own_otlp_restarted_and_stopped_t
         assert {by_index[0][0], by_index[1][0]} == {f"{gateway_id}-0", f"{gateway_id}-1"}
         assert {by_index[0][1], by_index[1][1]} == worker_pids
 
+        # Both workers write the one record store (WAL; each waits its turn).
+        await wait_for(lambda: asyncio.to_thread(record_rows, store), lambda r: r == (n, n))
+
         # A killed worker is restarted; what a scrape showed is never taken back (the dead
         # worker's last snapshot is folded into the totals).
         victim = status["workers"][1]["pid"]
@@ -242,6 +258,8 @@ async def test_two_workers_one_port_one_metrics_own_otlp_restarted_and_stopped_t
         assert await asyncio.to_thread(proc.wait, 30) == 0, err()
         for pid in pids:
             assert not Path(f"/proc/{pid}").exists(), pid  # noqa: ASYNC240 — one stat
+    # Every mirrored exchange has exactly one record, whichever worker wrote it.
+    assert record_rows(store) == (n + 8, n + 8)
 
 
 async def get_body(url: str, path: str) -> Any:
