@@ -134,9 +134,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--state",
         default=None,
-        metavar="PATH",
-        help="rollout state (stages, sticky rollbacks); default "
-        "$XDG_STATE_HOME/specshadow/rollout.json",
+        metavar="PATH|URL",
+        help="rollout state (stages, sticky rollbacks): a file, or a store replicas share — "
+        "sqlite:///PATH (one host), clickhouse://HOST:PORT/DB (a fleet); "
+        "default $XDG_STATE_HOME/specshadow/rollout.json",
     )
     p.add_argument(
         "--workers",
