@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ def write_outputs(matrix: Matrix, out_dir: str | Path) -> dict[str, Path]:
 
 
 def token_texts(
-    sources: list[str | Path], path: str | None, url: str | None
+    open_records: Callable[[], Iterable[Any]], path: str | None, url: str | None
 ) -> tuple[dict[int, str] | None, str]:
     """Token id → text for classifying rejections: ``path`` (a ``tokenizer.json`` or an
     ``{id: text}`` map), else the tokenizer server's ``/detokenize`` for every output id the
@@ -60,17 +60,16 @@ def token_texts(
     primary's). (None, why) when there is neither."""
     from counterfactual.rejections import detokenize_pieces, load_pieces
     from counterfactual.retokenize import find_tokenizer
-    from records.readback import iter_records
     from records.reader import read
 
     if path is not None:
         return load_pieces(path), f"token texts from {path}"
-    url = url or find_tokenizer(iter_records(sources))
+    url = url or find_tokenizer(open_records())
     if url is None:
         return None, "no token texts: give --token-texts FILE or --tokenizer URL"
     ids = {
         t
-        for r in map(read, iter_records(sources))
+        for r in map(read, open_records())
         if r.tokens is not None and r.tokens.output
         for t in r.tokens.output
     }
@@ -132,7 +131,7 @@ def _run(args: argparse.Namespace) -> int:
             pieces, why = (
                 (None, "--no-rejections: rejections are not classified")
                 if args.no_rejections
-                else token_texts(sources, args.token_texts, args.tokenizer)
+                else token_texts(lambda: iter_records(sources), args.token_texts, args.tokenizer)
             )
             print(why)
             vocabulary = None

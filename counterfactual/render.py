@@ -15,7 +15,14 @@ from counterfactual.grid import Config
 from counterfactual.matrix import ALL, Matrix
 from counterfactual.rules import how_to_run
 
-__all__ = ["policy_fragment", "render_markdown"]
+__all__ = [
+    "policy_fragment",
+    "positions_table",
+    "rejections_table",
+    "render_markdown",
+    "rules_table",
+    "vocabulary_table",
+]
 
 
 def _f(value: object, digits: int = 2) -> str:
@@ -105,14 +112,18 @@ def render_markdown(m: Matrix, *, top: int = 8) -> str:
     return "\n".join(lines)
 
 
-def _rules_section(m: Matrix) -> list[str]:
-    """Per proposer family, all traffic: its best fixed k against every dynamic rule."""
+Table = tuple[
+    list[str], list[list[str]]
+]  # (head, rows): the report renders them as it renders tables
+
+
+def rules_table(m: Matrix) -> Table:
+    """Per proposer family, all traffic: its best fixed k, then every dynamic rule."""
     overall = [r for r in m.rows if r["category"] == ALL and r["output_length_bucket"] == ALL]
+    head = ["configuration", "replay", "mean acceptance length", "tokens per pass",
+            "predicted TPOT speed-up"]  # fmt: skip
     if not any(r["rule"] is not None for r in overall):
-        return []
-    lines = ["", "## Dynamic lookahead against the best fixed k, all traffic", "",
-             "| configuration | replay | mean acceptance length | tokens per pass | "
-             "predicted TPOT speed-up |", "|---|---|---|---|---|"]  # fmt: skip
+        return head, []
     families: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in overall:
         key = (r["proposer"], r["prompt_lookup_min"], r["prompt_lookup_max"], r["drafter"])
@@ -122,64 +133,102 @@ def _rules_section(m: Matrix) -> list[str]:
         fixed = [r for r in rows if r["rule"] is None]
         best = max(fixed, key=lambda r: r["predicted_tpot_speedup"] or (r["tokens_per_pass"]["estimate"] or 0.0), default=None)  # fmt: skip
         shown += ([best] if best is not None else []) + [r for r in rows if r["rule"] is not None]
-    lines += [
-        f"| {r['label']} | {r['replay_class']} | {_interval(r['mean_acceptance_length'])} "
-        f"| {_interval(r['tokens_per_pass'])} | {_speedup(r)} |"
+    return head, [
+        [r["label"], r["replay_class"], _interval(r["mean_acceptance_length"]),
+         _interval(r["tokens_per_pass"]), _speedup(r)]
         for r in shown
+    ]  # fmt: skip
+
+
+def _chosen(m: Matrix) -> list[dict[str, Any]]:
+    """Per category, its pick's all-lengths row (else its best-ranked row)."""
+    rows = {(r["category"], r["label"]): r for r in m.rows if r["output_length_bucket"] == ALL}
+    out = []
+    for cat, pick in sorted(m.picks.items(), key=lambda kv: (kv[0] != ALL, kv[0])):
+        label = pick["config"]["label"] if pick["config"] else (pick["ranking"] or [None])[0]
+        row = rows.get((cat, label)) if label else None
+        if row is not None:
+            out.append(row)
+    return out
+
+
+def rejections_table(m: Matrix, top: int = 4) -> Table:
+    """Per category, for its pick: the classes of the first rejected tokens (the ``top`` most
+    frequent), each one's share of rejections against its share of output tokens."""
+    head = ["category", "configuration", "rejected token", "share of rejections",
+            "share of output tokens"]  # fmt: skip
+    rows = []
+    for r in _chosen(m):
+        classes = sorted((r.get("rejections") or {}).items(),
+                         key=lambda kv: -kv[1]["rejection_share"])  # fmt: skip
+        rows += [
+            [r["category"], r["label"], cls, f"{_f(v['rejection_share'] * 100, 1)} %",
+             f"{_f(v['output_share'] * 100, 1)} %"]
+            for cls, v in classes[:top]
+        ]  # fmt: skip
+    return head, rows
+
+
+def positions_table(m: Matrix) -> Table:
+    """Per category, for its pick: draft acceptance in the output's first tokens and after."""
+    head = ["category", "configuration", "first tokens: draft acceptance", "the rest"]
+    rows = []
+    for r in _chosen(m):
+        pos = r.get("acceptance_by_output_position") or {}
+        first, rest = pos.get("first") or {}, pos.get("rest") or {}
+        rows.append([
+            r["category"], r["label"],
+            f"{_f(first.get('draft_acceptance_rate'))} (first {pos.get('first_tokens', '–')}; "
+            f"{first.get('drafts', 0)} steps)",
+            f"{_f(rest.get('draft_acceptance_rate'))} ({rest.get('drafts', 0)} steps)",
+        ])  # fmt: skip
+    return head, rows
+
+
+def vocabulary_table(m: Matrix) -> Table:
+    """Per category: output tokens outside a declared drafter vocabulary (rejections by
+    construction)."""
+    head = ["category", "output tokens", "outside the drafter's vocabulary", "share"]
+    oov = m.out_of_vocabulary
+    if oov is None:
+        return head, []
+    return head, [
+        [cat, str(v["output_tokens"]), str(v["out_of_vocabulary"]), f"{_f(v['share'] * 100, 1)} %"]
+        for cat, v in oov["categories"].items()
     ]
-    lines += ["", "A bound's interval is the range between its schedule's fixed-k rows, not a "
-              "confidence interval. Where each rule runs:", ""]  # fmt: skip
+
+
+def _md(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows)]  # fmt: skip
+
+
+def _rules_section(m: Matrix) -> list[str]:
+    head, rows = rules_table(m)
+    if not rows:
+        return []
+    lines = ["", "## Dynamic lookahead against the best fixed k, all traffic", "", *_md(head, rows)]
+    lines += ["", "A bound is the range between its schedule's fixed-k rows, not a confidence "
+              "interval. Where each rule runs:", ""]  # fmt: skip
     lines += [f"- `{r['rule']}`: {r['how_to_run']}" for r in m.as_json()["rules"]]
     return lines
 
 
 def _rejections_section(m: Matrix) -> list[str]:
-    """Per category, for its pick (else its best row): where drafts were rejected, the first
-    tokens against the rest, and a declared drafter vocabulary's misses."""
     lines: list[str] = []
-    rows = {(r["category"], r["label"]): r for r in m.rows if r["output_length_bucket"] == ALL}
-    chosen: list[Mapping[str, Any]] = []
-    for cat, pick in sorted(m.picks.items(), key=lambda kv: (kv[0] != ALL, kv[0])):
-        label = pick["config"]["label"] if pick["config"] else (pick["ranking"] or [None])[0]
-        row = rows.get((cat, label)) if label else None
-        if row is not None:
-            chosen.append(row)
-    if any(r.get("rejections") for r in chosen):
-        lines += ["", "## Where drafts are rejected (the pick of each category)", "",
-                  "Share of first rejected positions by what the target's token was, against "
-                  "that class's share of output tokens (a ratio above 1: drafts fail there more "
-                  "than its share).", "",
-                  "| category | configuration | class | share of rejections | share of output |",
-                  "|---|---|---|---|---|"]  # fmt: skip
-        for r in chosen:
-            classes = sorted((r.get("rejections") or {}).items(),
-                             key=lambda kv: -kv[1]["rejection_share"])  # fmt: skip
-            for cls, v in classes[:5]:
-                lines.append(
-                    f"| {r['category']} | {r['label']} | {cls} | "
-                    f"{_f(v['rejection_share'] * 100, 1)} % | {_f(v['output_share'] * 100, 1)} % |"
-                )
-    if chosen:
-        lines += ["", "## Acceptance by position in the output", "",
-                  "| category | configuration | first tokens: acceptance rate | the rest |",
-                  "|---|---|---|---|"]  # fmt: skip
-        for r in chosen:
-            pos = r.get("acceptance_by_output_position") or {}
-            first, rest = pos.get("first") or {}, pos.get("rest") or {}
-            lines.append(
-                f"| {r['category']} | {r['label']} | "
-                f"{_f(first.get('draft_acceptance_rate'))} (first {pos.get('first_tokens', '–')}, "
-                f"{first.get('drafts', 0)} steps) | {_f(rest.get('draft_acceptance_rate'))} "
-                f"({rest.get('drafts', 0)} steps) |"
-            )
-    oov = m.out_of_vocabulary
-    if oov is not None:
-        lines += ["", f"## Outside the declared drafter vocabulary ({oov['vocabulary_size']} "
-                  "tokens): rejections by construction", "",
-                  "| category | output tokens | outside | share |", "|---|---|---|---|"]  # fmt: skip
-        for cat, v in oov["categories"].items():
-            lines.append(f"| {cat} | {v['output_tokens']} | {v['out_of_vocabulary']} | "
-                         f"{_f(v['share'] * 100, 1)} % |")  # fmt: skip
+    head, rows = rejections_table(m)
+    if rows:
+        lines += ["", "## Where drafts are rejected (each category's pick)", "",
+                  "What the target's token was at each step's first rejected position, against that "
+                  "class's share of the output.", "", *_md(head, rows)]  # fmt: skip
+    head, rows = positions_table(m)
+    if rows:
+        lines += ["", "## Acceptance by position in the output", "", *_md(head, rows)]
+    head, rows = vocabulary_table(m)
+    if rows:
+        assert m.out_of_vocabulary is not None
+        lines += ["", f"## Outside the declared drafter vocabulary "
+                  f"({m.out_of_vocabulary['vocabulary_size']} tokens)", "", *_md(head, rows)]  # fmt: skip
     return lines
 
 

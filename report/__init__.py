@@ -90,12 +90,14 @@ def build_report(
     records = records if isinstance(records, list) else list(records)
     from core.quality import DEFAULT_ALPHA, DEFAULT_MARGINS
 
-    # The policy asked for token ids: score every proposer and depth on them.
-    counterfactual = (
-        build_matrix(lambda: iter(records))
-        if any(read(r).tokens is not None for r in records)
-        else None
-    )
+    # The policy asked for token ids: score every proposer and depth on them (and, where the
+    # tokenizer server still answers /detokenize, classify where drafts were rejected).
+    counterfactual = None
+    if any(read(r).tokens is not None for r in records):
+        from counterfactual.cli import token_texts
+
+        pieces, _ = token_texts(lambda: iter(records), None, None)
+        counterfactual = build_matrix(lambda: iter(records), pieces=pieces)
     a = analyze(
         records,
         results,

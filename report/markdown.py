@@ -179,6 +179,22 @@ def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
                 ],
                 live,
             )
+        if a.counterfactual is not None:
+            from counterfactual.render import (
+                positions_table,
+                rejections_table,
+                rules_table,
+                vocabulary_table,
+            )
+
+            for title, (head, rows) in (
+                ("Dynamic lookahead against the best fixed k", rules_table(a.counterfactual)),
+                ("Where drafts are rejected", rejections_table(a.counterfactual)),
+                ("Acceptance by position in the output", positions_table(a.counterfactual)),
+                ("Outside the drafter's vocabulary", vocabulary_table(a.counterfactual)),
+            ):
+                if rows:
+                    lines += [f"### {title}", "", *_table(head, rows)]
     if a.rollout:
         lines += ["## Rollout", ""]
         lines += _table(

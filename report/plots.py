@@ -331,7 +331,12 @@ def counterfactual_depths(a: Analysis) -> str | None:
     m = a.counterfactual
     if m is None:
         return None
-    rows = [r for r in m.rows if r["category"] == ALL and r["output_length_bucket"] == ALL]
+    # Fixed k only: a dynamic rule has no single k to plot at (its rows are in the tables).
+    rows = [
+        r
+        for r in m.rows
+        if r["category"] == ALL and r["output_length_bucket"] == ALL and r["rule"] is None
+    ]
 
     def family(r: Mapping[str, Any]) -> tuple[Any, ...]:
         return (r["proposer"], r["prompt_lookup_min"], r["prompt_lookup_max"], r["drafter"])

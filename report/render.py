@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
+from counterfactual.matrix import Matrix
 from loadgen.matrix import MatrixRow
 from loadgen.results import LoadgenRow
 from loadgen.speedup import Speedup
@@ -798,6 +799,35 @@ def _counterfactual_section(a: Analysis, figs: Mapping[str, str | None]) -> list
             "(exact per request: a gap there means the engine does not run what it declares).</p>",
             _table(["backend", "configuration", "predicted", "measured", "replayed on its own output", ""], live, wrap=(5,)),
         ]  # fmt: skip
+    return parts + _counterfactual_detail(m)
+
+
+def _counterfactual_detail(m: Matrix) -> list[str]:
+    """Dynamic lookahead rules against fixed k, where drafts are rejected, acceptance by
+    position in the output and a drafter vocabulary's misses (counterfactual.render's tables)."""
+    from counterfactual.render import (
+        positions_table,
+        rejections_table,
+        rules_table,
+        vocabulary_table,
+    )
+
+    parts: list[str] = []
+    head, rows = rules_table(m)
+    if rows:
+        parts += [
+            "<h3>Dynamic lookahead against the best fixed k</h3>",
+            '<p class="muted">Rules that choose the draft length step by step, replayed on the same outputs; each row says '
+            "whether its replay is exact, exact given the drafter, or a bound (docs/counterfactual.md).</p>",
+            _table(head, rows),
+        ]  # fmt: skip
+    for title, (head, rows) in (
+        ("Where drafts are rejected (each category's pick)", rejections_table(m)),
+        ("Acceptance by position in the output", positions_table(m)),
+        ("Outside the declared drafter vocabulary", vocabulary_table(m)),
+    ):
+        if rows:
+            parts += [f"<h3>{escape(title)}</h3>", _table(head, rows)]
     return parts
 
 

@@ -166,16 +166,33 @@ async def test_only_the_share_is_tokenized_and_the_cli_writes_the_matrix(
     with_tokens = sum(r["tokens"] is not None for r in records)
     assert len(records) == 40 and 2 <= with_tokens <= 24  # Binomial(40, 0.3): 12 ± 2.9
     out = tmp_path / "cf"
-    assert cli_main(["counterfactual", "--store", str(store), "--out", str(out)]) == 0
+    # In a thread: the CLI asks the candidate simulator (on this loop) for token texts.
+    args = ["counterfactual", "--store", str(store), "--out", str(out)]
+    assert await asyncio.to_thread(cli_main, args) == 0
     assert {p.name for p in out.iterdir()} >= {
         "counterfactual.json",
         "counterfactual.md",
         "candidates.yaml",
     }
     assert "ngram" in (out / "candidates.yaml").read_text()
+    # The token texts came from the simulator's /detokenize: every all-lengths row of every
+    # category attributes its rejections, and the shares sum to 1.
+    rows = jsonx.loads((out / "counterfactual.json").read_bytes())
+    attributed = [
+        r
+        for r in rows
+        if r["output_length_bucket"] == ALL
+        and r["rejections"]
+        and sum(v["rejections"] for v in r["rejections"].values())
+    ]
+    assert {r["category"] for r in attributed} >= {"code", "chat", ALL}
+    for r in attributed:
+        assert sum(v["rejection_share"] for v in r["rejections"].values()) == pytest.approx(1.0)
+        assert sum(v["output_share"] for v in r["rejections"].values()) == pytest.approx(1.0)
     empty = tmp_path / "empty.sqlite"
     await run(sims, empty, 2, share=0.0)
-    assert cli_main(["counterfactual", "--store", str(empty), "--out", str(tmp_path / "none")]) == 1
+    args = ["counterfactual", "--store", str(empty), "--out", str(tmp_path / "none")]
+    assert await asyncio.to_thread(cli_main, args) == 1
 
 
 async def test_a_store_without_token_ids_is_tokenized_from_its_captured_text(

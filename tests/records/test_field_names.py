@@ -109,7 +109,7 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
         frozenset(
             {"backend", "category", "label", "mean_acceptance_length"}
             | {"num_speculative_tokens", "output_length_bucket", "prompt_lookup_max"}
-            | {"prompt_lookup_min", "tokens_per_pass"}
+            | {"prompt_lookup_min", "rule", "tokens_per_pass"}
         ),
         MATRIX,
     ),
