@@ -19,14 +19,14 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from core import jsonx
 from records.clickhouse import ClickHouseError
-from records.export import FORMATS, Labeller
+from records.export import FORMATS, LabellerFactory
 from records.readback import JSON_SUFFIXES, SourceError, read_records
 from records.sqlite_store import query_records
 from records.stores import StoreURLError, copy_records, is_url, parse_store
@@ -124,10 +124,10 @@ def window_since(args: argparse.Namespace, now_ns: int | None = None) -> int | N
     return since
 
 
-def register(subparsers: Any, labels: Callable[[str | None], Labeller] | None = None) -> None:
-    """``labels``: the export's labeller for an ``--acceptance-config`` (the console script
-    passes the counterfactual replay's, which this package cannot import); without it exported
-    rows carry no acceptance labels and the acceptance filters are refused."""
+def register(subparsers: Any, labels: LabellerFactory | None = None) -> None:
+    """``labels``: builds the export's labeller from its flags (the console script passes the
+    counterfactual replay's, which this package cannot import); without it exported rows carry
+    no acceptance labels and the acceptance filters are refused."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "records", help="print comparison records from a store as JSON lines"
     )
@@ -189,6 +189,27 @@ def register(subparsers: Any, labels: Callable[[str | None], Labeller] | None = 
         metavar="CONFIG",
         help="the configuration each row's acceptance is replayed with: ngram:K:MIN-MAX or "
         "draft:BACKEND:K (default ngram:4:2-4)",
+    )
+    e.add_argument(
+        "--token-texts",
+        default=None,
+        metavar="FILE",
+        help="token id -> text (a Hugging Face tokenizer.json or a JSON {id: text} map): label "
+        "each row with the classes of the tokens its drafts were rejected at",
+    )
+    e.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="URL",
+        help="instead of --token-texts: a server whose POST /detokenize gives each token's text "
+        "(never the primary)",
+    )
+    e.add_argument(
+        "--drafter-vocabulary",
+        default=None,
+        metavar="FILE",
+        help="a drafter's vocabulary (EAGLE-3 d2t, or a JSON list of target ids): label each "
+        "row with its output tokens outside it (rejections by construction)",
     )
     e.add_argument(
         "--redact",
@@ -288,6 +309,7 @@ def run_export(args: argparse.Namespace) -> int:
     from records.export import (
         ExportCounts,
         ExportFilter,
+        LabelOptions,
         RedactError,
         export_rows,
         load_redactor,
@@ -300,13 +322,18 @@ def run_export(args: argparse.Namespace) -> int:
         return 2
     where = ExportFilter(args.category, args.min_acceptance, args.max_acceptance)
     try:
-        labeller = args.labels(args.acceptance_config) if args.labels is not None else None
+        options = LabelOptions(
+            args.acceptance_config, args.token_texts, args.tokenizer, args.drafter_vocabulary
+        )
+        labeller = args.labels(options) if args.labels is not None else None
         redact = load_redactor(args.redact) if args.redact else None
-    except (ValueError, RedactError) as exc:
+    except (ValueError, RedactError, OSError) as exc:
         print(f"specshadow records export: {exc}", file=sys.stderr)
         return 2
-    if where.on_acceptance and labeller is None:
-        print("specshadow records export: no acceptance labels here to filter on", file=sys.stderr)
+    if labeller is None and (where.on_acceptance or args.token_texts or args.tokenizer):
+        print(
+            "specshadow records export: no labeller here (acceptance, rejections)", file=sys.stderr
+        )
         return 2
     counts = ExportCounts()
     out = Path(args.out)

@@ -44,7 +44,9 @@ __all__ = [
     "FORMATS",
     "ExportCounts",
     "ExportFilter",
+    "LabelOptions",
     "Labeller",
+    "LabellerFactory",
     "RedactError",
     "Redactor",
     "export_rows",
@@ -58,6 +60,21 @@ FORMATS: tuple[Format, ...] = ("speculators", "conversations")
 # A row's labels from one record: ``acceptance`` (the labelled draft acceptance rate, a number
 # or None) is what the acceptance filters read; everything else is copied into the row.
 Labeller = Callable[[Record], Mapping[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class LabelOptions:
+    """What a labeller is built from (the export command's flags): the configuration replayed
+    on each row, and where token texts (to classify rejected tokens) and a drafter's vocabulary
+    come from. The labeller itself is the counterfactual package's (``counterfactual.labels``)."""
+
+    config: str | None = None
+    token_texts: str | None = None  # a tokenizer.json or an {id: text} JSON file
+    tokenizer: str | None = None  # a server whose POST /detokenize gives a token's text
+    drafter_vocabulary: str | None = None  # EAGLE-3 d2t or a list of target ids
+
+
+LabellerFactory = Callable[[LabelOptions], Labeller]
 Redactor = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 

@@ -253,3 +253,46 @@ def test_the_command_exports_from_a_store_says_what_it_skipped_and_redacts(
     assert not (tmp_path / "x.jsonl").exists()
     with pytest.raises(SystemExit):
         cli_main([*bad[:-2], "--max-acceptance", "1.5"])
+
+
+def test_rows_are_labelled_with_the_classes_of_the_tokens_their_drafts_were_rejected_at(
+    tmp_path: Path,
+) -> None:
+    """Words repeat (the n-gram proposer drafts them); numbers break the pattern at known
+    places, so every rejection is at a number, and the numbers are what a word-only drafter
+    vocabulary lacks."""
+    words = {1: " alpha", 2: " beta", 3: " gamma", 4: " delta"}
+    numbers = {10 + n: f" {n}" for n in range(20)}
+    rng = random.Random(6)
+    recs = []
+    for i in range(12):
+        out = [10 + rng.randrange(20) if j % 9 == 8 else 1 + j % 4 for j in range(60)]
+        recs.append(record(i, prompt=[1, 2, 3, 4] * 3, output=out))
+    texts = tmp_path / "texts.json"
+    texts.write_bytes(jsonx.dumps({str(k): v for k, v in {**words, **numbers}.items()}))
+    vocab = tmp_path / "vocab.json"
+    vocab.write_bytes(jsonx.dumps(sorted(words)))
+    store = tmp_path / "r.sqlite"
+    s = RecordStore(store)
+    s.append(recs)
+    s.close()
+    out_path = tmp_path / "rows.jsonl"
+    argv = ["records", "export", "--store", str(store), "--format", "speculators", "--out",
+            str(out_path), "--token-texts", str(texts), "--drafter-vocabulary", str(vocab)]  # fmt: skip
+    assert cli_main(argv) == 0
+    rows = [jsonx.loads(line) for line in out_path.read_bytes().splitlines()]
+    assert len(rows) == 12
+    total = 0
+    for row, r in zip(rows, recs, strict=True):
+        t = r["tokens"]
+        available, match = ngram_offers(t["prompt"], t["output"], 2, 4, 4)
+        rep = replay(len(t["output"]), 4, available, match)
+        rejections = row["rejections"]
+        # One per drafting step that was rejected, each at a number (a number never repeats
+        # where the proposer looks, so at most one rejection per number).
+        assert sum(rejections.values()) == len(rep.rejected_at) > 0
+        assert rejections["number"] <= sum(tok >= 10 for tok in t["output"])
+        assert {c for c, v in rejections.items() if v} == {"number"}, rejections
+        total += rejections["number"]
+        assert row["out_of_vocabulary"] == sum(tok >= 10 for tok in t["output"])
+    assert total > 0
