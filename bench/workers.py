@@ -46,6 +46,7 @@ class ArmResult:
     rps: float  # over all its segments
     rps_by_round: tuple[float, ...]
     cpu_us_per_request: float  # every process of the arm
+    cores_busy: float  # the arm's CPU seconds / wall seconds of its segments
     latency_p50_ms: float
     latency_p99_ms: float
 
@@ -112,6 +113,7 @@ async def measure(rounds: int, segment_s: float, concurrency: int) -> list[ArmRe
             rps=len(lat[a.name]) / wall[a.name],
             rps_by_round=tuple(by_round[a.name]),
             cpu_us_per_request=cpu[a.name] / max(1, len(lat[a.name])) * 1e6,
+            cores_busy=cpu[a.name] / wall[a.name],
             latency_p50_ms=_quantile(lat[a.name], 0.5),
             latency_p99_ms=_quantile(lat[a.name], 0.99),
         )
@@ -124,15 +126,19 @@ def table(results: Sequence[ArmResult]) -> str:
     one, two = by["workers-1"], by["workers-2"]
     ratios = [b / a for a, b in zip(one.rps_by_round, two.rps_by_round, strict=True) if a]
     lines = [
-        "arm          reqs  err    req/s  CPU µs/req  lat p50 ms  lat p99 ms",
+        "arm          reqs  err    req/s  CPU µs/req  cores busy  lat p50 ms  lat p99 ms",
         *(
             f"{r.arm:<11} {r.requests:>6} {r.errors:>4} {r.rps:>8.1f} {r.cpu_us_per_request:>11.0f}"
-            f" {r.latency_p50_ms:>11.2f} {r.latency_p99_ms:>11.2f}"
+            f" {r.cores_busy:>11.2f} {r.latency_p50_ms:>11.2f} {r.latency_p99_ms:>11.2f}"
             for r in results
         ),
         f"2 workers ÷ 1 worker, req/s: median of rounds {statistics.median(ratios):.3f} "
         f"(rounds {' '.join(f'{x:.3f}' for x in ratios)}); over all segments "
         f"{two.rps / one.rps:.3f}",
+        f"CPU-bound ceiling (derived, not measured: 1e6 / CPU µs per request per core the arm "
+        f"can use): 1 worker {1e6 / one.cpu_us_per_request:.0f} req/s on 1 core, 2 workers "
+        f"{2e6 / two.cpu_us_per_request:.0f} req/s on 2 cores "
+        f"({2 * one.cpu_us_per_request / two.cpu_us_per_request:.2f} ×)",
         f"machine: {os.cpu_count()} CPUs; nothing pinned",
     ]
     return "\n".join(lines)
