@@ -60,6 +60,7 @@ def build_report(
     population: Population | None = None,
     rollout_state: str | Path | None = None,
     transitions: Sequence[Mapping[str, Any]] = (),
+    token_texts: Mapping[int, str] | None = None,
 ) -> ReportPaths:
     """Write ``report.html``, ``report.md`` and ``report.json`` into ``out_dir`` (created if
     missing) — and, when a configuration is recommended, ``rollout.yaml``, an Argo Rollouts
@@ -68,7 +69,9 @@ def build_report(
     ``population``: the window's aggregates when ``records`` is its bounded sample
     (:func:`report.gather.gather`, what ``specshadow report`` does). ``rollout_state``: the
     gateway's rollout state file (``--state``) and/or ``transitions`` (``GET /admin/rollout``'s
-    ``last_transition``s): who rolled a rule back inside the window, and on which reading."""
+    ``last_transition``s): who rolled a rule back inside the window, and on which reading.
+    ``token_texts``: token id → text (:func:`counterfactual.cli.token_texts`), to classify where
+    the counterfactual matrix's drafts were rejected; the report itself calls no server."""
     from core import jsonx
     from counterfactual.cli import write_outputs
     from counterfactual.matrix import build_matrix
@@ -90,14 +93,13 @@ def build_report(
     records = records if isinstance(records, list) else list(records)
     from core.quality import DEFAULT_ALPHA, DEFAULT_MARGINS
 
-    # The policy asked for token ids: score every proposer and depth on them (and, where the
-    # tokenizer server still answers /detokenize, classify where drafts were rejected).
-    counterfactual = None
-    if any(read(r).tokens is not None for r in records):
-        from counterfactual.cli import token_texts
-
-        pieces, _ = token_texts(lambda: iter(records), None, None)
-        counterfactual = build_matrix(lambda: iter(records), pieces=pieces)
+    # The policy asked for token ids: score every proposer and depth on them (and, with the
+    # token texts, classify where drafts were rejected).
+    counterfactual = (
+        build_matrix(lambda: iter(records), pieces=token_texts)
+        if any(read(r).tokens is not None for r in records)
+        else None
+    )
     a = analyze(
         records,
         results,

@@ -64,6 +64,16 @@ def _run(args: argparse.Namespace) -> int:
             return 2
         margins, alpha = quality.margins, quality.alpha
     sources = [f"store {path}" for path in args.store] + [f"results {p}" for p in args.results]
+    from counterfactual.cli import token_texts
+    from records.reader import read
+
+    # Token texts for the counterfactual section's rejection classes: the tokenizer server's
+    # /detokenize, while it still answers (else the section counts rejections by position only).
+    texts = (
+        token_texts(lambda: iter(records), None, None)[0]
+        if any(read(r).tokens is not None for r in records)
+        else None
+    )
     paths = build_report(
         records,
         results,
@@ -73,6 +83,7 @@ def _run(args: argparse.Namespace) -> int:
         alpha=alpha,
         population=population,
         rollout_state=args.state,
+        token_texts=texts,
     )
     a = paths.analysis
     from report.front import terminal
