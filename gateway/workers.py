@@ -231,6 +231,7 @@ class Supervisor:
         self._stop_signals = 0
         self._hup = False
         self._fatal: int | None = None
+        self._stopping = False  # the set is being stopped: an exit is not restarted
         self._announced = False
 
     # --- the parent's loop ------------------------------------------------------------------
@@ -290,7 +291,8 @@ class Supervisor:
             self._signal_all(signal.SIGHUP, ready_only=True)
         now = time.monotonic()
         for slot in self.slots:
-            if slot.pid is None and slot.restart_at is not None and now >= slot.restart_at:
+            due = slot.restart_at is not None and now >= slot.restart_at
+            if slot.pid is None and due and not self._stopping:
                 self._spawn(slot)
 
     def _on_ready_pipe(self, slot: _Slot) -> None:
@@ -341,7 +343,7 @@ class Supervisor:
         self._close_ready(slot)
         with contextlib.suppress(OSError):
             retire(self.run_dir / "metrics", pid)
-        if self._stop_signals:
+        if self._stopping or self._stop_signals:
             self._write_status()
             return
         now = time.monotonic()
@@ -399,6 +401,9 @@ class Supervisor:
     def _child_setup(self, slot: _Slot, parent: int) -> None:
         """In the forked worker: the parent's signal handling undone, other slots' sockets and
         the parent's pipes closed, death with the parent arranged."""
+        # A group of its own: a terminal's Ctrl-C reaches the parent alone, which then stops
+        # every worker once (a second signal would cut a worker's drain short).
+        os.setpgid(0, 0)
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
@@ -424,6 +429,7 @@ class Supervisor:
 
     def _stop(self) -> int:
         """Every worker stopped: SIGTERM (graceful drain), then SIGKILL after the bound."""
+        self._stopping = True
         if self._stop_signals:
             log.info("stopping %d workers", sum(s.pid is not None for s in self.slots))
         # The parent's copies closed first: once a worker closes its own, the socket is gone

@@ -361,6 +361,8 @@ class FleetPullReader(PullMetricReader):
                     reader.flush()
                     self.wfile.write(b"ok\n")
 
+        with contextlib.suppress(FileNotFoundError):  # left by a process that had this pid
+            self.socket_path.unlink()
         server = socketserver.ThreadingUnixStreamServer(str(self.socket_path), _Handler)
         server.daemon_threads = True
         self._server = server

@@ -353,3 +353,28 @@ def test_a_worker_that_keeps_crashing_before_it_is_ready_stops_the_supervisor(
     counts = attempts.read_text().split()
     # Worker slots are retried with a back-off until one has failed three times in a row.
     assert max(counts.count("0"), counts.count("1")) == 3
+
+
+def test_a_configuration_error_in_one_worker_stops_the_healthy_one_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    starts = tmp_path / "starts"
+
+    def main(identity: Any, _socks: Any, ready: Callable[[], None]) -> int:
+        with open(starts, "a") as f:
+            f.write(f"{identity.index}\n")
+        if identity.index == 1:
+            time.sleep(0.3)
+            return 2  # what a worker returns when its application cannot be built
+        ready()
+        time.sleep(30)  # until the parent's SIGTERM (default action: the worker ends)
+        return 0
+
+    run_dir = tmp_path / "run"
+    (run_dir / "metrics").mkdir(parents=True)
+    supervisor = Supervisor([[], []], main, run_dir=run_dir, shutdown_timeout_s=5.0)
+    started = time.monotonic()
+    assert supervisor.run() == 2
+    assert time.monotonic() - started < 10  # not the 30 s sleep: the healthy one was stopped
+    assert sorted(starts.read_text().split()) == ["0", "1"]  # and neither was started again
+    assert not run_dir.exists()
