@@ -14,6 +14,9 @@ with ``--primary-kind`` / ``--shadow-kind`` / ``--baseline-kind`` is used as is;
 backend is asked at startup (:mod:`evidence.detect`, a couple of seconds at most), and one that
 cannot be reached is ``openai`` — with a warning that says so.
 
+With ``--workers N`` (N > 1) the same checks run once in this process, which then binds the
+port and supervises N forked workers (:mod:`specshadow.workers`, :mod:`gateway.workers`).
+
 Once the application is built, a few INFO lines say what this process will do (the primary, each
 shadow with its role, kind — stated, detected or from the policy — and share, the store, the
 policy file, the state file); flags that do nothing in this combination get a warning.
