@@ -10,6 +10,7 @@ Layout: ``ngram`` (vLLM's n-gram proposer, every draft of one sequence at once),
 engine's steps for one configuration along one output), ``grid`` (the configurations scored),
 ``speed`` (the step-time model: predicted speed-up from acceptance), ``matrix`` (records → one
 row per configuration × category × output length, and the picks), ``render`` (Markdown and the
-policy fragment) and ``cli`` (``specshadow counterfactual``). Pure Python, no numpy: the gateway
+policy fragment), ``labels`` (the acceptance and rejection labels of ``specshadow records
+export``'s rows) and ``cli`` (``specshadow counterfactual``). Pure Python, no numpy: the gateway
 extra stays slim. Method and limits: docs/counterfactual.md.
 """
