@@ -211,7 +211,7 @@ def test_the_live_configuration_is_predicted_within_the_stated_tolerances(
     greedy_gap = abs(live["greedy"]["relative_gap"])
     print(f"live n-gram k=4: overall gap {overall_gap:.3%}, greedy {greedy_gap:.3%}, "
           f"sampled {live['sampled']['relative_gap']:.3%} (p = {live['sampled']['p_value']:.3g}), "
-          f"engine check {live['engine_check']['relative_gap']:.3%}")  # fmt: skip
+          f"engine check {live['engine_check']['relative_gap']:.3%}; {live['drift']['note']}")  # fmt: skip
     assert live["greedy"]["predicted_mean_acceptance_length"]["n"] >= 20
     assert greedy_gap <= 0.05, live["greedy"]
     # Sampled requests: the candidate answered other draws than production's, so prediction and
@@ -274,3 +274,91 @@ def test_another_depth_scored_from_the_k4_run_is_what_a_k2_server_reports(
     assert abs(predicted / measured - 1) <= 0.10
     # And on its own run the k = 2 server is predicted as the k = 4 one was (greedy: ±5 %).
     assert abs(at_k2["greedy"]["relative_gap"]) <= 0.05, at_k2["greedy"]
+
+
+HEURISTIC_RUNNER = r"""
+import ast, json, sys
+import numpy as np
+from numba import jit
+
+source = open(sys.argv[1]).read()
+for node in ast.parse(source).body:
+    if isinstance(node, ast.FunctionDef) and node.name == "_find_longest_matched_ngram_and_propose_tokens":
+        exec(compile(ast.Module([node], []), sys.argv[1], "exec"))
+find = globals()["_find_longest_matched_ngram_and_propose_tokens"]
+drafts = accepted = 0
+for prompt, output in json.load(sys.stdin):
+    # Hugging Face's heuristic, from its law: n += 2 after a full accept of n drafts, else
+    # n = max(1, n - 1) (a shorter draft, or none, is a miss); start 4, cap 8. Steps as vLLM
+    # takes them, never drafting past the output's end.
+    n, j = 4, 1
+    while j < len(output):
+        context = np.array(prompt + output[:j], dtype=np.int32)
+        draft = [int(t) for t in find(context, 2, 4, 1 << 20, n)][: len(output) - j - 1]
+        a = 0
+        while a < len(draft) and draft[a] == output[j + a]:
+            a += 1
+        if draft:
+            drafts += 1
+            accepted += a
+        n = min(8, n + 2) if len(draft) == n and a == n else max(1, n - 1)
+        j += a + 1
+print(json.dumps([drafts, accepted]))
+"""
+
+
+def test_the_heuristic_row_is_what_vllms_own_proposer_gives_under_the_heuristic(
+    vllm_env: VllmEnv, scored: tuple[list[dict[str, Any]], dict[str, Any]]
+) -> None:
+    """Hugging Face's heuristic over n-gram lookup 2-4 (start 4, floor 1, cap 8): the matrix's
+    row, on greedy requests, against the same rule replayed independently with vLLM's own
+    compiled n-gram proposer on the same token ids (±2 %)."""
+    import json
+    import subprocess
+
+    from counterfactual.rules import heuristic
+
+    records, matrix = scored
+    (row,) = [
+        r for r in matrix["rows"]
+        if r["category"] == ALL and r["output_length_bucket"] == ALL and r["proposer"] == "ngram"
+        and (r["prompt_lookup_min"], r["prompt_lookup_max"]) == (2, 4)
+        and r["rule_name"] == "heuristic"
+    ]  # fmt: skip
+    assert "heuristic" in row["rule"] and row["replay_class"] == "exact"
+    assert {k: row["rule_params"][k] for k in ("start", "floor", "cap")} == {
+        "start": 4, "floor": 1, "cap": 8,
+    }  # fmt: skip
+    greedy = [r for r in records if r["greedy"] and r["tokens"] and r["tokens"]["output"]]
+    assert len(greedy) >= 20
+    m = build_matrix(lambda: iter(greedy), windows=((2, 4),), rules=(heuristic(4, 1, 8),))
+    (mine,) = [
+        r for r in m.rows
+        if r["category"] == ALL and r["output_length_bucket"] == ALL and r["rule_name"] == "heuristic"
+    ]  # fmt: skip
+    (source,) = vllm_env.venv.glob(
+        "lib/python*/site-packages/vllm/v1/spec_decode/ngram_proposer.py"
+    )
+    ids = [[r["tokens"]["prompt"], r["tokens"]["output"]] for r in greedy]
+    done = subprocess.run(
+        [str(vllm_env.python), "-c", HEURISTIC_RUNNER, str(source)],
+        input=json.dumps(ids), capture_output=True, text=True, timeout=240, check=True,
+    )  # fmt: skip
+    drafts, accepted = json.loads(done.stdout)
+    theirs = 1 + accepted / drafts
+    ours = mine["mean_acceptance_length"]["estimate"]
+    print(f"heuristic, greedy: replay {ours:.4f}, vLLM's proposer {theirs:.4f} ({drafts} drafts)")
+    assert drafts >= 20
+    assert abs(ours / theirs - 1) <= 0.02
+    # Rejections are attributed in every category (the token texts came from /detokenize).
+    for cat in ("code", "structured_output", "chat", ALL):
+        rows = [
+            r for r in matrix["rows"]
+            if r["category"] == cat and r["output_length_bucket"] == ALL and r["rejections"]
+            and sum(v["rejections"] for v in r["rejections"].values())
+        ]  # fmt: skip
+        assert rows, cat
+        for r in rows:
+            shares = r["rejections"].values()
+            assert abs(sum(v["rejection_share"] for v in shares) - 1) < 1e-9
+            assert abs(sum(v["output_share"] for v in shares) - 1) < 1e-9
