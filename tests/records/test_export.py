@@ -296,3 +296,17 @@ def test_rows_are_labelled_with_the_classes_of_the_tokens_their_drafts_were_reje
         total += rejections["number"]
         assert row["out_of_vocabulary"] == sum(tok >= 10 for tok in t["output"])
     assert total > 0
+
+
+def test_the_window_picks_the_exchanges_that_started_in_it(tmp_path: Path) -> None:
+    store = tmp_path / "r.sqlite"
+    s = RecordStore(store)
+    s.append([record(i, prompt=[1, 2], output=[3, 4]) for i in range(10)])
+    s.close()
+    # record(i) started at 1_700_000_000 + i seconds: 2023-11-14T22:13:20Z + i s.
+    out = tmp_path / "w.jsonl"
+    argv = ["records", "export", "--store", str(store), "--format", "speculators", "--out", str(out),
+            "--since", "2023-11-14T22:13:23Z", "--until", "2023-11-14T22:13:27Z"]  # fmt: skip
+    assert cli_main(argv) == 0
+    rows = [jsonx.loads(line) for line in out.read_bytes().splitlines()]
+    assert [row["exchange_id"] for row in rows] == [f"ex-{i:06d}" for i in range(3, 7)]
