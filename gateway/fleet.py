@@ -130,7 +130,8 @@ class Fleet:
         default_factory=lambda: deque(maxlen=OUTBOX_MAX)
     )
     dropped: int = 0
-    _seq: int = 0
+    published: int = 0  # observations appended to the store
+    _seq: int = 0  # observations queued (each one's number)
     _wake: threading.Event = field(default_factory=threading.Event)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -203,6 +204,7 @@ class Fleet:
             self.store.append(batch)
             for _ in batch:
                 self.outbox.popleft()
+            self.published += len(batch)
 
     def sync(self) -> None:
         """Publish what is queued, read the fleet's state and pooled evidence, decide."""
@@ -365,6 +367,8 @@ class Fleet:
             "poll_s": self.poll_s,
             "replica": self.replica,
             "incarnation": self.k,
+            "observations": self._seq,
+            "published_observations": self.published,
             "unpublished_observations": len(self.outbox),
             "dropped_observations": self.dropped,
             "pending_decisions": sorted(self.pending),

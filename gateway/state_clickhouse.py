@@ -86,9 +86,13 @@ class ClickHouseStateStore:
         return [jsonx.loads(line) for line in body.splitlines() if line.strip()]
 
     def _insert(self, table: str, rows: Sequence[dict[str, Any]]) -> None:
+        # The columns named: one left out gets its DEFAULT (the evidence's server-side ``ts``);
+        # a field merely missing from a JSONEachRow row gets 0 on servers before 19.x.
         data = b"".join(jsonx.dumps(r) + b"\n" for r in rows)
         try:
-            self.engine.execute(f"INSERT INTO {table} FORMAT JSONEachRow", data)
+            self.engine.execute(
+                f"INSERT INTO {table} ({', '.join(rows[0])}) FORMAT JSONEachRow", data
+            )
         except (ClickHouseError, OSError) as exc:
             raise StoreError(f"{self.name}: {exc}") from exc
 
@@ -149,7 +153,7 @@ class ClickHouseStateStore:
         rows = self._rows(
             "SELECT toUInt32(ts) AS t, replica, seq, body FROM rollout_evidence"
             f" WHERE rule = {_q(rule)} AND episode = {_q(episode)}"
-            f" AND toUInt32(ts) < toUInt32(now()) - {int(self.settle_s)}"
+            f" AND toUInt32(ts) <= toUInt32(now()) - {int(self.settle_s)}"
             f" AND (toUInt32(ts) > {int(ts)} OR (toUInt32(ts) = {int(ts)} AND (replica > {_q(replica)}"
             f" OR (replica = {_q(replica)} AND seq > {int(seq)}))))"
             f" ORDER BY t, replica, seq LIMIT {int(limit)}"
