@@ -134,6 +134,8 @@ class Evidence:
     ``acceptance`` and ``quality`` have one entry per leg, in ``exchange.legs`` order (``quality``
     is None for a leg that did not complete; empty when nothing was measured).
     ``speculation_skip``: the request's parameters make a speculative engine decode plainly.
+    ``engines``: each leg's backend → the fingerprint of its engine configuration, when known
+    (``evidence.engine_config``; the rollout restarts a canary when its candidate's changes).
     The comparison record (a JSON-ready mapping, schema in docs/records.md) is built on first
     access of :attr:`record`: consumers that never read it (metrics, guards) never pay for it.
     """
@@ -145,6 +147,7 @@ class Evidence:
         "category",
         "category_source",
         "comparisons",
+        "engines",
         "exchange",
         "greedy",
         "quality",
@@ -163,6 +166,7 @@ class Evidence:
         record: Callable[[Evidence], Mapping[str, Any]],
         quality: tuple[LegQuality | None, ...] = (),
         speculation_skip: SpeculationSkip | None = None,
+        engines: Mapping[str, str] | None = None,
     ) -> None:
         self.exchange = exchange
         self.category = category
@@ -172,6 +176,7 @@ class Evidence:
         self.acceptance = acceptance
         self.quality = quality
         self.speculation_skip = speculation_skip
+        self.engines: Mapping[str, str] = engines or {}
         self._record_factory = record
         self._record: Mapping[str, Any] | None = None
 

@@ -100,7 +100,20 @@ def build_evidence(
         if exchange.shadows
         else (),
         speculation_skip=speculation_skip(exchange.request_json) if speculative else None,
+        engines=_fingerprints(probe, exchange),
     )
+
+
+def _fingerprints(probe: ServerInfoProbe | None, exchange: Exchange) -> dict[str, str]:
+    """Each leg's backend → its engine configuration's fingerprint, where the probe knows it."""
+    if probe is None:
+        return {}
+    out = {}
+    for leg in exchange.legs:
+        engine = probe.engine(leg.backend)
+        if engine is not None:
+            out[leg.backend] = engine.fingerprint
+    return out
 
 
 def backend_facts(

@@ -295,8 +295,13 @@ class RolloutController:
         if rule is None or rule.rollout is None:
             return
         spec = rule.rollout
+        engine = evidence.engines.get(spec.candidate.backend.name)
+        if engine is not None:
+            with self._lock:
+                self._engine_seen(rule.name, spec, engine, exchange)
         observation = observe(evidence, spec.candidate.backend.name)
         if observation is None:
+            self._persist()
             return
         with self._lock:
             if self.fleet is None:
@@ -309,6 +314,38 @@ class RolloutController:
                     self._roll_back(rule.name, state, "guard", "local guards (the rollout store "
                                     "is unreachable)", None, exchange)  # fmt: skip
         self._persist()
+
+    def _engine_seen(self, name: str, spec: RolloutSpec, engine: str, exchange: Exchange) -> None:
+        """The candidate's engine configuration fingerprint, as this exchange's evidence saw it
+        (the caller holds the lock). The first one is kept. A change in ``canary`` or ``live``
+        goes back to the first canary step — the promotion was earned by another build — or,
+        with ``on_config_change: hold``, stays but promotes no further; a change lifts a guard's
+        rollback (the new build starts again from the first canary step)."""
+        state = self._states.get(name)
+        if state is None or state.engine == engine:
+            return
+        if state.engine is None or (state.stage == "shadow" and not state.rolled_back):
+            self._states[name] = replace(state, engine=engine)  # noted, nothing to re-qualify
+            if self.fleet is None:
+                self._snapshot()
+            return
+        why = f"the candidate's engine configuration changed ({state.engine} → {engine})"
+        if state.stage != "shadow" and spec.on_config_change == "hold":
+            ratio = serve_ratio(spec, state) if state.stage == "canary" else state.ratio
+            new = replace(state, engine=engine, ratio=ratio)
+            reason = f"{why}: held here, no further promotion until an operator promotes"
+        elif spec.stage == "shadow":  # a rollback lifted; the policy keeps it in shadow
+            new = replace(state, engine=engine, rolled_back=False, since_unix=self.clock())
+            reason = f"{why}: the rollback is lifted"
+        else:
+            step = 0 if spec.steps else None
+            new = RuleState("canary", spec.fingerprint, step, False, self.clock(),
+                            engine=engine, episode=new_episode())  # fmt: skip
+            lifted = "the rollback is lifted, " if state.rolled_back else ""
+            reason = f"{why}: {lifted}back to the first canary step"
+            self._live.pop(name, None)  # a new episode: the old build's evidence does not count
+        log.warning("rollout %s: %s", name, reason)
+        self._transition(name, state, new, "schedule", reason, None, exchange)
 
     def _handle(self, rule: RuleSpec, spec: RolloutSpec, observation: Observation,
                 exchange: Exchange) -> None:  # fmt: skip
@@ -611,6 +648,7 @@ class RolloutController:
                     else [],
                     "last_transition": state.last.to_json() if state.last is not None else None,
                     "episode": state.episode,
+                    "engine": state.engine,  # the candidate's configuration fingerprint
                 }
             for name in self._specs:
                 if name not in rules:  # a shared store's rule this replica has no state for

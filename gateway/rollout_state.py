@@ -62,6 +62,9 @@ class RuleState:
     # or an operator's promotion (a step up or a rollback keeps it). Shared stores tag every
     # pooled observation with it (gateway.fleet).
     episode: str = ""
+    # The candidate's engine configuration fingerprint this state was reached with (None: not
+    # known yet). A change restarts a canary (or holds it) and lifts a guard's rollback.
+    engine: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -81,6 +84,7 @@ class RuleState:
             last=Transition(**last) if isinstance(last, Mapping) else None,
             ratio=jsonx.as_number(data.get("ratio")),
             episode=str(data.get("episode") or ""),
+            engine=str(data["engine"]) if data.get("engine") else None,
         )
 
 

@@ -412,7 +412,10 @@ def _rollout(rollout: Rollout | None, plans: Sequence[LegPlan]) -> RolloutSpec |
     candidates = [p for p in plans if p.role == "candidate"]
     serving = next((p for p in candidates if p.backend.name == rollout.candidate), candidates[0])
     g = rollout.guards
-    block = jsonx.dumps(rollout.model_dump(mode="json"), sort_keys=True)
+    # The default on_config_change is left out, so blocks written before it keep their state.
+    default = rollout.on_config_change == "restart"
+    dumped = rollout.model_dump(mode="json", exclude={"on_config_change"} if default else None)
+    block = jsonx.dumps(dumped, sort_keys=True)
     return RolloutSpec(
         stage=rollout.stage,
         serve_ratio=rollout.serve_ratio,
@@ -434,6 +437,7 @@ def _rollout(rollout: Rollout | None, plans: Sequence[LegPlan]) -> RolloutSpec |
             g.sampled_divergence_max,
         ),
         fingerprint=hashlib.sha256(block).hexdigest()[:16],
+        on_config_change=rollout.on_config_change,
     )
 
 

@@ -213,6 +213,7 @@ class RolloutSpec:
     candidate: LegPlan  # the leg that serves
     guards: GuardSpec
     fingerprint: str
+    on_config_change: Literal["restart", "hold"] = "restart"
 
     def ratio_at(self, step: int | None) -> float:
         """The canary serve ratio at promotion step ``step`` (None: ``serve_ratio``)."""

@@ -452,6 +452,12 @@ class Rollout(_Strict):
     """The backend that serves: one of the rule's candidate legs. Default: its only one."""
     guards: Guards = Guards()
     """What rolls it back (see ``Guards``)."""
+    on_config_change: Literal["restart", "hold"] = "restart"
+    """When the candidate's engine configuration changes (its fingerprint: docs/confounds.md) in
+    ``canary`` or ``live``: ``restart`` goes back to the first canary step (the promotion was
+    earned by another build); ``hold`` stays where it is but promotes no further until an
+    operator does. Either way a guard's rollback is lifted by a change (a new build may try
+    again)."""
 
     @model_validator(mode="after")
     def _increasing(self) -> Rollout:

@@ -85,7 +85,7 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
     "evidence/tokens.py": (frozenset({"prompt", "tokens"}), "vLLM's /tokenize answer"),
     "gateway/admin.py": (frozenset({"reason", "rule", "stage"}), ROLLOUT),
     "gateway/cli.py": (frozenset({"reason", "stage", "status"}), ROLLOUT),
-    "gateway/rollout_state.py": (frozenset({"stage"}), ROLLOUT),
+    "gateway/rollout_state.py": (frozenset({"engine", "stage"}), ROLLOUT),
     "loadgen/client.py": (frozenset({"stream"}), OPENAI),
     "loadgen/matrix.py": (
         frozenset({"backend", "concurrency", "schema"}),
@@ -102,6 +102,10 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
     "otel/attributes.py": (
         frozenset({"draft_acceptance_rate", "mean_acceptance_length", "prompt", "role"}),
         OPENAI + " and vLLM's per-request metrics",
+    ),
+    "policies/compile.py": (
+        frozenset({"engine"}),
+        "the policy's declared engine block (docs/confounds.md)",
     ),
     "policies/shape.py": (frozenset({"seed", "stream", "temperature"}), OPENAI),
     "report/export.py": (frozenset({"candidates"}), "report.json being written"),
