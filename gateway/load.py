@@ -8,16 +8,17 @@ of an exchange are dispatched within microseconds of each other, so the ratio of
 exchange's load parity, per replica — is a ratio of counts over one window and needs no clock
 agreement with any backend.
 
-``dispatch`` runs on the event loop for every leg: a deque append, an amortised pop of expired
-timestamps and a few integer operations.
+``dispatch`` and ``done`` run on the event loop for every leg: a deque append, an amortised pop
+of expired timestamps, three array appends (the mark below; half the marks are dropped at once
+when they reach the bound, amortised) and a few arithmetic operations.
 
 **The batch a leg decoded in.** The in-flight count at dispatch is not the batch a leg decodes in:
 legs dispatched after it join, legs before it leave. So the book also integrates its in-flight
 count over time, ``A(t) = ∫ in_flight dt``, and keeps a mark ``(t, A(t), in_flight)`` at every
 change (two per leg). A leg's time-averaged in-flight count over its decode interval — first
 output event to last, the interval its TPOT is measured over — is ``(A(last) − A(first)) /
-(last − first)`` (:meth:`BackendLoad.mean_in_flight`), read once when the leg finishes, off the
-relay. The marks are bounded (:data:`MAX_MARKS` per backend, the last ~65,000 legs): a leg whose
+(last − first)`` (:meth:`BackendLoad.mean_in_flight`: two bisections), read once when the leg
+finishes, after its last byte was relayed. The marks are bounded (:data:`MAX_MARKS` per backend, the last ~65,000 legs): a leg whose
 decode began before the oldest mark gets ``None``. It counts this gateway's legs only, like
 ``in_flight``.
 """
