@@ -28,6 +28,19 @@ def _category_pairs(items: list[str], convert: Any) -> dict[str, Any]:
     return out
 
 
+def _setting(text: str) -> object:
+    """An engine setting's value: true/false, none, an integer, else text."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     return SimConfig(
         model=args.model,
@@ -71,6 +84,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         model_salt=args.model_salt,
         defect_strength=args.defect_strength,
         draft_logit_sigma=args.draft_logit_sigma,
+        engine=_category_pairs(args.engine, _setting),
     )
 
 
@@ -219,5 +233,14 @@ def register(subparsers: Any) -> None:
         type=float,
         default=0.7,
         help="speculative sampling: std of the drafter's fixed logit perturbation (0: exact)",
+    )
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="what /server_info, /version and /metrics say the engine runs (repeatable): "
+        "version, dtype, quantization, kv_cache_dtype, enable_prefix_caching, … "
+        "(change it mid-run with POST /sim/engine)",
     )
     p.set_defaults(func=_run)
