@@ -66,17 +66,19 @@ class BackendLoad:
         self._mark_count = array("q")
 
     def _change(self, now: int, delta: int) -> None:
-        now = max(now, self._last_ns)  # marks stay in time order whatever a caller passes
-        if self._mark_ns:
-            self._area += self.in_flight * (now - self._last_ns)
-        self._last_ns = now
-        self.in_flight += delta
-        if len(self._mark_ns) >= self.max_marks:
+        last = self._last_ns
+        if now < last:  # marks stay in time order whatever a caller passes
+            now = last
+        area = self._area + self.in_flight * (now - last)  # 0 before the first change
+        count = self.in_flight + delta
+        self._area, self._last_ns, self.in_flight = area, now, count
+        marks = self._mark_ns
+        if len(marks) >= self.max_marks:
             drop = self.max_marks // 2
-            del self._mark_ns[:drop], self._mark_area[:drop], self._mark_count[:drop]
-        self._mark_ns.append(now)
-        self._mark_area.append(self._area)
-        self._mark_count.append(self.in_flight)
+            del marks[:drop], self._mark_area[:drop], self._mark_count[:drop]
+        marks.append(now)
+        self._mark_area.append(area)
+        self._mark_count.append(count)
 
     def dispatch(self, replicas: int, now_ns: int | None = None) -> LegLoad:
         """A leg leaves for this backend now: count it and return the load it meets."""
