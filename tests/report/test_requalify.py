@@ -14,7 +14,7 @@ BASE = {"engine": "vllm", "version": "0.32.0", "dtype": "bfloat16", "quantizatio
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4}
 
 
-def engine(declared: dict[str, Any] | None = None, **values: Any) -> dict[str, Any]:
+def engine(declared: dict[str, Any] | None = None, /, **values: Any) -> dict[str, Any]:
     got = resolve_engine({"s": ("vllm_server_info", values)}, declared)
     assert got is not None
     return got.to_json()
