@@ -33,6 +33,7 @@ from tests.reliability.helpers import wait_healthy
 pytestmark = pytest.mark.e2e
 
 SAMPLED = 'specshadow_outcome="sampled"'
+TOKEN = "workers-admin-token"
 
 
 def flags(primary: str, shadow: str) -> list[str]:
@@ -151,12 +152,13 @@ async def send(url: str, n: int) -> set[int]:
     return pids
 
 
-def policy(primary: str, candidate: str, ratio: float) -> str:
+def policy(primary: str, candidate: str, ratio: float, rollout: str = "") -> str:
     return (
         "version: 1\n"
         f"backends:\n  prim: {{url: '{primary}', kind: sim}}\n  cand: {{url: '{candidate}', kind: sim}}\n"
         "primary: prim\n"
         f"default:\n  ratio: {ratio}\n  legs: [{{backend: cand, role: candidate}}]\n"
+        + (f"  rollout: {rollout}\n" if rollout else "")
     )
 
 
@@ -266,16 +268,18 @@ async def get_body(url: str, path: str) -> Any:
     return (await get(url, path))[1]
 
 
-async def test_sighup_reloads_every_worker_and_sigterm_lets_a_stream_in_flight_finish(
+async def test_sighup_and_an_operator_rollback_reach_every_worker_and_sigterm_drains(
     sims: Callable[..., Awaitable[Any]], tmp_path: Path
 ) -> None:
     primary, shadow = await sims(step_s=0.02), await sims(mode="speculative")
     path = tmp_path / "policy.yaml"
-    path.write_text(policy(primary.base_url, shadow.base_url, 0.0))
+    canary = "{stage: canary, serve_ratio: 0.3}"
+    path.write_text(policy(primary.base_url, shadow.base_url, 1.0, canary))
     # Poll rarely, so only the forwarded signal can explain a prompt reload.
-    env = {"SPECSHADOW_POLICY_POLL_S": "3600"}
+    env = {"SPECSHADOW_POLICY_POLL_S": "3600", "SPECSHADOW_ADMIN_TOKEN": TOKEN}
     async with workers_gateway(["--policy", str(path)], tmp_path, env) as (url, proc, err):
-        path.write_text(policy(primary.base_url, shadow.base_url, 1.0))
+        # SIGHUP to the parent: every worker reloads the file.
+        path.write_text(policy(primary.base_url, shadow.base_url, 1.0, canary) + "# edited\n")
         proc.send_signal(signal.SIGHUP)
         reloaded: set[str] = set()
 
@@ -286,6 +290,36 @@ async def test_sighup_reloads_every_worker_and_sigterm_lets_a_stream_in_flight_f
             return len(reloaded)
 
         await wait_for(generation, lambda n: n == 2)  # both workers answered with generation 2
+
+        # An operator's rollback through the port, answered by one worker, is what every
+        # worker's /admin/rollout says within the shared store's poll interval.
+        stages = {(await get(url, "/admin/rollout"))[1]["rules"]["default"]["stage"]}
+        assert stages == {"canary"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{url}/admin/rollout/default/rollback",
+                json={"reason": "operator"},
+                headers={"authorization": f"Bearer {TOKEN}"},
+            ) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+        t0 = time.monotonic()
+        shadow_seen: set[str] = set()
+
+        async def rolled_back() -> int:
+            worker, doc = await get(url, "/admin/rollout")
+            rule = doc["rules"]["default"]
+            if rule["stage"] == "shadow" and rule["rolled_back"]:
+                shadow_seen.add(worker.split(";")[0])
+            else:
+                shadow_seen.discard(worker.split(";")[0])
+            return len(shadow_seen)
+
+        await wait_for(rolled_back, lambda n: n == 2, timeout_s=3.0)
+        assert time.monotonic() - t0 < 3.0
+
+        # SIGTERM mid-stream: the stream in flight finishes whole, then every worker exits.
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         stream = await client.chat.completions.create(
             model="sim-model", messages=[{"role": "user", "content": "a long answer"}],
