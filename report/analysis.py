@@ -696,6 +696,16 @@ def _notes(
     return out
 
 
+def _split_note(window: int, judged: int, since: int | None) -> list[str]:
+    if since is None:
+        return []
+    return [
+        f"An engine configuration changed inside the window: the verdicts judge the {judged} "
+        f"exchanges after the latest change and leave out the {window - judged} before it (the "
+        "rollout timeline still shows them all; docs/confounds.md)."
+    ]
+
+
 def _breached(v: Verdict, triggers: Sequence[str]) -> Verdict:
     """An ``adopt`` whose measured numbers are already past its own rollback triggers: a rollout
     would roll it back at once, so it is ``do_not_adopt``, those triggers its reasons."""
@@ -771,7 +781,8 @@ def analyze(
         resources=resources_,
         candidates=candidates,
         checklist=checklist(tables, candidates, recommendations, resources_) if recs else [],
-        notes=(_notes(recs, pop.records - pop.shadow, pop.records, sample) if pop.records else []),
+        notes=(_notes(recs, pop.records - pop.shadow, pop.records, sample) if pop.records else [])
+        + _split_note(len(whole), len(everything), since),
         sample=sample,
         matrix=matrix,
         stable_regions=stable_regions(matrix),

@@ -136,6 +136,17 @@ def render_markdown(a: Analysis, *, title: str, html_name: str) -> str:
                 of = f" — {c.label}" if a.several else ""
                 lines += [f"## Failures{of}", ""]
                 lines += _table(["legs", "count"], failure_rows(c))
+            if c.confound is not None and c.confound.confounded and c.confound.fragment:
+                lines += [
+                    f"## Confounded — {c.label}",
+                    "",
+                    f"{c.confound.reason()}.",
+                    "",
+                    "```yaml",
+                    c.confound.fragment.rstrip(),
+                    "```",
+                    "",
+                ]
     if a.several:
         lines += ["## Head to head (same requests, at production's load)", ""]
         lines += _table(

@@ -116,6 +116,8 @@ async def test_speculation_plus_fp8_is_confounded_naming_quantization(ctx, tmp_p
     assert {v.decision for v in c.verdicts} == {"confounded"}
     assert "quantization (production unset, candidate fp8)" in c.verdicts[0].reasons[0]
     assert paths.analysis.recommendations[ALL].backend is None
+    md = paths.markdown.read_text()
+    assert "## Confounded" in md and "cand-nospec" in md  # the fragment, ready to copy
     js = json.loads(paths.json.read_text())
     assert js["verdict"] == "confounded"
     gate = js["candidates"]["cand"]["confound"]

@@ -139,4 +139,5 @@ async def test_an_engine_upgrade_mid_window_splits_the_evidence(
     assert "prim changed configuration" in md and f"version {old} → 0.33.0" in md
     js = json.loads(paths.json.read_text())
     assert js["judged_exchanges"] == AFTER + 1
+    assert any(f"judge the {AFTER + 1} exchanges" in n for n in js["notes"])
     assert [ch["backend"] for ch in js["config_changes"]] == ["cand", "prim"]
