@@ -150,7 +150,9 @@ class TokenIds:
     tokenized the prompt (``tokenize:<backend>``); ``output_source``: where the output ids came
     from — ``engine`` (the leg's own generated ids), ``leg:<backend>`` (the generated ids of a
     shadow leg that answered the same text), or ``source`` (re-tokenized text); ``legs``: the
-    generated ids of every leg that sent them, by backend (the engine check of live candidates).
+    generated ids of every leg that sent them, by backend (the engine check of live candidates);
+    ``drafter_confidence``: per drafter backend, the probability it gave its own prediction of
+    each output token (the rank-1 logprob, exponentiated: confidence-threshold rules).
     """
 
     source: str
@@ -160,6 +162,7 @@ class TokenIds:
     drafters: Mapping[str, tuple[int, ...]]
     output_source: str = ""
     legs: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    drafter_confidence: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

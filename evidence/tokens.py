@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -161,6 +162,28 @@ def prediction_ids(prompt_logprobs: object, start: int, count: int) -> tuple[int
         if best is None:
             return None
         out.append(best[1])
+    return tuple(out)
+
+
+def prediction_confidence(
+    prompt_logprobs: object, start: int, count: int
+) -> tuple[float, ...] | None:
+    """The probability of the rank-1 token at positions ``start … start + count − 1`` of vLLM's
+    ``prompt_logprobs`` (its logprob, exponentiated); None if any position lacks it."""
+    if not isinstance(prompt_logprobs, list) or len(prompt_logprobs) < start + count:
+        return None
+    out: list[float] = []
+    for entry in prompt_logprobs[start : start + count]:
+        if not isinstance(entry, Mapping):
+            return None
+        best = [
+            info.get("logprob")
+            for info in entry.values()
+            if isinstance(info, Mapping) and info.get("rank") == 1
+        ]
+        if not best or not isinstance(best[0], float | int):
+            return None
+        out.append(round(math.exp(float(best[0])), 6))
     return tuple(out)
 
 
@@ -361,8 +384,9 @@ class TokenTap(Tap):
             )
             output_source = source
         drafters: dict[str, tuple[int, ...]] = {}
+        confidence: dict[str, tuple[float, ...]] = {}
         if output_ids:
-            for drafter, predicted in zip(
+            for drafter, answer in zip(
                 plan.drafters,
                 await asyncio.gather(
                     *(
@@ -372,8 +396,11 @@ class TokenTap(Tap):
                 ),
                 strict=True,
             ):
+                predicted, probabilities = answer
                 if predicted is not None:
                     drafters[drafter.name] = predicted
+                    if probabilities is not None:
+                        confidence[drafter.name] = probabilities
         return TokenIds(
             source=source,
             leg="primary",
@@ -382,11 +409,13 @@ class TokenTap(Tap):
             drafters=drafters,
             output_source=output_source,
             legs=generated,
+            drafter_confidence=confidence,
         )
 
     async def _predictions(
         self, drafter: TokenEndpoint, prompt: Sequence[int], output: Sequence[int], timeout_s: float
-    ) -> tuple[int, ...] | None:
+    ) -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:
+        """The drafter's rank-1 prediction of each output token and the probability it gave it."""
         body = {
             "prompt": [*prompt, *output],
             "max_tokens": 1,
@@ -395,9 +424,11 @@ class TokenTap(Tap):
         }
         try:
             answer = await self._post(drafter.url + "/v1/completions", body, timeout_s)
-            return prediction_ids(
-                answer["choices"][0].get("prompt_logprobs"), len(prompt), len(output)
+            logprobs = answer["choices"][0].get("prompt_logprobs")
+            return (
+                prediction_ids(logprobs, len(prompt), len(output)),
+                prediction_confidence(logprobs, len(prompt), len(output)),
             )
         except CALL_ERRORS as exc:
             log.debug("drafter %s: %s", drafter.name, exc)
-            return None
+            return None, None

@@ -454,6 +454,7 @@ class Tokens(View):
     output_tokens_reported = integer(doc="the leg's own output token count, beside the ids'")
     _drafters = mapping("drafters")
     _legs = mapping("legs")
+    _drafter_confidence = mapping("drafter_confidence")
 
     @property
     def drafters(self) -> dict[str, list[int]]:
@@ -464,6 +465,18 @@ class Tokens(View):
     def legs(self) -> dict[str, list[int]]:
         """Per backend, the ids its leg generated (the live candidates' engine check)."""
         return _ids_by_name(self._legs)
+
+    @property
+    def drafter_confidence(self) -> dict[str, list[float]]:
+        """Per drafter backend, the probability it gave its own prediction of each output token
+        (entries that are not lists of numbers in [0, 1] are left out)."""
+        out: dict[str, list[float]] = {}
+        for drafter, raw in (self._drafter_confidence or EMPTY).items():
+            if isinstance(raw, list) and all(
+                isinstance(p, float | int) and not isinstance(p, bool) and 0 <= p <= 1 for p in raw
+            ):
+                out[str(drafter)] = [float(p) for p in raw]
+        return out
 
 
 def _ids_by_name(block: Mapping[str, Any] | None) -> dict[str, list[int]]:

@@ -382,4 +382,5 @@ def tokens_record(exchange: Exchange) -> dict[str, Any] | None:
         "output_tokens_reported": reported,
         "drafters": {name: list(ids) for name, ids in t.drafters.items()},
         "legs": {name: list(ids) for name, ids in t.legs.items()},
+        "drafter_confidence": {name: list(p) for name, p in t.drafter_confidence.items()},
     }
