@@ -169,17 +169,33 @@ def _listener(
     return sock
 
 
+RUN_PREFIX = "specshadow-gateway-"
+
+
 def make_run_dir() -> Path:
     """A private folder for this gateway's workers (metric snapshots, sockets, status);
-    under ``$XDG_RUNTIME_DIR`` when set. Removed when the gateway stops."""
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    path = Path(
-        tempfile.mkdtemp(
-            prefix="specshadow-gateway-", dir=base if base and os.path.isdir(base) else None
-        )
-    )
+    under ``$XDG_RUNTIME_DIR`` when set. Removed when the gateway stops; the folders of gateways
+    whose parent was killed (SIGKILL leaves no time to remove them) are removed here."""
+    env = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(env) if env and os.path.isdir(env) else Path(tempfile.gettempdir())
+    for old in base.glob(f"{RUN_PREFIX}*"):
+        _remove_if_orphaned(old)
+    path = Path(tempfile.mkdtemp(prefix=RUN_PREFIX, dir=base))
     (path / "metrics").mkdir()
     return path
+
+
+def _remove_if_orphaned(folder: Path) -> None:
+    try:
+        parent = int(jsonx.loads((folder / STATUS_FILE).read_bytes())["parent_pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # starting right now, or not ours to judge
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        shutil.rmtree(folder, ignore_errors=True)
+    except PermissionError:  # alive, another user's
+        return
 
 
 @dataclass(slots=True)

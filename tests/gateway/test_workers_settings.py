@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 from core.procs import free_port
 from gateway.serve import ListenError
 from gateway.settings import Settings, SettingsError, parse_workers
-from gateway.workers import bind_sockets
+from gateway.workers import bind_sockets, make_run_dir
 from specshadow.workers import state_for_workers
 
 
@@ -103,3 +104,22 @@ def test_n_sockets_share_one_port_and_a_taken_port_is_one_line() -> None:
         for g in groups:
             for s in g:
                 s.close()
+
+
+def test_a_run_folder_left_by_a_killed_gateway_is_removed_and_a_live_ones_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that no longer exists
+    for name, pid in (
+        ("specshadow-gateway-dead", dead.pid),
+        ("specshadow-gateway-live", os.getpid()),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "workers.json").write_text(json.dumps({"parent_pid": pid}))
+    (tmp_path / "specshadow-gateway-starting").mkdir()  # no status yet: left alone
+    mine = make_run_dir()
+    assert mine.parent == tmp_path and (mine / "metrics").is_dir()
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left == {"specshadow-gateway-live", "specshadow-gateway-starting", mine.name}
