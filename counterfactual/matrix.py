@@ -8,6 +8,11 @@ request is the unit: its steps are not independent). Memory is bounded by the gr
 store: records stream through twice (once to learn which live configurations and drafters there
 are, once to score), and only sums are kept.
 
+Beside fixed k, every family is scored under the dynamic lookahead rules (:mod:`.rules`; a
+batch-size schedule as a bound between fixed-k rows); each row says its replay class. With token
+texts, each step's first rejected position is classified (:mod:`.rejections`); steps are split by
+where in the output they started; a declared drafter vocabulary's misses are counted.
+
 Beside the matrix: the step-time model fitted on every record's legs (:mod:`.speed`) turns
 acceptance into a *predicted* TPOT speed-up at production's batch; the picks per category; and,
 for each live candidate running a configuration of the grid, predicted against measured
@@ -36,8 +41,15 @@ from counterfactual.grid import (
 )
 from counterfactual.live import LiveCheck, interval_json, live_json
 from counterfactual.rejections import classify_output, shares
-from counterfactual.replay import FIRST_TOKENS, Replay, drafter_offers, ngram_offers, replay
-from counterfactual.rules import DEFAULT_RULES, Rule, how_to_run
+from counterfactual.replay import (
+    FIRST_TOKENS,
+    Replay,
+    confidence_offers,
+    drafter_offers,
+    ngram_offers,
+    replay,
+)
+from counterfactual.rules import DEFAULT_RULES, DRAFTER_RULES, Rule, how_to_run
 from counterfactual.speed import StepModel, fit_step_model, leg_batch
 from records.reader import Leg, Record, read
 from records.rules import output_length_bucket
@@ -209,6 +221,7 @@ def build_matrix(
     depths: tuple[int, ...] = DEFAULT_DEPTHS,
     windows: tuple[tuple[int, int], ...] = DEFAULT_WINDOWS,
     rules: tuple[Rule, ...] = DEFAULT_RULES,
+    drafter_rules: tuple[Rule, ...] = DRAFTER_RULES,
     per_request: Callable[[dict[str, Any]], None] | None = None,
     pieces: Mapping[int, str] | None = None,
     drafter_vocabulary: frozenset[int] | None = None,
@@ -218,12 +231,15 @@ def build_matrix(
     ``rules``: the dynamic draft-length rules scored beside fixed k (:mod:`.rules`; a
     ``batch_schedule`` is a bound between the fixed-k rows of its smallest and largest k).
     ``pieces``: token id → text, to classify where drafts are rejected (:mod:`.rejections`).
+    ``drafter_rules``: rules for draft models whose records carry the drafter's probabilities
+    (the confidence exit: exact given the drafter).
     ``drafter_vocabulary``: the target ids a declared drafter can propose (EAGLE-3's ``d2t``).
     ``per_request`` receives, for every scored record, its replay under every configuration
     (:func:`request_json`) — streamed, never kept.
     """
     live: set[Config] = set()
     drafter_names: set[str] = set()
+    confident: set[str] = set()  # drafters whose records carry their probabilities
     for record in map(read, open_records()):
         for leg in record.legs:
             if leg.role == "candidate":
@@ -233,6 +249,8 @@ def build_matrix(
         tok = _tokens(record)
         if tok is not None:
             drafter_names.update(tok[2])
+            if record.tokens is not None:
+                confident.update(record.tokens.drafter_confidence)
     replayed = tuple(r for r in rules if r.name != "batch_schedule")
     bounds = tuple(r for r in rules if r.name == "batch_schedule")
     bound_depths = {k for r in bounds for k in r.tiers() if k >= 1}
@@ -240,7 +258,14 @@ def build_matrix(
         depths=tuple(sorted({*depths, *bound_depths})),
         windows=windows,
         drafters=sorted(drafter_names),
-        extra=live,
+        extra={
+            *live,
+            *(
+                Config("draft_model", r.cap, drafter=d, rule=r)
+                for d in sorted(confident & drafter_names)
+                for r in drafter_rules
+            ),
+        },
         rules=replayed,
     )
     max_k = max(c.num_speculative_tokens for c in configs)
@@ -285,6 +310,7 @@ def build_matrix(
         results: dict[Config, Replay] = {}
         for family, members in families.items():
             proposer, lo, hi, drafter = family
+            predicted: list[int] | None = None
             if proposer == "ngram" and lo is not None and hi is not None:
                 available, match = ngram_offers(prompt, output, lo, hi, max_k)
             else:
@@ -293,9 +319,17 @@ def build_matrix(
                     continue
                 available, match = drafter_offers(output, predicted)
             for c in members:
-                results[c] = replay(
-                    len(output), c.num_speculative_tokens, available, match, rule=c.rule
-                )
+                offers = (available, match)
+                if c.rule is not None and c.rule.name == "confidence":
+                    probs = (record.tokens.drafter_confidence if record.tokens else {}).get(
+                        drafter or ""
+                    )
+                    if predicted is None or probs is None or len(probs) != len(output):
+                        continue
+                    offers = confidence_offers(
+                        output, predicted, probs, c.rule.get("threshold"), c.rule.cap
+                    )
+                results[c] = replay(len(output), c.num_speculative_tokens, *offers, rule=c.rule)
         if per_request is not None:
             per_request(request_json(record, category, bucket, greedy, results))
         for c, r in results.items():

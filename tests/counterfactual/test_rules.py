@@ -239,3 +239,61 @@ async def test_a_simulated_candidate_running_the_heuristic_is_what_its_row_predi
     ]  # fmt: skip
     assert row["replay_class"] == "exact"
     assert row["mean_acceptance_length"]["estimate"] == pytest.approx(1 + accepted / drafts)
+
+
+async def test_the_confidence_exit_row_is_what_a_candidate_running_it_reported(
+    sims: Callable[..., Awaitable[Any]], tmp_path: Path
+) -> None:
+    """A simulated drafter answers prompt_logprobs (the token tap keeps its rank-1 ids and their
+    probabilities); the live candidate drafts with it and stops after a token under 0.7. The
+    confidence row (exact given the drafter) equals what the candidate reported, pooled."""
+    match = 0.7
+    plain = await sims(model="sim-model", drafter_match=match)
+    drafter = await sims(model="sim-model", drafter_match=match)
+    candidate = await sims(model="sim-model", mode="speculative", drafting="replay",
+                           proposer="draft_model", num_speculative_tokens=6, drafter_match=match,
+                           lookahead="confidence:threshold=0.7,cap=6")  # fmt: skip
+    raw = {
+        "version": 1,
+        "backends": {
+            "primary": {"url": plain.base_url, "kind": "sim"},
+            "draft": {"url": candidate.base_url, "kind": "sim"},
+            "drafter": {"url": drafter.base_url, "kind": "sim"},
+        },
+        "primary": "primary",
+        "default": {"ratio": 1.0, "legs": [{"backend": "draft", "role": "candidate"}]},
+        "shaping": {"include_metrics": True},
+        "counterfactual": {"tokenizer": "draft", "drafters": ["drafter"], "share": 1.0},
+    }
+    store = tmp_path / "r.sqlite"
+    async with (
+        running_gateway(
+            PolicyStore(parse_policy(raw, source="confidence")), store_path=store
+        ) as gw,
+        openai.AsyncOpenAI(base_url=gw.openai_base_url, api_key="k", max_retries=0) as client,
+    ):
+        for i in range(12):
+            await client.chat.completions.create(
+                model="sim-model", max_tokens=48, temperature=0,
+                messages=[{"role": "user", "content": f"Tell me a story about a lighthouse, part {i}."}],
+                extra_headers={"x-request-id": f"c-{i}"},
+            )  # fmt: skip
+            await gw.sink.wait_for(has_id(f"c-{i}"), timeout_s=30)
+    records = list(iter_records([store]))
+    assert all(r["tokens"]["drafter_confidence"]["drafter"] for r in records)
+    drafts = accepted = 0
+    for r in records:
+        acc = next(leg for leg in r["legs"] if leg["role"] == "candidate")["acceptance"]
+        drafts += acc.get("num_drafts") or 0
+        accepted += acc.get("num_accepted_tokens") or 0
+    m = await asyncio.to_thread(
+        build_matrix, lambda: iter(records), windows=(), rules=(),
+        drafter_rules=(confidence(0.7, 6),),
+    )  # fmt: skip
+    (row,) = [
+        r for r in m.rows
+        if r["category"] == ALL and r["output_length_bucket"] == ALL and r["rule_name"] == "confidence"
+    ]  # fmt: skip
+    assert row["replay_class"] == "exact_given_drafter" and row["drafter"] == "drafter"
+    assert drafts >= 20
+    assert row["mean_acceptance_length"]["estimate"] == pytest.approx(1 + accepted / drafts)
