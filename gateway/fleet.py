@@ -336,11 +336,11 @@ class Fleet:
     # -- health ---------------------------------------------------------------------------------
 
     def _down(self, error: str) -> None:
-        if self.health.up or self.health.syncs == 0:
+        if self.health.up or not self.health.since:  # news: it was up, or never reached
             log.error("rollout store %s unreachable (%s): every rule keeps its last state; local "
                       "guards protect this replica's traffic", self.store.name, error)  # fmt: skip
             self.health = StoreHealth(
-                False, time.time(), error, self.health.syncs + 1, self.health.last_sync_unix
+                False, time.time(), error, self.health.syncs, self.health.last_sync_unix
             )
             self.controller._store_health(False)
         else:
