@@ -99,6 +99,8 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
         "the load generator's result rows (specshadow.loadgen/1)",
     ),
     "loadgen/trace.py": (frozenset({"category"}), "trace rows"),
+    "gateway/workers.py": (frozenset({"status"}), "a worker's last exit in workers.json"),
+    "otel/multiproc.py": (frozenset({"count"}), "a worker's metric snapshot (a histogram point)"),
     "otel/attributes.py": (
         frozenset({"draft_acceptance_rate", "mean_acceptance_length", "prompt", "role"}),
         OPENAI + " and vLLM's per-request metrics",
