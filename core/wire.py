@@ -3,6 +3,8 @@ simulator, the load generator and backends all read)."""
 
 from __future__ import annotations
 
+import re
+
 REQUEST_ID_HEADER = "x-request-id"
 """The request id: kept from the client when it sent one, else minted; sent to every leg."""
 
@@ -27,16 +29,11 @@ TRACEPARENT_HEADER = "traceparent"
 def trace_id_of(traceparent: str | None) -> str | None:
     """The 32-hex trace id of a W3C ``traceparent`` (``00-<trace id>-<span id>-<flags>``); None
     for an absent or malformed value and for the all-zero (invalid) id."""
-    if not traceparent:
+    m = _TRACEPARENT.match(traceparent.strip()) if traceparent else None
+    if m is None or m.group(1).lower() == "ff":
         return None
-    parts = traceparent.strip().split("-")
-    if len(parts) < 4 or len(parts[0]) != 2 or len(parts[1]) != 32 or len(parts[2]) != 16:
-        return None
-    tid = parts[1].lower()
-    if parts[0].lower() == "ff" or tid == "0" * 32:
-        return None
-    try:
-        int(tid, 16)
-    except ValueError:
-        return None
-    return tid
+    tid = m.group(2).lower()
+    return None if tid == "0" * 32 else tid
+
+
+_TRACEPARENT = re.compile(r"([0-9a-fA-F]{2})-([0-9a-fA-F]{32})-[0-9a-fA-F]{16}-[0-9a-fA-F]{2}")
