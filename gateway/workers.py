@@ -53,6 +53,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -387,6 +388,9 @@ class Supervisor:
         read_fd, write_fd = os.pipe()
         identity = WorkerIdentity(slot.index, len(self.slots), self.gateway_id, self.run_dir)
         parent = os.getpid()
+        if threading.active_count() > 1:  # a lock held by another thread stays held in the child
+            log.warning("forking worker %d with %d threads running in the parent: %s", slot.index,
+                        threading.active_count(), [t.name for t in threading.enumerate()])  # fmt: skip
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()

@@ -248,6 +248,7 @@ async def test_two_workers_one_port_one_metrics_own_otlp_restarted_and_stopped_t
         assert slot["restarts"] == 1 and slot["last_exit"]["signal"] == "SIGKILL"
         assert status["workers"][0]["pid"] == survivor
         assert f"worker 1 (pid {victim}) killed by SIGKILL" in err()
+        assert "threads running in the parent" not in err()  # every fork from one thread
         for _ in range(6):
             _, text = await get(url, "/metrics")
             assert sampled(text) == n
