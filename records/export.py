@@ -9,7 +9,7 @@ docs/counterfactual.md). This module turns records into rows, streamed one recor
   0 on every prompt position, 1 on every output position — the representation speculators' data
   preparation passes straight through (it only checks the two have the same length and that
   some position is supervised);
-- ``conversations``: ``{"conversations": [{"role": "user", ...}, {"role": "assistant", ...}]}``
+- ``conversations``: ``{"id": …, "conversations": [{"role": "user", ...}, {"role": "assistant", ...}]}``
   from the text the capture setting kept (``capture: full`` or ``redacted``); the record keeps the
   prompt's text (its messages' contents joined by newlines), not its turns, so the prompt is one
   user turn. Rows need the text; a record with ids but no text is skipped and counted.
@@ -137,10 +137,11 @@ def _conversations(record: Record) -> dict[str, Any] | str:
     if not output:
         return "empty_output"
     return {
+        "id": record.exchange_id,  # SpecForge's rows name themselves
         "conversations": [
             {"role": "user", "content": prompt},
             {"role": "assistant", "content": output},
-        ]
+        ],
     }
 
 

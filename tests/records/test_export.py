@@ -111,6 +111,7 @@ def test_conversations_need_the_text_the_capture_setting_kept() -> None:
     counts = ExportCounts()
     rows = list(export_rows(recs, "conversations", counts=counts))
     assert counts.no_text == 3 and counts.written == 6
+    assert rows[0]["id"] == rows[0]["exchange_id"] == "ex-000001"
     assert rows[0]["conversations"] == [
         {"role": "user", "content": "prompt 1"},
         {"role": "assistant", "content": "answer 1"},
