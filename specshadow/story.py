@@ -240,12 +240,28 @@ async def run_story(args: argparse.Namespace, rows: Sequence[Any], out: Path) ->
 
         print("\nact 2 — evidence")
         records = [r for r in _records(out) if _generation(r) >= matched_from]
+        # Token texts classify where the counterfactual matrix's drafts were rejected. The demo's
+        # servers are simulators in this process, so their tokenizer's pieces are at hand (a
+        # deployment asks the tokenizer's /detokenize: `specshadow report` does).
+        from records.reader import read
+        from simulator.tokens import decode_piece
+
+        texts = {
+            t: decode_piece(t) or ""
+            for r in map(read, records)
+            if r.tokens is not None
+            for t in r.tokens.output or ()
+        }
         paths = build_report(
-            records, [r.to_json() for r in results], out / "shadow-report", sources=["demo: shadow"]
+            records,
+            [r.to_json() for r in results],
+            out / "shadow-report",
+            sources=["demo: shadow"],
+            token_texts=texts,
         )
         a = paths.analysis
         print_picks(a)
-        print_counterfactual(records, out / "shadow-report")
+        print_counterfactual(records, out / "shadow-report", texts)
         picks: dict[str, list[str]] = {}
         for cat, r in a.recommendations.items():
             if r.backend is not None and cat != "all":
@@ -365,12 +381,15 @@ def print_roles(exchanges: Sequence[Exchange]) -> None:
               f"{(tpe or float('nan')):>7.2f}")  # fmt: skip
 
 
-def print_counterfactual(records: Sequence[dict[str, Any]], out: Path) -> None:
-    """Every n-gram depth and window scored on production's own outputs, and the live check."""
+def print_counterfactual(
+    records: Sequence[dict[str, Any]], out: Path, texts: dict[int, str] | None = None
+) -> None:
+    """Every n-gram depth and window, and the dynamic lookahead rules, scored on production's
+    own outputs; where drafts were rejected; and the live check."""
     from counterfactual.cli import write_outputs
     from counterfactual.matrix import build_matrix
 
-    m = build_matrix(lambda: iter(records))
+    m = build_matrix(lambda: iter(records), pieces=texts)
     if not m.scored:
         return
     write_outputs(m, out)
@@ -386,7 +405,32 @@ def print_counterfactual(records: Sequence[dict[str, Any]], out: Path) -> None:
         mal = pick["mean_acceptance_length"]["estimate"]
         s = (pick["predicted_tpot_speedup"] or {}).get("estimate")
         speed = "–" if s is None else f"{s:.2f}×"
-        print(f"  {cat:<18}{pick['config']['label']:<26}{mal:<10.2f}{speed}")
+        print(f"  {cat:<18}{pick['config']['label']:<26} {mal:<9.2f}{speed}")
+    overall = [r for r in m.rows if r["category"] == "all" and r["output_length_bucket"] == "all"]
+    ranked = sorted(
+        (r for r in overall if r["predicted_tpot_speedup"] is not None),
+        key=lambda r: -r["predicted_tpot_speedup"],
+    )
+    best_fixed = next((r for r in ranked if r["rule"] is None), None)
+    best_rule = next((r for r in ranked if r["rule"] is not None), None)
+    if best_fixed is not None and best_rule is not None:
+        print(
+            f"  dynamic lookahead: {best_rule['label']} ({best_rule['replay_class']}) "
+            f"{best_rule['predicted_tpot_speedup']:.2f}× predicted, against the best fixed k "
+            f"({best_fixed['label']}) {best_fixed['predicted_tpot_speedup']:.2f}×"
+        )
+    for cat, pick in sorted(m.picks.items()):
+        label = pick["config"]["label"] if pick["config"] else None
+        row = next((r for r in m.rows if r["category"] == cat and r["label"] == label
+                    and r["output_length_bucket"] == "all"), None)  # fmt: skip
+        rejected = (row or {}).get("rejections") or {}
+        top = max(rejected.items(), key=lambda kv: kv[1]["rejections"], default=None)
+        if top is not None and top[1]["rejections"]:
+            cls, v = top
+            print(
+                f"  {cat:<18}drafts rejected most at {cls}: {v['rejection_share']:.0%} of "
+                f"rejections, {v['output_share']:.0%} of output tokens"
+            )
     for live in m.live:
         p, me = live["predicted_mean_acceptance_length"], live["measured_mean_acceptance_length"]
         print(

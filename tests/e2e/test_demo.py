@@ -43,7 +43,9 @@ def test_the_demo_shadows_picks_canaries_and_rolls_back_on_its_own(tmp_path):
     # what the replay predicts (the simulated n-gram candidate drafts with vLLM's proposer).
     assert re.search(r"^  chat +none: no configuration is predicted to beat plain", stdout, re.M)
     assert re.search(
-        r"^  multi_turn +ngram k=[5-8] lookup \d-\d +\d\.\d\d +\d\.\d\d×$", stdout, re.M
+        r"^  multi_turn +ngram (k=[5-8] lookup \d-\d|lookup \d-\d \w+ .*?) +\d\.\d\d +\d\.\d\d×$",
+        stdout,
+        re.M,
     )
     (live,) = re.findall(
         r"live ngram-k4 \(ngram k=4 lookup 2-4\): predicted (\S+), its engine reported (\S+)",
@@ -52,6 +54,11 @@ def test_the_demo_shadows_picks_canaries_and_rolls_back_on_its_own(tmp_path):
     assert live[0] == live[1].rstrip(",")
     rows = json.loads((out / "shadow-report" / "counterfactual.json").read_text())
     assert {r["num_speculative_tokens"] for r in rows} == set(range(1, 9))
+    # Dynamic lookahead rules beside fixed k, each with its replay class, and where drafts were
+    # rejected (token texts from the simulator's /detokenize).
+    assert {r["replay_class"] for r in rows if r["rule"] is not None} == {"exact"}
+    assert "dynamic lookahead: ngram lookup" in stdout
+    assert re.search(r"drafts rejected most at \w+: \d+% of rejections", stdout)
     # Act 3: the bad deploy is rolled back by a guard, and nobody saw an error.
     assert "a bad deploy: eagle3-k3 is now 10× slower" in stdout
     assert re.search(r"rolled back on its own, \d+ exchanges after the deploy: guard ", stdout)

@@ -141,7 +141,7 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
     "specshadow/story.py": (
         frozenset(
             {"backend", "exchange_id", "flag", "label", "mean_acceptance_length"}
-            | {"reason", "stage"}
+            | {"reason", "stage", "category", "output_length_bucket", "rule"}
         ),
         ROLLOUT + "; " + MATRIX,
     ),
