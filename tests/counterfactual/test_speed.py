@@ -10,9 +10,9 @@ within ±10 %.
 Each leg is credited with the batch it decoded in (the gateway's in-flight count averaged over
 its decode interval). The test also fits the model on the batch at dispatch, the credit it
 replaced: traffic arrives in waves of c requests sent at once, so the i-th leg of a wave is
-credited with i at dispatch although all c decode together. Measured over eight runs on a shared
-2-core machine: predicted / measured 0.93–1.06 with the decode credit, 1.02–1.29 with the
-dispatch credit; the credited batch over the wave's 0.99–1.00 against 0.66–0.79.
+credited with i at dispatch although all c decode together. Measured over fourteen runs on a
+shared 2-core machine: predicted / measured 0.93–1.06 with the decode credit, 1.02–1.38 with the
+dispatch credit; the credited batch over the wave's 0.99–1.00 against 0.64–0.79.
 """
 
 from __future__ import annotations
