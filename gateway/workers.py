@@ -496,6 +496,30 @@ class Supervisor:
             os.replace(tmp, path)
 
 
+def status_families(run_dir: Path) -> list[dict[str, Any]]:
+    """The worker set as metric families (the snapshot format of :mod:`otel.multiproc`), from
+    the parent's ``workers.json``: ``specshadow_workers_restarts_total{specshadow_worker}`` (the
+    supervisor's count per slot: alert on its increase for a crash loop) and
+    ``specshadow_workers_ready``."""
+    try:
+        doc = jsonx.loads((run_dir / STATUS_FILE).read_bytes())
+    except (OSError, ValueError):
+        return []
+    workers = doc.get("workers", [])
+    restarts = [
+        {"attributes": {"specshadow.worker": str(w["index"])}, "value": int(w["restarts"])}
+        for w in workers
+    ]
+    ready = [{"attributes": {}, "value": sum(1 for w in workers if w["ready"])}]
+    return [
+        {"name": "specshadow.workers.restarts", "unit": "{restart}", "kind": "counter",
+         "description": "Worker processes the supervisor restarted, per slot (serve --workers).",
+         "points": restarts},
+        {"name": "specshadow.workers.ready", "unit": "{worker}", "kind": "updown",
+         "description": "Worker processes serving (serve --workers).", "points": ready},
+    ]  # fmt: skip
+
+
 def _ready_signal(fd: int) -> Callable[[], None]:
     done = False
 

@@ -45,7 +45,7 @@ import socket
 import socketserver
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -338,8 +338,12 @@ class FleetPullReader(PullMetricReader):
         worker: int,
         flush_interval_s: float = FLUSH_INTERVAL_S,
         pid: int | None = None,  # tests: several "workers" in one process
+        extra: Callable[[], Sequence[Mapping[str, Any]]] | None = None,
     ) -> None:
+        """``extra``: families (in the snapshot's format) that describe the set rather than one
+        worker — the supervisor's restarts, the workers ready — added to every scrape as is."""
         super().__init__()
+        self.extra = extra
         self.folder = Path(folder)
         self.worker = worker
         self.pid = pid if pid is not None else os.getpid()
@@ -406,6 +410,11 @@ class FleetPullReader(PullMetricReader):
         self.flush()
         self.ask_siblings()
         live, retired = read_folder(self.folder)
+        if self.extra is not None:
+            try:
+                live.append({"worker": None, "metrics": list(self.extra())})
+            except Exception:  # telemetry never fails a scrape
+                log.exception("the worker set's own metrics were left out")
         return metrics_data(merge(live, retired))
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:

@@ -27,7 +27,14 @@ from pathlib import Path
 
 from gateway.serve import serve_app
 from gateway.settings import Settings
-from gateway.workers import Supervisor, WorkerIdentity, bind_sockets, install, make_run_dir
+from gateway.workers import (
+    Supervisor,
+    WorkerIdentity,
+    bind_sockets,
+    install,
+    make_run_dir,
+    status_families,
+)
 from otel.multiproc import FleetPullReader
 from otel.settings import TelemetrySettings
 from otel.setup import build_telemetry
@@ -82,7 +89,11 @@ def run_workers(
     def main(
         identity: WorkerIdentity, socks: list[socket.socket], ready: Callable[[], None]
     ) -> int:
-        reader = FleetPullReader(identity.metrics_dir, worker=identity.index)
+        reader = FleetPullReader(
+            identity.metrics_dir,
+            worker=identity.index,
+            extra=lambda: status_families(identity.run_dir),
+        )
         try:
             telemetry = build_telemetry(
                 telemetry_settings,
