@@ -2,7 +2,7 @@
 and ``specshadow records copy --from S --to S2 [--since ISO] [--until ISO]`` and
 ``specshadow records sql [--table T] [--otel-logs TABLE]`` and ``specshadow records export --store S
 --format speculators|conversations --out FILE [--category C] [--since/--until]
-[--min-acceptance X] [--max-acceptance X] [--redact module:function]``.
+[--min-acceptance X] [--max-acceptance X] [--engine-ids-only] [--redact module:function]``.
 
 The first prints the stores' comparison records as JSON lines (one record per line, oldest
 first), for scripts and other tools; the schema is in docs/records.md. ``--limit N`` keeps the
@@ -184,6 +184,12 @@ def register(subparsers: Any, labels: LabellerFactory | None = None) -> None:
         help="only rows whose labelled draft acceptance rate (0-1) is at most X: where drafts fail",
     )
     e.add_argument(
+        "--engine-ids-only",
+        action="store_true",
+        help="speculators: skip records whose output ids are re-tokenized text rather than the "
+        "ids the engine generated (tokens.output_source)",
+    )
+    e.add_argument(
         "--acceptance-config",
         default=None,
         metavar="CONFIG",
@@ -320,7 +326,9 @@ def run_export(args: argparse.Namespace) -> int:
     if not args.store:
         print("specshadow records export: give --store", file=sys.stderr)
         return 2
-    where = ExportFilter(args.category, args.min_acceptance, args.max_acceptance)
+    where = ExportFilter(
+        args.category, args.min_acceptance, args.max_acceptance, args.engine_ids_only
+    )
     try:
         options = LabelOptions(
             args.acceptance_config, args.token_texts, args.tokenizer, args.drafter_vocabulary

@@ -20,7 +20,8 @@ or a re-tokenizer's) and what a :data:`Labeller` adds (the CLI's labeller replay
 configuration on the row: its acceptance and the classes of the tokens it rejected;
 ``counterfactual/labels.py``). Filters: category, window (applied where the records are read) and
 acceptance (``min_acceptance``/``max_acceptance`` on the labelled draft acceptance rate, to weight
-a training set toward where drafts fail). A redaction hook (``module:function``) sees every row
+a training set toward where drafts fail); ``engine_ids_only`` keeps the speculators rows whose
+output ids are the engine's own. A redaction hook (``module:function``) sees every row
 last and returns it, changed or not, or ``None`` to drop it.
 
 Only what the capture policy let the record keep is exported: no row is built from a record
@@ -89,6 +90,7 @@ class ExportFilter:
     category: str | None = None
     min_acceptance: float | None = None
     max_acceptance: float | None = None
+    engine_ids_only: bool = False  # speculators: skip rows whose output ids were re-tokenized
 
     @property
     def on_acceptance(self) -> bool:
@@ -104,6 +106,7 @@ class ExportCounts:
     no_token_ids: int = 0  # speculators: the record holds no prompt or output ids
     no_text: int = 0  # conversations: the capture setting kept no prompt or output text
     empty_output: int = 0  # nothing to supervise
+    not_engine_ids: int = 0  # engine_ids_only: the output ids are re-tokenized text
     other_category: int = 0
     no_acceptance: int = 0  # an acceptance filter is on, the row has no acceptance label
     outside_acceptance: int = 0
@@ -145,6 +148,13 @@ def _conversations(record: Record) -> dict[str, Any] | str:
     }
 
 
+def _engine_ids(row: Mapping[str, Any]) -> bool:
+    """The output ids are the engine's own: the primary's, or a shadow's that answered the very
+    same text (not text re-tokenized, which respells some tokens)."""
+    source = row.get("output_source") or ""
+    return source == "engine" or source.startswith("leg:")
+
+
 _BUILDERS: dict[Format, Callable[[Record], dict[str, Any] | str]] = {
     "speculators": _speculators,
     "conversations": _conversations,
@@ -179,6 +189,9 @@ def export_rows(
         data = build(record)
         if isinstance(data, str):  # why there is no row: the counter's name
             setattr(c, data, getattr(c, data) + 1)
+            continue
+        if where.engine_ids_only and fmt == "speculators" and not _engine_ids(data):
+            c.not_engine_ids += 1
             continue
         labels = dict(labeller(record)) if labeller is not None else {}
         if where.on_acceptance:

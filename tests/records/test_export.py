@@ -311,3 +311,15 @@ def test_the_window_picks_the_exchanges_that_started_in_it(tmp_path: Path) -> No
     assert cli_main(argv) == 0
     rows = [jsonx.loads(line) for line in out.read_bytes().splitlines()]
     assert [row["exchange_id"] for row in rows] == [f"ex-{i:06d}" for i in range(3, 7)]
+
+
+def test_engine_ids_only_skips_outputs_that_were_re_tokenized() -> None:
+    recs = [record(i, prompt=[1, 2], output=[3, 4]) for i in range(6)]
+    recs[1]["tokens"]["output_source"] = "tokenize:http://127.0.0.1:8102"
+    recs[2]["tokens"]["output_source"] = "leg:ngram"  # a shadow's generated ids: the engine's
+    counts = ExportCounts()
+    rows = list(export_rows(recs, "speculators", where=ExportFilter(engine_ids_only=True),
+                            counts=counts))  # fmt: skip
+    assert [row["exchange_id"] for row in rows] == [f"ex-{i:06d}" for i in (0, 2, 3, 4, 5)]
+    assert counts.not_engine_ids == 1
+    assert len(list(export_rows(recs, "speculators"))) == 6  # kept by default, labelled
