@@ -81,11 +81,9 @@ def decode(body: bytes) -> tuple[Observation, str | None, str | None]:
     data = jsonx.loads(body)
     o = dict(data["o"])
     for key in ("candidate_output", "baseline_output", "primary_output"):
-        q = o.get(key)
-        if isinstance(q, Mapping):
-            q = dict(q)
-            q["sketch"] = tuple(q["sketch"]) if q.get("sketch") is not None else None
-            o[key] = LegQuality(**q)
+        if isinstance(o.get(key), Mapping):
+            q = LegQuality(**o[key])  # JSON gave the sketch back as a list
+            o[key] = replace(q, sketch=tuple(q.sketch) if q.sketch is not None else None)
     return Observation(**o), data.get("x"), data.get("t")
 
 

@@ -49,6 +49,10 @@ DEFAULT_SETTLE_S = 2.0  # ClickHouse: evidence rows are read once this old (serv
 Cursor = tuple[int, str, int]  # where a reader stands in the evidence log
 
 
+LOG_COLUMNS = "rule, version, row_id, parent_id, priority, writer, at, fingerprint, state"
+LOG_COLUMN_NAMES = tuple(c.strip() for c in LOG_COLUMNS.split(","))
+
+
 class StoreError(RuntimeError):
     """The shared store could not be read or written."""
 
@@ -135,11 +139,12 @@ class StoredState:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> StoredState:
-        return cls(
-            str(row["rule"]), int(row["version"]), str(row["row_id"]), str(row["parent_id"]),
-            int(row["priority"]), str(row["writer"]), float(row["at"]),
-            RuleState.from_json(jsonx.loads(row["state"])),
-        )  # fmt: skip
+        """A ``rollout_log`` row (its :data:`LOG_COLUMNS`; 64-bit integers may come quoted)."""
+        rule, version, row_id, parent, priority, writer, at, _fingerprint, state = (
+            row[c] for c in LOG_COLUMN_NAMES
+        )
+        return cls(str(rule), int(version), str(row_id), str(parent), int(priority), str(writer),
+                   float(at), RuleState.from_json(jsonx.loads(state)))  # fmt: skip
 
 
 def resolve(rows: Iterable[StoredState]) -> list[StoredState]:
@@ -189,9 +194,6 @@ def new_row(rule: str, version: int, parent: str, new: RuleState, writer: str) -
         "at": new.last.at_unix if new.last is not None else new.since_unix,
         "fingerprint": new.fingerprint, "state": jsonx.dumps(new.to_json()).decode(),
     }  # fmt: skip
-
-
-LOG_COLUMNS = "rule, version, row_id, parent_id, priority, writer, at, fingerprint, state"
 
 
 class SqliteStateStore:
@@ -244,10 +246,8 @@ class SqliteStateStore:
             raise StoreError(f"{self.name}: {exc}") from exc
 
     def _states(self, sql: str, args: Sequence[Any] = ()) -> list[StoredState]:
-        cols = [c.strip() for c in LOG_COLUMNS.split(",")]
-        return [
-            StoredState.from_row(dict(zip(cols, r, strict=True))) for r in self._query(sql, args)
-        ]
+        rows = self._query(sql, args)
+        return [StoredState.from_row(dict(zip(LOG_COLUMN_NAMES, r, strict=True))) for r in rows]
 
     def current(self) -> dict[str, StoredState]:
         rows = self._states(
@@ -280,7 +280,7 @@ class SqliteStateStore:
                         return None
                     self._db.execute(
                         f"INSERT INTO rollout_log ({LOG_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",
-                        [row[c.strip()] for c in LOG_COLUMNS.split(",")],
+                        [row[c] for c in LOG_COLUMN_NAMES],
                     )
                     self._db.execute("COMMIT")
                     return StoredState.from_row(row)
