@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from counterfactual.grid import Config, parse_windows
 from counterfactual.rejections import (
@@ -139,12 +140,20 @@ def label_row(
     return labels
 
 
+def _address(url: str) -> str:
+    """``http://host:port/…`` → ``host:port`` (a record's ``server_address``)."""
+    parsed = urlsplit(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    return f"{parsed.hostname}:{port}"
+
+
 def labeller(options: LabelOptions) -> Labeller:
     """The export's labeller (:class:`records.export.LabelOptions`: the configuration, default
     :data:`DEFAULT_CONFIG`; token texts; a drafter's vocabulary).
 
     Raises:
-        ValueError: a configuration that does not parse, or a file that is not what it says.
+        ValueError: a configuration that does not parse, or a file that is not what it says
+            (and, from the labeller, a ``tokenizer`` that is a record's primary server).
         OSError: a file that cannot be read.
     """
     config = parse_config(options.config or DEFAULT_CONFIG)
@@ -159,7 +168,19 @@ def labeller(options: LabelOptions) -> Labeller:
         else None
     )
 
+    primary_guard = _address(options.tokenizer) if options.tokenizer is not None else None
+
     def label(record: Record) -> Mapping[str, Any]:
+        primary = record.primary
+        if (
+            primary_guard is not None
+            and primary is not None
+            and primary.server_address == primary_guard
+        ):
+            raise ValueError(
+                f"--tokenizer {options.tokenizer} is the primary's server ({primary_guard}): "
+                "give a candidate's or the tokenizer backend's (production never pays)"
+            )
         return label_row(record, config, texts, vocabulary)
 
     return label

@@ -359,7 +359,7 @@ def run_export(args: argparse.Namespace) -> int:
                 f,
             )  # fmt: skip
         partial.replace(out)
-    except (SourceError, OSError) as exc:
+    except (SourceError, OSError, ValueError) as exc:
         partial.unlink(missing_ok=True)
         print(f"specshadow records export: {exc}", file=sys.stderr)
         return 1

@@ -323,3 +323,20 @@ def test_engine_ids_only_skips_outputs_that_were_re_tokenized() -> None:
     assert [row["exchange_id"] for row in rows] == [f"ex-{i:06d}" for i in (0, 2, 3, 4, 5)]
     assert counts.not_engine_ids == 1
     assert len(list(export_rows(recs, "speculators"))) == 6  # kept by default, labelled
+
+
+def test_a_tokenizer_that_is_the_primarys_server_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rec = record(0, prompt=[1, 2], output=[3, 4])
+    rec["legs"][0]["server_address"] = "127.0.0.1:8101"
+    store = tmp_path / "r.sqlite"
+    s = RecordStore(store)
+    s.append([rec])
+    s.close()
+    out = tmp_path / "x.jsonl"
+    argv = ["records", "export", "--store", str(store), "--format", "speculators", "--out",
+            str(out), "--tokenizer", "http://127.0.0.1:8101"]  # fmt: skip
+    assert cli_main(argv) == 1
+    assert "is the primary's server" in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "x.jsonl.partial").exists()
