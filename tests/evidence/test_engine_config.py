@@ -238,3 +238,46 @@ def test_the_compare_span_carries_each_legs_fingerprints() -> None:
         == attributes[f"{sc.ENGINE_BASE_FINGERPRINT}.candidate"]
     )
     assert telemetry.shutdown(timeout_s=5.0)
+
+
+async def test_the_probe_falls_back_to_inference_config_and_reads_sglang(servers: Any) -> None:
+    """A vLLM without ``/server_info`` but with the newer ``/inference/v1/config``; an SGLang that
+    moved ``/get_server_info`` to ``/server_info``: real sockets, scripted answers."""
+    from aiohttp import web
+
+    from tests.conftest import start_server
+
+    vllm_config = {
+        "model_config": {"model": "m", "dtype": "torch.float16", "quantization": "awq"},
+        "cache_config": {"cache_dtype": "auto", "enable_prefix_caching": False},
+        "speculative_config": None,
+    }
+
+    async def config(_: web.Request) -> web.Response:
+        return web.json_response({"vllm_config": vllm_config})
+
+    async def version(_: web.Request) -> web.Response:
+        return web.json_response({"version": "0.40.0"})
+
+    async def sglang(_: web.Request) -> web.Response:
+        return web.json_response(SGLANG)
+
+    vllm_app, sglang_app = web.Application(), web.Application()
+    vllm_app.router.add_get("/inference/v1/config", config)
+    vllm_app.router.add_get("/version", version)
+    sglang_app.router.add_get("/server_info", sglang)
+    urls = {}
+    for name, app in (("vllm", vllm_app), ("sglang", sglang_app)):
+        server = await start_server(app)
+        servers.append(server)
+        urls[name] = str(server.make_url("")).rstrip("/")
+    probe = ServerInfoProbe({k: InfoTarget(u, k) for k, u in urls.items()})
+    async with aiohttp.ClientSession() as session:
+        await probe.poll_once(session)
+    v, s = probe.engine("vllm"), probe.engine("sglang")
+    assert v is not None and s is not None
+    assert v.sources["quantization"] == "vllm_inference_config"
+    assert (v.values["quantization"], v.values["kv_cache_dtype"]) == ("awq", "float16")
+    assert v.values["version"] == "0.40.0" and v.values["enable_prefix_caching"] is False
+    assert s.sources["version"] == "sglang_server_info" and s.values["version"] == "0.5.4"
+    assert s.values["quantization"] == "fp8" and s.values["tensor_parallel_size"] == 2
