@@ -80,7 +80,8 @@ Redactor = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 
 class RedactError(ValueError):
-    """A ``--redact`` hook that cannot be loaded (the message names it)."""
+    """A ``--redact`` hook that cannot be loaded, raised or returned something other than a row
+    or None (the message says which, and on which exchange)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,10 +213,20 @@ def export_rows(
             **labels,
         }
         if redact is not None:
-            kept = redact(row)
+            try:
+                kept = redact(row)
+            except Exception as exc:  # the operator's code: say where, stop the export
+                raise RedactError(
+                    f"the redaction hook raised on exchange {record.exchange_id}: {exc!r}"
+                ) from exc
             if kept is None:
                 c.redacted_away += 1
                 continue
+            if not isinstance(kept, dict):
+                raise RedactError(
+                    f"the redaction hook returned {type(kept).__name__} for exchange "
+                    f"{record.exchange_id}: expected the row (a dict) or None"
+                )
             row = kept
         c.written += 1
         yield row

@@ -25,7 +25,7 @@ import pytest
 from core import jsonx
 from counterfactual.labels import label_row, parse_config
 from counterfactual.replay import ngram_offers, replay
-from records.export import ExportCounts, ExportFilter, export_rows, write_rows
+from records.export import ExportCounts, ExportFilter, RedactError, export_rows, write_rows
 from records.reader import Record
 from records.sqlite_store import RecordStore
 from specshadow.main import main as cli_main
@@ -340,3 +340,15 @@ def test_a_tokenizer_that_is_the_primarys_server_is_refused(
     assert cli_main(argv) == 1
     assert "is the primary's server" in capsys.readouterr().err
     assert not out.exists() and not (tmp_path / "x.jsonl.partial").exists()
+
+
+def test_a_redaction_hook_that_fails_stops_the_export_saying_where() -> None:
+    recs = [record(i, prompt=[1], output=[2]) for i in range(3)]
+
+    def boom(row: dict[str, Any]) -> dict[str, Any]:
+        raise KeyError("secret")
+
+    with pytest.raises(RedactError, match="raised on exchange ex-000000: KeyError"):
+        list(export_rows(recs, "speculators", redact=boom))
+    with pytest.raises(RedactError, match="returned str for exchange ex-000000"):
+        list(export_rows(recs, "speculators", redact=lambda row: "no"))  # type: ignore[arg-type,return-value]
