@@ -9,8 +9,8 @@ docs/counterfactual.md). This module turns records into rows, streamed one recor
   0 on every prompt position, 1 on every output position — the representation speculators' data
   preparation passes straight through (it only checks the two have the same length and that
   some position is supervised);
-- ``conversations``: ``{"id": …, "conversations": [{"role": "user", ...}, {"role": "assistant", ...}]}``
-  from the text the capture setting kept (``capture: full`` or ``redacted``); the record keeps the
+- ``conversations``: ``{"id": …, "conversations": [{"role": "user", …}, {"role": "assistant",
+  …}]}`` from the text the capture setting kept (``capture: full`` or ``redacted``); the record keeps the
   prompt's text (its messages' contents joined by newlines), not its turns, so the prompt is one
   user turn. Rows need the text; a record with ids but no text is skipped and counted.
 
@@ -176,6 +176,7 @@ def export_rows(
 
     Raises:
         ValueError: an acceptance filter without a labeller (nothing to filter on).
+        RedactError: the redaction hook raised, or returned something other than a row or None.
     """
     if where.on_acceptance and labeller is None:
         raise ValueError("an acceptance filter needs acceptance labels (a labeller)")
