@@ -63,6 +63,7 @@ def build_report(
     rollout_state: str | Path | None = None,
     transitions: Sequence[Mapping[str, Any]] = (),
     token_texts: Mapping[int, str] | None = None,
+    spans: Mapping[str, tuple[int, int]] | None = None,
 ) -> ReportPaths:
     """Write ``report.html``, ``report.md`` and ``report.json`` into ``out_dir`` (created if
     missing) — and, when a configuration is recommended, ``rollout.yaml``, an Argo Rollouts
@@ -73,7 +74,9 @@ def build_report(
     gateway's rollout state file (``--state``) and/or ``transitions`` (``GET /admin/rollout``'s
     ``last_transition``s): who rolled a rule back inside the window, and on which reading.
     ``token_texts``: token id → text (:func:`counterfactual.cli.token_texts`), to classify where
-    the counterfactual matrix's drafts were rejected; the report itself calls no server."""
+    the counterfactual matrix's drafts were rejected; the report itself calls no server.
+    ``spans``: the application's own spans' first start and last end per trace id
+    (:func:`report.spans.store_bounds`), for the workflow runs' true start and end."""
     from core import jsonx
     from counterfactual.cli import write_outputs
     from counterfactual.matrix import build_matrix
@@ -113,6 +116,7 @@ def build_report(
             *(load_transitions(rollout_state) if rollout_state is not None else ()),
         ],
         counterfactual=counterfactual,
+        spans=spans,
     )
     if counterfactual is not None:
         write_outputs(counterfactual, out)

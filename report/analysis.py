@@ -723,6 +723,7 @@ def analyze(
     population: Population | None = None,
     transitions: Iterable[Mapping[str, Any]] = (),
     counterfactual: Matrix | None = None,
+    spans: Mapping[str, tuple[int, int]] | None = None,
 ) -> Analysis:
     """Everything the report shows, from records and optional loadgen/matrix result rows.
 
@@ -730,7 +731,8 @@ def analyze(
     (:func:`report.gather.gather`); by default they are summed from ``records``.
     ``transitions``: rollout transitions (:func:`report.rollbacks.load_transitions`) naming who
     rolled a rule back and why; without them, the records still show that it happened.
-    ``counterfactual``: the proposer/depth matrix scored on the records' token ids, when built."""
+    ``counterfactual``: the proposer/depth matrix scored on the records' token ids, when built.
+    ``spans``: the application's own spans' bounds per trace id (:mod:`report.spans`)."""
     whole = read_all(records)
     # Re-qualification: the verdicts judge the latest engine configuration of every leg.
     everything, changed, since = split(whole)
@@ -801,5 +803,6 @@ def analyze(
         workflows=workflows_of(
             everything,
             pick=pick.backend if (pick := recommendations.get(ALL)) is not None else None,
+            spans=spans,
         ),
     )

@@ -74,6 +74,17 @@ def _run(args: argparse.Namespace) -> int:
         if any(read(r).tokens is not None for r in records)
         else None
     )
+    # The application's own spans, where the Collector writes them beside the records.
+    from records.clickhouse import ClickHouseError
+    from report.spans import store_bounds
+
+    try:
+        spans = store_bounds(
+            args.store, {w.trace_id for r in records if (w := read(r).workflow) and w.trace_id}
+        )
+    except (OSError, StoreURLError, ClickHouseError) as exc:
+        print(f"specshadow report: no application spans: {exc}", file=sys.stderr)
+        spans = {}
     paths = build_report(
         records,
         results,
@@ -84,6 +95,7 @@ def _run(args: argparse.Namespace) -> int:
         population=population,
         rollout_state=args.state,
         token_texts=texts,
+        spans=spans,
     )
     a = paths.analysis
     from report.front import terminal

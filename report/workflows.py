@@ -36,16 +36,18 @@ normal approximation is poor for the few dozen runs a window usually holds. Resa
 carries both the spread of run shapes and the noise of each call's measured ratios.
 
 Time before a run's first call or after its last (a retrieval that opens the run, a tool that
-closes it) is invisible to the gateway: the projection over-states the speed-up of such runs.
-The application's own spans (the Collector's ClickHouse traces table) would give the run's true
-start and end; they are not read yet.
+closes it) is invisible to the gateway. Where the application's own spans reach the store (the
+Collector's ClickHouse exporter's traces table, read by :mod:`report.spans`), their first start
+and last end in the run's traces extend the run to its true start and end, and that time is
+kept like the time between calls; without them the projection over-states such runs'
+speed-up.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from records.reader import Record
 
@@ -86,13 +88,18 @@ class CallTime:
 
 @dataclass(frozen=True, slots=True)
 class Run:
+    """One application run: its calls, and the application's own time before its first call
+    and after its last (``lead_s``/``tail_s``: from its spans; 0 without them)."""
+
     key: str
     type: str
     calls: tuple[CallTime, ...]  # by start
+    lead_s: float = 0.0
+    tail_s: float = 0.0
 
     @property
     def wall_s(self) -> float:
-        return max(c.end for c in self.calls) - self.calls[0].start
+        return self.lead_s + max(c.end for c in self.calls) - self.calls[0].start + self.tail_s
 
     def blocks(self) -> list[list[CallTime]]:
         """The calls in blocks of overlapping intervals (a block is one stretch of LLM time)."""
@@ -206,6 +213,7 @@ class Workflows:
     runs: int
     calls: int
     left_out: Mapping[str, int]  # reason → runs left out
+    spanned: int = 0  # runs whose start and end the application's own spans gave
 
     @property
     def lead(self) -> WorkflowType | None:
@@ -247,7 +255,25 @@ def _call(r: Record, t0_ns: int) -> tuple[CallTime | None, str | None]:
     return CallTime((r.started_unix_ns - t0_ns) / _NS, end, ttft, decode, paired), None
 
 
-def _runs(records: Sequence[Record]) -> tuple[list[Run], dict[str, int], int]:
+Bounds = Mapping[str, tuple[int, int]]
+"""Trace id → (first start, last end) of the application's own spans in it, unix ns."""
+
+
+def _edges(recs: Sequence[Record], run: Run, spans: Bounds) -> Run:
+    """``run`` with the time its application's spans show before its first call and after its
+    last (a retrieval that opens the run, a tool that closes it)."""
+    traces = {r.workflow.trace_id for r in recs if r.workflow is not None}
+    got = [spans[t] for t in traces if t is not None and t in spans]
+    if not got:
+        return run
+    t0 = recs[0].started_unix_ns
+    last = max(c.end for c in run.calls)
+    lead = max(0.0, (t0 - min(s for s, _ in got)) / _NS)
+    tail = max(0.0, (max(e for _, e in got) - t0) / _NS - last)
+    return replace(run, lead_s=lead, tail_s=tail)
+
+
+def _runs(records: Sequence[Record], spans: Bounds) -> tuple[list[Run], dict[str, int], int, int]:
     grouped: dict[str, list[Record]] = defaultdict(list)
     for r in records:
         key = _run_key(r)
@@ -255,7 +281,7 @@ def _runs(records: Sequence[Record]) -> tuple[list[Run], dict[str, int], int]:
             grouped[key].append(r)
     runs: list[Run] = []
     left: dict[str, int] = defaultdict(int)
-    calls = 0
+    calls = spanned = 0
     for key, recs in grouped.items():
         recs.sort(key=lambda r: r.order_key)
         first = recs[0]
@@ -270,9 +296,12 @@ def _runs(records: Sequence[Record]) -> tuple[list[Run], dict[str, int], int]:
             left[why] += 1
             continue
         kind = named or f"{first.route or 'chat'}/{first.category}"
-        runs.append(Run(key, kind, tuple(c for c, _ in got if c is not None)))
+        run = Run(key, kind, tuple(c for c, _ in got if c is not None))
+        edged = _edges(recs, run, spans)
+        spanned += edged is not run
+        runs.append(edged)
         calls += len(recs)
-    return runs, dict(left), calls
+    return runs, dict(left), calls, spanned
 
 
 # -- projecting ---------------------------------------------------------------------------------
@@ -339,11 +368,15 @@ def _type(name: str, runs: list[Run], named: bool, pick: str | None) -> Workflow
     )
 
 
-def workflows_of(records: Sequence[Record], *, pick: str | None = None) -> Workflows | None:
+def workflows_of(
+    records: Sequence[Record], *, pick: str | None = None, spans: Bounds | None = None
+) -> Workflows | None:
     """The window's workflow types (None when no record names a run of two calls or a type).
     ``pick``: the candidate each type's headline projection speaks for (the recommended one);
-    absent from a type, its fastest projection."""
-    runs, left, calls = _runs(records)
+    absent from a type, its fastest projection. ``spans``: the application's own spans' bounds
+    per trace id (:func:`report.spans.trace_bounds`), which extend a run to its true start and
+    end."""
+    runs, left, calls, spanned = _runs(records, spans or {})
     if not runs:
         return None
     by_type: dict[str, list[Run]] = defaultdict(list)
@@ -354,4 +387,4 @@ def workflows_of(records: Sequence[Record], *, pick: str | None = None) -> Workf
     }
     types = [_type(t, rs, t in named, pick) for t, rs in by_type.items()]
     types.sort(key=lambda t: (-t.runs, t.name))
-    return Workflows({t.name: t for t in types}, len(runs), calls, left)
+    return Workflows({t.name: t for t in types}, len(runs), calls, left, spanned)
