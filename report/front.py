@@ -85,14 +85,13 @@ def front(a: Analysis) -> list[Line]:
     for rb in a.rollbacks:
         named = ", ".join(labels.get(b, b) for b in rb.backends) or f"rule {rb.rule}"
         words = f" The guard's words: “{rb.reason}”." if rb.reason and rb.guard else ""
-        out.append(
-            Line(
-                "rollback",
-                f"Rolled back: {named}",
-                f"{rb.text()}. Not recommended for this window; its verdict is rolled back."
-                + words,
-            )
+        stale = a.judged_since is not None and rb.at_unix_ns < a.judged_since
+        said = (
+            "Before the configuration change below: the verdict judges the new configuration."
+            if stale
+            else "Not recommended for this window; its verdict is rolled back."
         )
+        out.append(Line("rollback", f"Rolled back: {named}", f"{rb.text()}. {said}" + words))
     if a.config_changes and a.judged_since is not None:
         moved = "; ".join(ch.text() for ch in a.config_changes)
         out.append(
