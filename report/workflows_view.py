@@ -95,8 +95,15 @@ def intro(w: Workflows) -> str:
     left = ", ".join(f"{n} ({why})" for why, n in w.left_out.items())
     return (
         f"{w.runs} runs of {w.calls} calls, grouped by the client's trace id (or the policy's "
-        "session header) and typed by the workflow header, else by route/category. "
-        f"Projection: {MODEL}." + (f" Runs left out: {left}." if left else "")
+        "session header) and typed by the workflow header, else by route/category; "
+        + (
+            f"{w.spanned} with their true start and end from the application's own spans. "
+            if w.spanned
+            else "each timed from its first call's start to its last call's end (no application "
+            "spans). "
+        )
+        + f"Projection: {MODEL}."
+        + (f" Runs left out: {left}." if left else "")
     )
 
 

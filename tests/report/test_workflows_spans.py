@@ -70,3 +70,7 @@ def test_the_applications_spans_extend_a_run_to_its_true_start_and_end(tmp_path:
     # without the spans the gateway sees only the calls and the time between them
     seen = sum(p for _, p, _ in runs) / sum(c for _, _, c in runs)
     assert seen > 1.1 * got["projected_e2e_speedup"]["estimate"]
+    assert (
+        "3 with their true start and end from the application's own spans"
+        in (out / "report.md").read_text()
+    )
