@@ -14,7 +14,9 @@ raw speed-ups, acceptance, quality, gate), ``model`` (their typed result tables:
 acceptance, KV-cache usage; the matrix's and the load generator's rows are typed in
 :mod:`loadgen`), ``load`` (speed-ups at production's load, crossover, schedule, capacity), ``analysis`` (per candidate,
 verdicts), ``failures`` (a candidate's legs by how they failed: ``candidate_failing``),
-``rollbacks`` (rollouts rolled back inside the window: ``rolled_back``), ``confounds`` (a
+``rollbacks`` (rollouts rolled back inside the window: ``rolled_back``), ``workflows`` (calls
+grouped into application runs and workflow types, each candidate's projected run speed-up;
+``workflows_view`` words it, ``spans`` reads the application's own spans from a column store), ``confounds`` (a
 candidate that differs from production in more than speculation: ``confounded``), ``requalify``
 (the window split at an engine configuration change), ``candidates`` (who each
 candidate is, lossless or not, head to head, the recommendation), ``checklist``, ``front`` (the

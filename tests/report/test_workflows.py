@@ -18,6 +18,7 @@ import pytest
 
 from records.reader import read_all
 from report import build_report
+from report.front import terminal
 from report.workflows import workflows_of
 
 _ids = itertools.count()
@@ -202,6 +203,7 @@ def test_the_gate_is_stated_per_type_and_the_report_leads_with_runs(tmp_path: Pa
     glance = md.split("## At a glance", 1)[1].split("\n## ", 1)[0]
     assert "Whole runs" in glance and "rarely the first optimization" in glance
     assert md.index("## Workflows: the whole run") < md.index("## Bottom line")
+    assert any(line.startswith("Whole runs: ") for line in terminal(paths.analysis))
     html = paths.html.read_text()
     assert "Whole runs" in html.split("<h2", 1)[0]
     assert "Workflows: the whole run" in html
