@@ -141,3 +141,66 @@ async def test_an_engine_upgrade_mid_window_splits_the_evidence(
     assert js["judged_exchanges"] == AFTER + 1
     assert any(f"judge the {AFTER + 1} exchanges" in n for n in js["notes"])
     assert [ch["backend"] for ch in js["config_changes"]] == ["cand", "prim"]
+
+
+async def test_a_rollback_before_a_new_build_no_longer_decides_the_verdict(
+    servers: Any, tmp_path: Path, write_policy: Any, sims: Any
+) -> None:
+    """A canary rolled back by its operator, then a new build of the candidate: the rollout
+    starts the new build at its first canary step, and the report judges the new build on its
+    own exchanges — not ``rolled_back`` — while still showing the rollback, marked as before."""
+    from tests.gateway.test_rollout import FAST, Rig, policy as rollout_policy
+
+    prim = await sims(**FAST)
+    cand = await sims(mode="speculative", acceptance=0.8, **FAST)
+    rig = Rig(servers, tmp_path, write_policy)
+    store = tmp_path / "r.sqlite"
+    text = rollout_policy(prim.base_url, cand.base_url, guards={"window": 60, "min_samples": 10})
+    settings = Settings(
+        policy_path=write_policy(text), store_path=str(store), shutdown_timeout_s=2.0,
+        policy_poll_s=0.05, scrape_interval_s=0.05, upstream=FAST_UPSTREAM, admin_token="t",
+    )  # fmt: skip
+    rig.server = await start_server(build_app(settings, sinks=[rig.sink]))
+    servers.append(rig.server)
+    rig.url = str(rig.server.make_url("")).rstrip("/")
+    await rig.send(30)
+    await rig.settle(rig.sent)
+    status, _ = await rig.change("rollback", token="t", reason="operator: bad deploy")
+    assert status == 200
+    await rig.send(20)
+    await rig.settle(rig.sent)
+    assert (await rig.stage()) == "shadow"
+    cand.engine.update(version="0.33.0")  # a new build
+    for _ in range(100):
+        await rig.send(2)
+        await rig.settle(rig.sent)
+        if await rig.stage() == "canary":
+            break
+    assert await rig.stage() == "canary"
+    last = (await rig.status())["rules"]["default"]["last_transition"]
+    assert "the rollback is lifted" in last["reason"]
+    prim.engine.update(version="0.33.0")  # production follows: one version on both again
+    for _ in range(100):
+        await rig.send(2)
+        await rig.settle(rig.sent)
+        recs = [read(r) for r in query_records(store)] if store.exists() else []
+        if recs and any(
+            r.primary is not None
+            and r.primary.engine is not None
+            and (r.primary.engine.settings or {}).get("version") == "0.33.0"
+            for r in recs
+        ):
+            break
+    await rig.send(30)
+    await rig.settle(rig.sent)
+    await rig.stop()
+    records = list(query_records(store))
+    paths = build_report(records, None, tmp_path / "report")
+    a = paths.analysis
+    assert [ch.backend for ch in a.config_changes] == ["cand", "prim"]
+    (rb,) = a.rollbacks
+    assert a.judged_since is not None and rb.at_unix_ns < a.judged_since
+    c = a.candidates["cand"]
+    assert {v.decision for v in c.verdicts}.isdisjoint({"rolled_back", "confounded"})
+    md = paths.markdown.read_text()
+    assert "Before the configuration change below" in md
