@@ -318,17 +318,14 @@ class Fleet:
         while True:
             cursor, bodies = self.store.evidence(name, state.episode, p.cursor, READ_BATCH)
             p.cursor = cursor
-            for body in bodies:
+            for body in bodies:  # all of them: every replica's bank stays the same
                 o, exchange_id, traceparent = decode(body)
                 p.bank.update(o)
                 p.served += o.served_by == "candidate"
-                if p.bank.breached() is not None and state.stage != "shadow":
-                    cause = (exchange_id, traceparent)
-                    break
-            else:
-                if len(bodies) == READ_BATCH:
-                    continue
-            break
+                if cause == (None, None) and p.bank.breached() is not None:
+                    cause = (exchange_id, traceparent)  # the exchange that tripped it
+            if len(bodies) < READ_BATCH:
+                break
         c._judged(name, spec, replace(state, served_at_step=p.served), cause)
 
     # -- health ---------------------------------------------------------------------------------
