@@ -175,6 +175,7 @@ class RolloutController:
         self._generation = -1
         self.failovers = 0
         self.transitions: list[Transition] = []  # this process's, newest last (bounded)
+        self._engines_seen: dict[str, str] = {}  # rule → its candidate's last fingerprint seen
 
     # -- the policy ----------------------------------------------------------------------------
 
@@ -322,14 +323,22 @@ class RolloutController:
         with ``on_config_change: hold``, stays but promotes no further; a change lifts a guard's
         rollback (the new build starts again from the first canary step)."""
         state = self._states.get(name)
-        if state is None or state.engine == engine:
+        if state is None:
             return
-        if state.engine is None or (state.stage == "shadow" and not state.rolled_back):
+        # A fleet's sync may replace the state with the store's before this replica noted the
+        # fingerprint there: what this replica saw last counts too.
+        known = state.engine if state.engine is not None else self._engines_seen.get(name)
+        self._engines_seen[name] = engine
+        if known == engine:
+            if state.engine is None:
+                self._states[name] = replace(state, engine=engine)
+            return
+        if known is None or (state.stage == "shadow" and not state.rolled_back):
             self._states[name] = replace(state, engine=engine)  # noted, nothing to re-qualify
             if self.fleet is None:
                 self._snapshot()
             return
-        why = f"the candidate's engine configuration changed ({state.engine} → {engine})"
+        why = f"the candidate's engine configuration changed ({known} → {engine})"
         if state.stage != "shadow" and spec.on_config_change == "hold":
             ratio = serve_ratio(spec, state) if state.stage == "canary" else state.ratio
             new = replace(state, engine=engine, ratio=ratio)
