@@ -8,8 +8,11 @@ calls a model: the gateway's token tap (:mod:`evidence.tokens`) puts the ids in 
 
 Layout: ``ngram`` (vLLM's n-gram proposer, every draft of one sequence at once), ``replay`` (the
 engine's steps for one configuration along one output), ``grid`` (the configurations scored),
-``speed`` (the step-time model: predicted speed-up from acceptance), ``matrix`` (records → one
-row per configuration × category × output length, and the picks), ``render`` (Markdown and the
+``rules`` (dynamic lookahead: draft-length rules and their replay classes), ``rejections`` (what
+the target's token was where drafts were rejected; token texts; drafter vocabularies), ``speed``
+(the step-time model: predicted speed-up from acceptance), ``matrix`` (records → one row per
+configuration × category × output length, and the picks), ``rows`` (the cells and rows),
+``live`` (live candidates: predicted against measured, drift), ``render`` (Markdown and the
 policy fragment), ``labels`` (the acceptance and rejection labels of ``specshadow records
 export``'s rows) and ``cli`` (``specshadow counterfactual``). Pure Python, no numpy: the gateway
 extra stays slim. Method and limits: docs/counterfactual.md.

@@ -17,14 +17,24 @@ raises the flag.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.stats import RatioStats, paired_ratio_test
 from counterfactual.grid import Config, config_json
 from counterfactual.replay import Replay
+from records.reader import Leg, Record
 
-__all__ = ["SAMPLED_ALPHA", "LiveCheck", "compare", "interval_json", "live_json"]
+__all__ = [
+    "SAMPLED_ALPHA",
+    "LiveCheck",
+    "agrees",
+    "baseline_agrees",
+    "compare",
+    "interval_json",
+    "live_json",
+]
 
 
 @dataclass(slots=True)
@@ -79,6 +89,39 @@ class LiveCheck:
             target.add(drafts, accepted)
         if not greedy:
             self.sampled_pairs.append((predicted.drafts, predicted.accepted, drafts, accepted))
+
+
+def _same(
+    a: Leg | None, ids: list[int] | None, output: list[int], primary: Leg | None
+) -> bool | None:
+    """Whether a leg's output is production's: by ids where kept, else by the output's hash."""
+    if ids is not None:
+        return list(ids) == list(output)
+    if a is None or primary is None:
+        return None
+    mine, theirs = a.output_sha256, primary.output_sha256
+    return None if mine is None or theirs is None else mine == theirs
+
+
+def agrees(
+    record: Record,
+    leg: Leg,
+    own: list[int] | None,
+    output: list[int],
+    own_ids: Mapping[str, list[int]],
+) -> bool:
+    """The candidate answered production's output (unknown: assumed, as before drift was told)."""
+    same = _same(leg, own, output, record.primary)
+    return True if same is None else same
+
+
+def baseline_agrees(
+    record: Record, output: list[int], own_ids: Mapping[str, list[int]]
+) -> bool | None:
+    base = record.baseline
+    if base is None or not base.ok:
+        return None
+    return _same(base, own_ids.get(base.backend or "") or None, output, record.primary)
 
 
 def live_json(check: LiveCheck) -> dict[str, Any]:

@@ -18,19 +18,19 @@ acceptance into a *predicted* TPOT speed-up at production's batch; the picks per
 for each live candidate running a configuration of the grid, predicted against measured
 acceptance on the same requests, flagged when the intervals do not overlap.
 
-Size: the two passes over the records, the cells they fill and the rows, picks and live checks
-made from those cells share one set of types; split apart, each piece would re-read the others'.
+Size: the two passes over the records (the grid learned, then every record replayed under every
+configuration, its rejections classified and its live legs paired) and the picks made from the
+rows are one flow; the cells and rows (:mod:`.rows`) and the live check (:mod:`.live`) are apart.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from core.classify import ALL
-from core.stats import RatioStats
 from counterfactual.grid import (
     DEFAULT_DEPTHS,
     DEFAULT_WINDOWS,
@@ -39,16 +39,16 @@ from counterfactual.grid import (
     grid,
     sort_key,
 )
-from counterfactual.live import LiveCheck, interval_json, live_json
+from counterfactual.live import LiveCheck, agrees, baseline_agrees, live_json
 from counterfactual.rejections import classify_output, shares
 from counterfactual.replay import (
-    FIRST_TOKENS,
     Replay,
     confidence_offers,
     drafter_offers,
     ngram_offers,
     replay,
 )
+from counterfactual.rows import Cell, bound_row, row as make_row
 from counterfactual.rules import DEFAULT_RULES, DRAFTER_RULES, Rule, how_to_run
 from counterfactual.speed import StepModel, fit_step_model, leg_batch
 from records.reader import Leg, Record, read
@@ -58,36 +58,6 @@ __all__ = ["ALL", "Matrix", "build_matrix", "config_json", "live_config", "reque
 
 # A record as stored (a JSON object) or already read; every field is read through the reader.
 AnyRecord = Mapping[str, Any] | Record
-
-
-@dataclass(slots=True)
-class Cell:
-    """One configuration × category × output-length bucket."""
-
-    k: int
-    mal: RatioStats = field(default_factory=RatioStats)  # x: drafts, y: accepted
-    tpp: RatioStats = field(default_factory=RatioStats)  # x: passes, y: output tokens
-    draft_tokens: int = 0
-    by_position: list[int] = field(default_factory=list)
-    greedy: int = 0
-    # Steps that started in the output's first FIRST_TOKENS tokens: drafts, drafted, accepted.
-    early: list[int] = field(default_factory=lambda: [0, 0, 0])
-    rejected: dict[str, int] = field(default_factory=dict)  # class → first rejected positions
-
-    def add(self, r: Replay, greedy: bool, classes: list[str] | None = None) -> None:
-        for i, v in enumerate(r.early):
-            self.early[i] += v
-        if classes is not None:
-            for pos in r.rejected_at:
-                self.rejected[classes[pos]] = self.rejected.get(classes[pos], 0) + 1
-        self.mal.add(r.drafts, r.accepted)
-        self.tpp.add(r.passes, r.output_tokens)
-        self.draft_tokens += r.draft_tokens
-        if not self.by_position:
-            self.by_position = [0] * self.k
-        for i, v in enumerate(r.accepted_by_position):
-            self.by_position[i] += v
-        self.greedy += greedy
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,8 +323,8 @@ def build_matrix(
                 results[c],
                 drafts,
                 accepted,
-                agrees=_agrees(record, leg, own, output, own_ids),
-                baseline_agrees=_baseline_agrees(record, output, own_ids),
+                agrees=agrees(record, leg, own, output, own_ids),
+                baseline_agrees=baseline_agrees(record, output, own_ids),
             )
             if (
                 own is not None
@@ -371,11 +341,9 @@ def build_matrix(
     rows: list[dict[str, Any]] = []
     for (c, cat, bk), cell in sorted(cells.items(), key=_order):
         shown = None if output_classes is None or bk != ALL else output_classes.get(cat)
-        rows.append(_row(c, cat, bk, cell, model, shown))
+        rows.append(make_row(c, cat, bk, cell, model, shown))
         if c.rule is None and c.num_speculative_tokens == max(depths) and bk == ALL:
-            rows.extend(
-                _bound_row(b, cat, bk, cells) for b in bound_configs if b.family == c.family
-            )
+            rows.extend(bound_row(b, cat, bk, cells) for b in bound_configs if b.family == c.family)
     picks = _picks(rows, configs)
     deploy = _deploy(picks, configs)
     return Matrix(
@@ -406,158 +374,9 @@ def build_matrix(
     )
 
 
-def _same(
-    a: Leg | None, ids: list[int] | None, output: list[int], primary: Leg | None
-) -> bool | None:
-    """Whether a leg's output is production's: by ids where kept, else by the output's hash."""
-    if ids is not None:
-        return list(ids) == list(output)
-    if a is None or primary is None:
-        return None
-    mine, theirs = a.output_sha256, primary.output_sha256
-    return None if mine is None or theirs is None else mine == theirs
-
-
-def _agrees(
-    record: Record,
-    leg: Leg,
-    own: list[int] | None,
-    output: list[int],
-    own_ids: Mapping[str, list[int]],
-) -> bool:
-    """The candidate answered production's output (unknown: assumed, as before drift was told)."""
-    same = _same(leg, own, output, record.primary)
-    return True if same is None else same
-
-
-def _baseline_agrees(
-    record: Record, output: list[int], own_ids: Mapping[str, list[int]]
-) -> bool | None:
-    base = record.baseline
-    if base is None or not base.ok:
-        return None
-    return _same(base, own_ids.get(base.backend or "") or None, output, record.primary)
-
-
-def _bound_row(
-    b: Config, category: str, bucket: str, cells: Mapping[tuple[Config, str, str], Cell]
-) -> dict[str, Any]:
-    """A batch-size schedule: no value, a bound between the fixed-k rows of its smallest and
-    largest k (k = 0: plain decoding, one token per pass)."""
-    assert b.rule is not None
-    ks = list(b.rule.tiers())
-    found: dict[str, list[float]] = {"mean_acceptance_length": [], "tokens_per_pass": []}
-    requests = 0
-    for k in ks:
-        if k < 1:
-            found["mean_acceptance_length"].append(1.0)
-            found["tokens_per_pass"].append(1.0)
-            continue
-        cell = cells.get((Config(b.proposer, k, b.prompt_lookup_min, b.prompt_lookup_max,
-                                 b.drafter), category, bucket))  # fmt: skip
-        if cell is None:
-            continue
-        requests = cell.mal.n
-        mal, tpp = cell.mal.estimate(), cell.tpp.estimate()
-        if mal is not None:
-            found["mean_acceptance_length"].append(mal + 1.0)
-        if tpp is not None:
-            found["tokens_per_pass"].append(tpp)
-
-    def span(values: list[float]) -> dict[str, Any]:
-        return {
-            "estimate": None,
-            "low": min(values) if values else None,
-            "high": max(values) if values else None,
-            "n": requests,
-        }
-
-    return {
-        **config_json(b),
-        "category": category,
-        "output_length_bucket": bucket,
-        "requests": requests,
-        "greedy_requests": None,
-        "mean_acceptance_length": span(found["mean_acceptance_length"]),
-        "draft_acceptance_rate": None,
-        "acceptance_by_position": [None] * b.num_speculative_tokens,
-        "acceptance_by_output_position": None,
-        "tokens_per_pass": span(found["tokens_per_pass"]),
-        "drafted_per_pass": None,
-        "predicted_tpot_speedup": None,
-        "predicted_tpot_speedup_interval": None,
-        "rejections": None,
-    }
-
-
 def _order(item: tuple[tuple[Config, str, str], Cell]) -> tuple[Any, ...]:
     (c, cat, bk), _ = item
     return (cat != ALL, cat, bk != ALL, bk, *sort_key(c))
-
-
-def _row(
-    c: Config,
-    category: str,
-    bucket: str,
-    cell: Cell,
-    model: StepModel | None,
-    output_classes: Mapping[str, int] | None,
-) -> dict[str, Any]:
-    drafts = cell.mal.sx
-    tpp = cell.tpp.estimate()
-    tpp_ci = cell.tpp.interval()
-    passes = cell.tpp.sx
-    drafted_per_pass = cell.draft_tokens / passes if passes else 0.0
-    speedup: float | None = None
-    interval: dict[str, Any] | None = None
-    if model is not None and tpp is not None:
-        speedup = model.speedup(tpp, drafted_per_pass)
-        if tpp_ci is not None:
-            lo, hi = (model.speedup(v, drafted_per_pass) for v in tpp_ci)
-            interval = {"low": lo, "high": hi}
-    return {
-        **config_json(c),
-        "category": category,
-        "output_length_bucket": bucket,
-        "requests": cell.mal.n,
-        "greedy_requests": cell.greedy,
-        "mean_acceptance_length": interval_json(cell.mal, 1.0),
-        "draft_acceptance_rate": cell.mal.sy / cell.draft_tokens if cell.draft_tokens else None,
-        "acceptance_by_position": [v / drafts if drafts else None for v in cell.by_position]
-        or [None] * c.num_speculative_tokens,
-        "acceptance_by_output_position": _by_output_position(cell),
-        "tokens_per_pass": interval_json(cell.tpp),
-        "drafted_per_pass": drafted_per_pass,
-        # Predicted, never measured: tokens per pass through the fitted step-time model.
-        "predicted_tpot_speedup": speedup,
-        "predicted_tpot_speedup_interval": interval,
-        # Where drafts were rejected (all-lengths rows, with token texts): per class, its share
-        # of first rejected positions against its share of the output tokens.
-        "rejections": None if output_classes is None else shares(cell.rejected, output_classes),
-    }
-
-
-def _by_output_position(cell: Cell) -> dict[str, Any]:
-    """Drafting steps that started within the output's first FIRST_TOKENS tokens, and the rest."""
-    e_drafts, e_drafted, e_acc = cell.early
-    drafts, drafted, acc = (
-        cell.mal.sx - e_drafts,
-        cell.draft_tokens - e_drafted,
-        cell.mal.sy - e_acc,
-    )
-
-    def part(n: float, d: float, a: float) -> dict[str, Any]:
-        return {
-            "drafts": int(n),
-            "draft_acceptance_rate": a / d if d else None,
-            "mean_acceptance_length": 1.0 + a / n if n else None,
-        }
-
-    return {
-        "first_tokens": FIRST_TOKENS,
-        "first": part(e_drafts, e_drafted, e_acc),
-        "rest": part(drafts, drafted, acc),
-    }
 
 
 def _score(row: Mapping[str, Any]) -> float:
