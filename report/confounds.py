@@ -150,7 +150,7 @@ def _fragment(backend: str, cand: Leg, config: Mapping[str, Any]) -> str:
                 "legs": [
                     {"backend": backend, "role": "candidate"},
                     {"backend": name, "role": "baseline"},
-                ]
+                ],
             },
         },
         comments=(
