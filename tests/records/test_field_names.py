@@ -71,6 +71,7 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
         ),
         MATRIX,
     ),
+    "counterfactual/rows.py": (frozenset({"mean_acceptance_length", "tokens_per_pass"}), MATRIX),
     "counterfactual/retokenize.py": (frozenset({"tokens"}), "vLLM's /tokenize answer"),
     "evidence/counts.py": (frozenset({"count", "tokens"}), "vLLM's /tokenize answer"),
     "evidence/likelihood.py": (frozenset({"tokens"}), "vLLM's /tokenize answer"),
