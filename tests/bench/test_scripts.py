@@ -156,7 +156,8 @@ def test_counterfactual_replay_bench_runs_its_three_arms(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     data = json.loads(report.read_text())
-    assert data["configs"] == 32 and len(data["rows"]) == 3
+    # The default grid: 4 lookup windows x k = 1..8, and the 3 accept-count rules per window.
+    assert data["configs"] == 4 * 8 + 4 * 3 and len(data["rows"]) == 3
     assert all(rate > 0 for _, rate, _ in data["rows"])
 
 
