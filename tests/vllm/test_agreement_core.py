@@ -78,6 +78,9 @@ def test_compare_runs_pairs_by_request_id_and_reports_the_ttft_offset_only() -> 
     assert result.metric("tpot").offset_ms == pytest.approx(0.0, abs=1e-9)
     assert result.metric("itl").gateway_median_ms == pytest.approx(5.0)
     assert result.metric("itl").bench_median_ms == pytest.approx(5.0)
+    # the mean gap: the bench's extra ≈ 0 gap after the role chunk is 1 of its 8 per request
+    assert result.itl_mean_ms == pytest.approx((5.0 * 7 / 8, 5.0))
+    assert result.itl_burst_share == pytest.approx((1 / 8, 0.0))
     assert result.gateway_pre_upstream_p50_ms == pytest.approx(0.2)
     assert result.to_json()["metrics"]["ttft"]["offset_ms"] == pytest.approx(3.0)
 
