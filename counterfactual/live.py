@@ -52,7 +52,8 @@ class LiveCheck:
     # the paired test that judges them (see :func:`_compare`).
     sampled_pairs: list[tuple[float, float, float, float]] = field(default_factory=list)
     # The engine check: the configuration replayed on the candidate's *own* generated ids
-    # against what it reported — exact per request, greedy or sampled, when the ids are there.
+    # against what it reported — exact per request when the ids are there, but for the last
+    # pass: vLLM drafts whole and counts acceptances past max_tokens (docs/counterfactual.md).
     engine: tuple[RatioStats, RatioStats] = field(
         default_factory=lambda: (RatioStats(), RatioStats())
     )
