@@ -212,8 +212,10 @@ def test_memory_stays_bounded_however_many_records_stream_through(tmp_path: Path
     print(f"peak {small:.0f} KiB for 100 records, {large:.0f} KiB for 1,500")
     assert len((tmp_path / "large.jsonl").read_bytes().splitlines()) == 1500
     # Fifteen times the records: what grows is the reader's set of exchange ids seen (it
-    # deduplicates replicas' stores), ~0.2 KiB each; holding the rows would cost ~3 KiB each.
-    assert large < small + 0.25 * 1400, (small, large)
+    # deduplicates replicas' stores) and whatever cyclic garbage the collector has not reached
+    # yet — 0.14 KiB a record alone, 0.31 in one clean CI run (the suite's gc state differs);
+    # holding the rows would cost ~3 KiB each. Held at 1 KiB, a third of that.
+    assert large < small + 1.0 * 1400, (small, large)
 
 
 def test_the_command_exports_from_a_store_says_what_it_skipped_and_redacts(
