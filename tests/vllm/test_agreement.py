@@ -70,15 +70,14 @@ def test_bench_ttft_exceeds_the_gateways_by_a_small_systematic_offset(
     assert abs(agreement.metric("ttft").offset_ms) <= TTFT_OFFSET_MAX_MS
 
 
-@pytest.mark.parametrize("name", ["tpot", "itl"])
-def test_bench_tpot_and_itl_medians_match_the_gateways(agreement: Agreement, name: str) -> None:
-    m = agreement.metric(name)
-    tolerance = max(STEADY_ABS_TOL_MS, STEADY_REL_TOL * m.gateway_median_ms)
-    if name == "tpot":
-        assert abs(m.offset_ms) <= tolerance, m
-        return
-    # ITL: the mean gap always agrees (a request's gaps add up to its decode time on both sides;
-    # the bench's one extra ≈ 0 gap per request lowers its mean by 1/gaps, a few %).
+def test_bench_tpot_median_matches_the_gateways(agreement: Agreement) -> None:
+    m = agreement.metric("tpot")
+    assert abs(m.offset_ms) <= max(STEADY_ABS_TOL_MS, STEADY_REL_TOL * m.gateway_median_ms), m
+
+
+def test_bench_itl_matches_the_gateways(agreement: Agreement) -> None:
+    # The mean gap always agrees (a request's gaps add up to its decode time on both sides; the
+    # bench's one extra ≈ 0 gap per request lowers its mean by 1/gaps, a few %).
     (b_mean, g_mean), (b_burst, g_burst) = agreement.itl_mean_ms, agreement.itl_burst_share
     assert abs(b_mean - g_mean) <= max(STEADY_ABS_TOL_MS, STEADY_REL_TOL * g_mean), agreement
     # The median only where the bench read the chunks as the gateway sent them: a starved bench
@@ -88,4 +87,5 @@ def test_bench_tpot_and_itl_medians_match_the_gateways(agreement: Agreement, nam
     if b_burst > g_burst + BURST_SLACK:
         print(f"ITL median not compared: the bench read {b_burst:.0%} of gaps in bursts")
         return
-    assert abs(m.offset_ms) <= tolerance, m
+    m = agreement.metric("itl")
+    assert abs(m.offset_ms) <= max(STEADY_ABS_TOL_MS, STEADY_REL_TOL * m.gateway_median_ms), m

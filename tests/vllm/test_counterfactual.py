@@ -236,8 +236,8 @@ def test_the_live_configuration_is_predicted_within_the_stated_tolerances(
     # the pooled figure by -0.8 % in one run and 5.4 % in another (one clean CI run), so it is
     # held per request, inside that envelope: every greedy request (24 of 24 in three runs, 3 of
     # them exactly equal), and most sampled ones — 3-5 of 48 per run fell outside, each one draft
-    # more and one token fewer accepted (a draft equal to the token sampled there, counted as
-    # rejected by vLLM's rejection sampler; not explained here). A replay of another k or lookup
+    # more and one token fewer accepted (as if a draft equal to the token sampled there had been
+    # counted as rejected; not explained here). A replay of another k or lookup
     # window misses on most requests.
     records, _ = scored
     inside = {"greedy": [0, 0], "sampled": [0, 0]}
