@@ -256,7 +256,7 @@ def test_the_live_configuration_is_predicted_within_the_stated_tolerances(
         kind[0] += 1
         kind[1] += 0 <= drafts - mine.drafts <= 1 and 0 <= accepted - mine.accepted <= 4
     print(f"engine check per request, inside the last-pass envelope: {inside}")
-    (greedy_n, greedy_in), (sampled_n, sampled_in) = inside["greedy"], inside["sampled"]
+    (greedy_n, greedy_in), sampled_n = inside["greedy"], inside["sampled"][0]
     assert greedy_n >= 20 and greedy_in == greedy_n, inside
     # Sampled requests are reported, not held: 3-10 of 48 per run fell outside the envelope in
     # four runs, which this test cannot explain, so no fraction of them is a level it can state.
