@@ -245,7 +245,12 @@ async def test_two_workers_one_port_one_metrics_own_otlp_restarted_and_stopped_t
 
         status = await wait_for(lambda: get_body(url, "/admin/workers"), restarted)
         slot = status["workers"][1]
-        assert slot["restarts"] == 1 and slot["last_exit"]["signal"] == "SIGKILL"
+        # One restart, of the killed worker: a fresh worker that died too would show here (seen
+        # once in a clean CI run, not reproduced in 40 runs on a loaded machine; the log says why).
+        assert (slot["restarts"], slot["last_exit"].get("signal")) == (1, "SIGKILL"), (
+            status,
+            err(),
+        )
         assert status["workers"][0]["pid"] == survivor
         assert f"worker 1 (pid {victim}) killed by SIGKILL" in err()
         assert "threads running in the parent" not in err()  # every fork from one thread
