@@ -186,7 +186,11 @@ async def test_four_replicas_roll_back_as_one_as_fast_as_one_gateway(
     policy_path = tmp_path / "policy.yaml"
     policy_path.write_text(policy(primary, candidate, guards=GUARDS))
     shared = ["--policy", str(policy_path), "--state", f"sqlite:///{tmp_path}/fleet.db?poll_s=0.5"]
-    trials = 3
+    # Detection per trial is bimodal here (the first or the second wave of slow answers: about
+    # 20 or 35-45 requests, for the fleet and one gateway alike), so a median of three picks a
+    # mode: one clean CI run read fleet [35, 36, 19] against one gateway [44, 18, 21], medians
+    # 1.67x apart, means 1.08x. Five trials each and the ratio of means.
+    trials = 5
     async with AsyncExitStack() as stack:
         # One gateway, the same clients, the same total traffic: the reference delay, measured
         # in turn with the fleet's (an A/B at the same machine load, which drifts on a shared one).
@@ -219,14 +223,14 @@ async def test_four_replicas_roll_back_as_one_as_fast_as_one_gateway(
         (t,) = [json.loads(x) for x in last]
         assert t["by"] == "guard" and t["guard"] in ("e2e_p99_ratio", "tpot_p99_ratio")
 
-        ratio = statistics.median(r.requests for r in pooled) / statistics.median(
+        ratio = statistics.mean(r.requests for r in pooled) / statistics.mean(
             r.requests for r in single
         )
         print(f"\nfleet of {REPLICAS}: {[r.requests for r in pooled]} requests after the switch,"
               f" first replica after {[round(r.first_s, 2) for r in pooled]} s, the others within"
               f" {[round(r.spread_s, 2) for r in pooled]} s; one gateway:"
               f" {[r.requests for r in single]} requests ({[round(r.first_s, 2) for r in single]} s);"
-              f" ratio of medians {ratio:.2f}")  # fmt: skip
+              f" ratio of means {ratio:.2f}")  # fmt: skip
         assert ratio <= 1.5, (pooled, single)
 
         # A replica killed and started again reads the fleet's state: still rolled back.
