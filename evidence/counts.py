@@ -211,8 +211,9 @@ class CountTap(Tap):
         plan: Callable[[], CountPlan | None],
         *,
         on_drop: Callable[[str], None] | None = None,
+        keepalive_s: float = 4.0,
     ) -> None:
-        super().__init__(downstream)
+        super().__init__(downstream, keepalive_s=keepalive_s)
         self._plan = plan
         self._on_drop = on_drop
         self._in_flight = 0

@@ -228,8 +228,12 @@ class MetricsScraper:
         attempts: int = 3,
         retry_initial_s: float = 0.1,
         retry_max_s: float = 2.0,
+        keepalive_s: float = 4.0,
     ) -> None:
+        """``keepalive_s``: how long an idle connection to a backend is kept between scrapes
+        (the gateway's ``upstream.keepalive_s``: below the backends' own keep-alive)."""
         self.interval_s = interval_s
+        self._keepalive_s = keepalive_s
         self.window_s = window_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._attempts = max(1, attempts)
@@ -243,7 +247,8 @@ class MetricsScraper:
 
     async def run(self) -> None:
         """Poll until cancelled. One session for all targets; failures never end the loop."""
-        async with aiohttp.ClientSession(timeout=self._timeout) as session:
+        connector = aiohttp.TCPConnector(keepalive_timeout=self._keepalive_s)
+        async with aiohttp.ClientSession(timeout=self._timeout, connector=connector) as session:
             while True:
                 await self.poll_once(session)
                 await asyncio.sleep(self.interval_s)

@@ -321,8 +321,12 @@ class ServerInfoProbe:
         refresh_s: float = 60.0,
         retry_s: float = 2.0,
         timeout_s: float = 5.0,
+        keepalive_s: float = 4.0,
     ) -> None:
+        """``keepalive_s``: how long an idle connection to a backend is kept between polls (the
+        gateway's ``upstream.keepalive_s``)."""
         self.refresh_s = refresh_s
+        self._keepalive_s = keepalive_s
         self.retry_s = retry_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._targets: dict[str, _InfoTarget] = {}
@@ -366,7 +370,8 @@ class ServerInfoProbe:
 
     async def run(self) -> None:
         """Ask until cancelled: soon again while a backend is unreachable, else every refresh."""
-        async with aiohttp.ClientSession(timeout=self._timeout) as session:
+        connector = aiohttp.TCPConnector(keepalive_timeout=self._keepalive_s)
+        async with aiohttp.ClientSession(timeout=self._timeout, connector=connector) as session:
             while True:
                 await self.poll_once(session)
                 waiting = any(t.status == "unreachable" for t in self._targets.values())

@@ -13,8 +13,11 @@ from core.tasks import TaskSet
 class Tap:
     """A sink in front of ``downstream`` that calls backends off the request path."""
 
-    def __init__(self, downstream: ExchangeSink) -> None:
+    def __init__(self, downstream: ExchangeSink, *, keepalive_s: float = 4.0) -> None:
+        """``keepalive_s``: how long an idle connection to a backend is kept (the gateway's
+        ``upstream.keepalive_s``; below the backends' own keep-alive, as there)."""
         self._downstream = downstream
+        self._keepalive_s = keepalive_s
         self._tasks = TaskSet()
         self._session: aiohttp.ClientSession | None = None
 
@@ -23,7 +26,9 @@ class Tap:
         return self._downstream
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession()
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(keepalive_timeout=self._keepalive_s)
+        )
         downstream = managed(self._downstream)
         if downstream is not None:
             await downstream.start()

@@ -56,6 +56,10 @@ class UpstreamSettings:
     max_connections: int = 1000  # pooled connections (aiohttp TCPConnector limit)
     connect_timeout_s: float = 10.0  # TCP connect (and TLS) — not a total timeout
     idle_timeout_s: float = 600.0  # max silence between two reads; long streams are fine
+    # How long an idle pooled connection to a backend is kept. Below the 5 s that vLLM's and
+    # SGLang's servers (uvicorn) keep an idle connection open: a request sent on a connection the
+    # server is closing that instant fails (docs/reliability.md, "Idle connections").
+    keepalive_s: float = 4.0
     retry_attempts: int = 3  # connect failures only, before anything reached the client
     retry_initial_s: float = 0.05
     retry_max_s: float = 1.0
@@ -63,7 +67,9 @@ class UpstreamSettings:
 
     def problems(self) -> list[tuple[str, str]]:
         """(field, message) for every value out of its range."""
-        out = _positive(self, ("connect_timeout_s", "idle_timeout_s", "retry_deadline_s"))
+        out = _positive(
+            self, ("connect_timeout_s", "idle_timeout_s", "keepalive_s", "retry_deadline_s")
+        )
         out += _at_least(self, {"max_connections": 1, "retry_attempts": 1})
         out += _at_least(self, {"retry_initial_s": 0.0, "retry_max_s": 0.0})
         return out

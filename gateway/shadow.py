@@ -363,6 +363,7 @@ class ShadowDispatcher:
                 max_connections=backend.max_connections,
                 connect_timeout_s=backend.connect_s,
                 idle_timeout_s=backend.idle_s,
+                keepalive_s=self.defaults.keepalive_s,
                 retry_attempts=1,  # a shadow is never retried: it would skew its own timing
             )
             client = self.clients[key] = UpstreamClient(

@@ -45,6 +45,7 @@ class UpstreamClient:
         connector = aiohttp.TCPConnector(
             limit=settings.max_connections,
             limit_per_host=0,
+            keepalive_timeout=settings.keepalive_s,
             ttl_dns_cache=300,
             enable_cleanup_closed=False,
         )

@@ -154,7 +154,12 @@ def evidence_worker(
             )
         first.append(writer)
     targets = scrape_targets(policy.current)
-    scraper = MetricsScraper(targets, settings.scrape_interval_s) if targets else None
+    keepalive_s = settings.upstream.keepalive_s
+    scraper = (
+        MetricsScraper(targets, settings.scrape_interval_s, keepalive_s=keepalive_s)
+        if targets
+        else None
+    )
     info = info_targets(policy.current)
     return EvidenceWorker(
         [*first, telemetry, *consumers],
@@ -162,7 +167,9 @@ def evidence_worker(
         scraper=scraper,
         # Asked every ten scrapes (10 s by default): an engine upgrade re-qualifies the evidence
         # within seconds, for a few small GETs per backend.
-        probe=ServerInfoProbe(info, refresh_s=min(60.0, 10 * settings.scrape_interval_s))
+        probe=ServerInfoProbe(
+            info, refresh_s=min(60.0, 10 * settings.scrape_interval_s), keepalive_s=keepalive_s
+        )
         if info
         else None,
         # Visible as specshadow.telemetry.dropped{signal=metrics, reason=queue_full}.
@@ -201,6 +208,7 @@ def build_app(
         likelihood=plans.likelihood,
         # Visible as specshadow.telemetry.dropped{signal=likelihood, reason=budget|error}.
         on_likelihood_drop=lambda reason: tel.count_telemetry_dropped("likelihood", reason, 1),
+        keepalive_s=settings.upstream.keepalive_s,
     )
     # In front of both: a mirrored exchange whose primary streamed without usage (the SDK's
     # default) has its legs' outputs counted by a shadow backend's tokenizer (evidence.counts).
@@ -209,6 +217,7 @@ def build_app(
         plans.counts,
         # Visible as specshadow.telemetry.dropped{signal=counts, reason=budget|error}.
         on_drop=lambda reason: tel.count_telemetry_dropped("counts", reason, 1),
+        keepalive_s=settings.upstream.keepalive_s,
     )
     return create_app(
         settings, sinks=[counts, *sinks], policy=store, telemetry=tel, rollout=rollout

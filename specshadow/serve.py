@@ -173,6 +173,14 @@ def register(sub: Any) -> None:
         help=f"max seconds between reads (default {up.idle_timeout_s:g})",
     )
     p.add_argument(
+        "--keepalive",
+        type=float,
+        default=None,
+        metavar="S",
+        help=f"seconds an idle pooled connection to a backend is kept; keep it below the "
+        f"backends' own keep-alive (vLLM: 5) (default {up.keepalive_s:g})",
+    )
+    p.add_argument(
         "--max-connections",
         type=int,
         default=None,
@@ -201,6 +209,7 @@ FLAGS: dict[str, str] = {
     "max_body_bytes": "--max-body-bytes",
     "upstream_connect_timeout_s": "--connect-timeout",
     "upstream_idle_timeout_s": "--idle-timeout",
+    "upstream_keepalive_s": "--keepalive",
     "upstream_max_connections": "--max-connections",
 }
 
@@ -232,6 +241,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "max_body_bytes": args.max_body_bytes,
         "upstream_connect_timeout_s": args.connect_timeout,
         "upstream_idle_timeout_s": args.idle_timeout,
+        "upstream_keepalive_s": args.keepalive,
         "upstream_max_connections": args.max_connections,
     }
 

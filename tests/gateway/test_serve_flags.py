@@ -114,3 +114,13 @@ def test_an_embedded_gateway_keeps_the_stated_kinds() -> None:
     )
     kinds = {n: b.kind for n, b in open_policy(each).current.backends.items()}
     assert kinds == {"primary": "openai", "shadow-1": "sglang", "shadow-2": "openai"}
+
+
+def test_the_pool_keepalive_comes_from_its_flag_or_variable_and_a_bad_one_names_its_source():
+    assert Settings().upstream.keepalive_s == 4.0  # below vLLM's and SGLang's 5 s
+    env = {"SPECSHADOW_UPSTREAM_KEEPALIVE_S": "2.5"}
+    assert settings_from_args(parse(), env).upstream.keepalive_s == 2.5
+    assert settings_from_args(parse("--keepalive", "1"), env).upstream.keepalive_s == 1.0
+    with pytest.raises(SettingsError) as bad:
+        settings_from_args(parse("--keepalive", "0"), env)
+    assert bad.value.problems == ["--keepalive: must be positive, got 0.0"]

@@ -50,6 +50,7 @@ def test_every_problem_is_reported_at_once_each_naming_its_variable() -> None:
         "SPECSHADOW_PORT": "70000",
         "SPECSHADOW_MAX_BODY_BYTES": "lots",
         "SPECSHADOW_UPSTREAM_IDLE_TIMEOUT_S": "0",
+        "SPECSHADOW_UPSTREAM_KEEPALIVE_S": "-1",
         "SPECSHADOW_SHADOW_RATIO": "1.5",
     }
     with pytest.raises(SettingsError) as info:
@@ -63,6 +64,7 @@ def test_every_problem_is_reported_at_once_each_naming_its_variable() -> None:
         "SPECSHADOW_PORT: must be 0–65535, got 70000",
         "SPECSHADOW_SHADOW_RATIO: must be between 0 and 1, got 1.5",
         "SPECSHADOW_UPSTREAM_IDLE_TIMEOUT_S: must be positive, got 0.0",
+        "SPECSHADOW_UPSTREAM_KEEPALIVE_S: must be positive, got -1.0",
     ]
 
 
