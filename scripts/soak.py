@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"fds: {warm.fds} → {final.fds} (sockets {warm.sockets} → {final.sockets});"
-        f" peak {summary['peak_fds']}"
+        f" peak {summary['peak_fds']}; after the drain and a keep-alive: to backends"
+        f" {final.upstream_sockets}, from clients {final.inbound_sockets}"
     )
     print(
         f"after the drain: legs in flight {final.in_flight}, primary {final.primary_in_flight},"
@@ -85,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         leaks.append(f"{len(result.errors)} primary errors, e.g. {result.errors[0]}")
     if final.in_flight or final.primary_in_flight or final.tasks > 1:
         leaks.append("work still in flight after the drain")
+    if final.upstream_sockets or final.inbound_sockets:
+        leaks.append("connections still open after the drain and a keep-alive")
     if slope is not None and slope / 1024 > args.max_slope_mib:
         leaks.append(f"RSS still growing: {slope / 1024:.2f} MiB/min")
     for leak in leaks:

@@ -2,7 +2,8 @@
 
 - In-process: request helpers over real sockets, exchange waiting, the shadow policy text.
 - Subprocess: :func:`spawn_gateway` starts ``python -m specshadow serve`` and exposes what the
-  leak checks read from ``/proc`` (resident memory, open descriptors) and from ``/admin/shadow``.
+  leak checks read from ``/proc`` (resident memory, open descriptors, sockets by peer) and from
+  ``/admin/shadow``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import IO, Any
@@ -163,6 +164,37 @@ class GatewayProcess:
             except OSError:
                 continue  # closed between listdir and readlink
         return count
+
+    def socket_kinds(self, upstream_ports: Collection[int]) -> dict[str, int]:
+        """This process's sockets by kind: ``upstream`` (TCP to one of ``upstream_ports``),
+        ``inbound`` (TCP accepted on the gateway's port), ``listening``, and ``other`` (any other
+        TCP, or not TCP: the event loop's socketpairs). From ``/proc/net/tcp{,6}``."""
+        port = int(self.url.rsplit(":", 1)[1])
+        tcp: dict[str, tuple[int, int, str]] = {}  # inode → (local port, remote port, state)
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as f:
+                for line in f.readlines()[1:]:
+                    cols = line.split()
+                    local, remote = (int(cols[i].rsplit(":", 1)[1], 16) for i in (1, 2))
+                    tcp[cols[9]] = (local, remote, cols[3])
+        kinds = dict.fromkeys(("upstream", "inbound", "listening", "other"), 0)
+        for fd in os.listdir(f"/proc/{self.pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{self.pid}/fd/{fd}")
+            except OSError:
+                continue  # closed between listdir and readlink
+            if not target.startswith("socket:["):
+                continue
+            local, remote, state = tcp.get(target[len("socket:[") : -1], (0, 0, ""))
+            if state == "0A":  # TCP_LISTEN
+                kinds["listening"] += 1
+            elif local == port:
+                kinds["inbound"] += 1
+            elif remote in upstream_ports:
+                kinds["upstream"] += 1
+            else:
+                kinds["other"] += 1
+        return kinds
 
     async def shadow_status(self) -> dict[str, Any]:
         result: dict[str, Any] = await get_json(self.url, "/admin/shadow")

@@ -46,6 +46,10 @@ class SoakConfig:
     disconnect_every: int = 17  # every Nth request's client leaves after the first chunk
     max_tokens: int = 24
     idle_wait_s: float = 20.0  # after traffic: how long to wait for in-flight work to drain
+    # The gateway's upstream keep-alive (SPECSHADOW_UPSTREAM_KEEPALIVE_S): idle pooled
+    # connections close after this long, so a while after the drain none may be left — any
+    # socket still open then was never given back (a leak), with no allowance for pool sizes.
+    keepalive_s: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,9 @@ class Sample:
     in_flight: int
     primary_in_flight: int
     tasks: int
+    upstream_sockets: int = 0  # TCP to a backend (primary, shadows, their tokenizers)
+    inbound_sockets: int = 0  # TCP from clients (the soak's, and these samples' own)
+    other_sockets: int = 0  # neither, nor the listening socket: the event loop's socketpairs
 
 
 @dataclass
@@ -133,8 +140,11 @@ def soak_policy(primary: str, candidate: str, baseline: str, faulty: dict[str, s
     )
 
 
-async def _sample(gp: GatewayProcess, started: float, requests: int) -> Sample:
+async def _sample(
+    gp: GatewayProcess, started: float, requests: int, upstream_ports: set[int]
+) -> Sample:
     status = await gp.shadow_status()
+    kinds = gp.socket_kinds(upstream_ports)
     return Sample(
         t_s=round(time.monotonic() - started, 2),
         requests=requests,
@@ -144,6 +154,9 @@ async def _sample(gp: GatewayProcess, started: float, requests: int) -> Sample:
         in_flight=int(status["in_flight"]),
         primary_in_flight=int(status.get("primary_in_flight", 0)),
         tasks=int(status.get("tasks", -1)),
+        upstream_sockets=kinds["upstream"],
+        inbound_sockets=kinds["inbound"],
+        other_sockets=kinds["other"],
     )
 
 
@@ -205,16 +218,23 @@ async def run_soak(
         policy.write_text(
             soak_policy(primary.base_url, candidate.base_url, baseline.base_url, faulty)
         )
-        gp = await stack.enter_async_context(spawn_gateway(["--policy", str(policy)]))
+        urls = [primary.base_url, candidate.base_url, baseline.base_url, *faulty.values()]
+        ports = {int(url.rstrip("/").rsplit(":", 1)[1]) for url in urls}
+        env = {"SPECSHADOW_UPSTREAM_KEEPALIVE_S": str(cfg.keepalive_s)}
+        # Backends' /metrics are scraped (and their engine asked) on a long period here, so that
+        # the pollers' connections, closed a keep-alive after each poll, are gone at the end too.
+        args = ["--policy", str(policy), "--scrape-interval", "60"]
+        gp = await stack.enter_async_context(spawn_gateway(args, env))
         started = time.monotonic()
         connector = aiohttp.TCPConnector(limit=cfg.concurrency * 2)
-        session = await stack.enter_async_context(aiohttp.ClientSession(connector=connector))
+        session = aiohttp.ClientSession(connector=connector)
+        stack.push_async_callback(session.close)  # closed below already; again is a no-op
 
         # Warm-up: every kind of request once, then idle → the reference point.
         for i in range(2 * cfg.faulty_every * len(FAULTY_SHADOWS)):
             await _one(session, gp.url, i + 1, cfg, result)  # +1: no client leaves in warm-up
         await _drain(gp, cfg.idle_wait_s)
-        result.warm = await _sample(gp, started, result.requests)
+        result.warm = await _sample(gp, started, result.requests, ports)
 
         counter = iter(range(10**9))
         deadline = time.monotonic() + cfg.duration_s
@@ -225,15 +245,16 @@ async def run_soak(
 
         async def sampler() -> None:
             while time.monotonic() < deadline:
-                sample = await _sample(gp, started, result.requests)
+                sample = await _sample(gp, started, result.requests, ports)
                 result.samples.append(sample)
                 if on_sample is not None:
                     on_sample(sample)
                 await asyncio.sleep(cfg.sample_every_s)
 
         await asyncio.gather(sampler(), *(worker() for _ in range(cfg.concurrency)))
+        await session.close()  # the clients go: their connections must go with them
         await _drain(gp, cfg.idle_wait_s)
-        result.final = await _sample(gp, started, result.requests)
+        result.final = await _settle(gp, started, result, ports, 2 * cfg.keepalive_s + 10.0)
         result.shadow_counts = (await gp.shadow_status())["counts"]
         if on_sample is not None:
             on_sample(result.final)
@@ -250,6 +271,23 @@ async def _drain(gp: GatewayProcess, timeout_s: float) -> None:
         busy = status["in_flight"] or status.get("primary_in_flight", 0)
         if not busy and status.get("tasks", 0) <= 1:
             return
+        await asyncio.sleep(0.1)
+
+
+async def _settle(
+    gp: GatewayProcess, started: float, result: SoakResult, ports: set[int], timeout_s: float
+) -> Sample:
+    """The first sample with no upstream or client connection left and no more other sockets
+    than when warm; the last one taken if that does not come within ``timeout_s``."""
+    assert result.warm is not None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        sample = await _sample(gp, started, result.requests, ports)
+        settled = (sample.upstream_sockets, sample.inbound_sockets) == (0, 0)
+        if settled and sample.other_sockets <= result.warm.other_sockets:
+            return sample
+        if time.monotonic() > deadline:
+            return sample
         await asyncio.sleep(0.1)
 
 
