@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"fds: {warm.fds} → {final.fds} (sockets {warm.sockets} → {final.sockets});"
-        f" peak {summary['peak_fds']}; after the drain and a keep-alive: to backends"
-        f" {final.upstream_sockets}, from clients {final.inbound_sockets}"
+        f" peak {summary['peak_fds']}; connections open after the drain:"
+        f" {result.held_at_drain}, of which still open 2 keep-alives later: {result.still_open}"
     )
     print(
         f"after the drain: legs in flight {final.in_flight}, primary {final.primary_in_flight},"
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         leaks.append(f"{len(result.errors)} primary errors, e.g. {result.errors[0]}")
     if final.in_flight or final.primary_in_flight or final.tasks > 1:
         leaks.append("work still in flight after the drain")
-    if final.upstream_sockets or final.inbound_sockets:
-        leaks.append("connections still open after the drain and a keep-alive")
+    if result.still_open:
+        leaks.append(f"{result.still_open} connections never closed after the drain")
     if slope is not None and slope / 1024 > args.max_slope_mib:
         leaks.append(f"RSS still growing: {slope / 1024:.2f} MiB/min")
     for leak in leaks:

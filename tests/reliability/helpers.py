@@ -165,10 +165,12 @@ class GatewayProcess:
                 continue  # closed between listdir and readlink
         return count
 
-    def socket_kinds(self, upstream_ports: Collection[int]) -> dict[str, int]:
-        """This process's sockets by kind: ``upstream`` (TCP to one of ``upstream_ports``),
-        ``inbound`` (TCP accepted on the gateway's port), ``listening``, and ``other`` (any other
-        TCP, or not TCP: the event loop's socketpairs). From ``/proc/net/tcp{,6}``."""
+    def sockets_by_kind(self, upstream_ports: Collection[int]) -> dict[str, set[str]]:
+        """This process's sockets (their inodes) by kind: ``upstream`` (TCP to one of
+        ``upstream_ports``), ``inbound`` (TCP accepted on the gateway's port), ``listening``,
+        ``unix`` (the event loop's socketpairs) and ``other``: any other TCP, or a socket in no
+        table — a TCP connection the kernel already finished whose descriptor is still open.
+        From ``/proc/PID/fd``, ``/proc/net/tcp{,6}`` and ``/proc/net/unix``."""
         port = int(self.url.rsplit(":", 1)[1])
         tcp: dict[str, tuple[int, int, str]] = {}  # inode → (local port, remote port, state)
         for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -177,7 +179,10 @@ class GatewayProcess:
                     cols = line.split()
                     local, remote = (int(cols[i].rsplit(":", 1)[1], 16) for i in (1, 2))
                     tcp[cols[9]] = (local, remote, cols[3])
-        kinds = dict.fromkeys(("upstream", "inbound", "listening", "other"), 0)
+        with open("/proc/net/unix") as f:
+            unix = {cols[6] for cols in (line.split() for line in f.readlines()[1:])}
+        names = ("upstream", "inbound", "listening", "unix", "other")
+        kinds: dict[str, set[str]] = {k: set() for k in names}
         for fd in os.listdir(f"/proc/{self.pid}/fd"):
             try:
                 target = os.readlink(f"/proc/{self.pid}/fd/{fd}")
@@ -185,15 +190,18 @@ class GatewayProcess:
                 continue  # closed between listdir and readlink
             if not target.startswith("socket:["):
                 continue
-            local, remote, state = tcp.get(target[len("socket:[") : -1], (0, 0, ""))
-            if state == "0A":  # TCP_LISTEN
-                kinds["listening"] += 1
+            inode = target[len("socket:[") : -1]
+            local, remote, state = tcp.get(inode, (0, 0, ""))
+            if inode in unix:
+                kinds["unix"].add(inode)
+            elif state == "0A":  # TCP_LISTEN
+                kinds["listening"].add(inode)
             elif local == port:
-                kinds["inbound"] += 1
+                kinds["inbound"].add(inode)
             elif remote in upstream_ports:
-                kinds["upstream"] += 1
+                kinds["upstream"].add(inode)
             else:
-                kinds["other"] += 1
+                kinds["other"].add(inode)
         return kinds
 
     async def shadow_status(self) -> dict[str, Any]:

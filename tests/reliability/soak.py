@@ -47,8 +47,9 @@ class SoakConfig:
     max_tokens: int = 24
     idle_wait_s: float = 20.0  # after traffic: how long to wait for in-flight work to drain
     # The gateway's upstream keep-alive (SPECSHADOW_UPSTREAM_KEEPALIVE_S): idle pooled
-    # connections close after this long, so a while after the drain none may be left — any
-    # socket still open then was never given back (a leak), with no allowance for pool sizes.
+    # connections close after this long, so a while after the drain none of the connections
+    # open then may be left — one still open was never given back (a leak), whatever the pools'
+    # sizes. (Pollers — the engine probe, the scraper — open new ones meanwhile: not those.)
     keepalive_s: float = 1.0
 
 
@@ -64,7 +65,8 @@ class Sample:
     tasks: int
     upstream_sockets: int = 0  # TCP to a backend (primary, shadows, their tokenizers)
     inbound_sockets: int = 0  # TCP from clients (the soak's, and these samples' own)
-    other_sockets: int = 0  # neither, nor the listening socket: the event loop's socketpairs
+    unix_sockets: int = 0  # the event loop's socketpairs
+    other_sockets: int = 0  # none of those (nor listening): a finished connection's open fd
 
 
 @dataclass
@@ -77,6 +79,8 @@ class SoakResult:
     final: Sample | None = None  # after traffic, idle
     shadow_counts: list[dict[str, Any]] = field(default_factory=list)
     stderr_tail: str = ""
+    held_at_drain: int = 0  # connections to backends and from clients open after the drain
+    still_open: int = 0  # of those, how many were still open 2 keep-alives (+10 s) later
 
     @property
     def requests(self) -> int:
@@ -108,6 +112,8 @@ class SoakResult:
             "peak_rss_kib": max((s.rss_kib for s in self.samples), default=None),
             "peak_fds": max((s.fds for s in self.samples), default=None),
             "peak_tasks": max((s.tasks for s in self.samples), default=None),
+            "held_at_drain": self.held_at_drain,
+            "still_open": self.still_open,
             "shadow_counts": {
                 f"{c['event']}:{c['backend']}" + (f":{c['reason']}" if c["reason"] else ""): c[
                     "count"
@@ -144,7 +150,7 @@ async def _sample(
     gp: GatewayProcess, started: float, requests: int, upstream_ports: set[int]
 ) -> Sample:
     status = await gp.shadow_status()
-    kinds = gp.socket_kinds(upstream_ports)
+    kinds = {k: len(v) for k, v in gp.sockets_by_kind(upstream_ports).items()}
     return Sample(
         t_s=round(time.monotonic() - started, 2),
         requests=requests,
@@ -156,6 +162,7 @@ async def _sample(
         tasks=int(status.get("tasks", -1)),
         upstream_sockets=kinds["upstream"],
         inbound_sockets=kinds["inbound"],
+        unix_sockets=kinds["unix"],
         other_sockets=kinds["other"],
     )
 
@@ -254,7 +261,8 @@ async def run_soak(
         await asyncio.gather(sampler(), *(worker() for _ in range(cfg.concurrency)))
         await session.close()  # the clients go: their connections must go with them
         await _drain(gp, cfg.idle_wait_s)
-        result.final = await _settle(gp, started, result, ports, 2 * cfg.keepalive_s + 10.0)
+        await _settle(gp, result, ports, 2 * cfg.keepalive_s + 10.0)
+        result.final = await _sample(gp, started, result.requests, ports)
         result.shadow_counts = (await gp.shadow_status())["counts"]
         if on_sample is not None:
             on_sample(result.final)
@@ -275,19 +283,23 @@ async def _drain(gp: GatewayProcess, timeout_s: float) -> None:
 
 
 async def _settle(
-    gp: GatewayProcess, started: float, result: SoakResult, ports: set[int], timeout_s: float
-) -> Sample:
-    """The first sample with no upstream or client connection left and no more other sockets
-    than when warm; the last one taken if that does not come within ``timeout_s``."""
-    assert result.warm is not None
+    gp: GatewayProcess, result: SoakResult, ports: set[int], timeout_s: float
+) -> None:
+    """Wait until every connection to a backend or from a client that is open now — or finished
+    by the kernel with its descriptor still open — has closed (``result.still_open``: how many
+    had not, after ``timeout_s``)."""
+
+    def connections() -> set[str]:
+        kinds = gp.sockets_by_kind(ports)
+        return kinds["upstream"] | kinds["inbound"] | kinds["other"]
+
+    held = connections()
+    result.held_at_drain = len(held)
     deadline = time.monotonic() + timeout_s
     while True:
-        sample = await _sample(gp, started, result.requests, ports)
-        settled = (sample.upstream_sockets, sample.inbound_sockets) == (0, 0)
-        if settled and sample.other_sockets <= result.warm.other_sockets:
-            return sample
-        if time.monotonic() > deadline:
-            return sample
+        result.still_open = len(held & connections())
+        if not result.still_open or time.monotonic() > deadline:
+            return
         await asyncio.sleep(0.1)
 
 

@@ -30,9 +30,9 @@ async def test_a_short_soak_with_faulty_shadows_leaks_no_sockets_tasks_or_memory
     assert final.in_flight == 0 and final.primary_in_flight == 0
     assert final.tasks <= 1, final
     # Sockets: the clients left and the pools' keep-alive (1 s) passed, so every connection to
-    # a backend or from a client is closed — none kept, none leaked; no allowance for pool size.
-    assert (final.upstream_sockets, final.inbound_sockets) == (0, 0), (warm, final)
-    assert final.other_sockets <= warm.other_sockets, (warm, final)
+    # a backend or from a client that was open after the drain has closed — none kept, none
+    # leaked; no allowance for pool sizes. (The engine probe polls on, on fresh connections.)
+    assert result.still_open == 0, (result.held_at_drain, final)
     # 20 s is too short for a slope (the gateway's in-memory ring of the last 1000 exchanges is
     # still filling); scripts/soak.py measures it over minutes. Here: bounded growth.
     assert final.rss_kib - warm.rss_kib < 64 * 1024
