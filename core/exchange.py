@@ -225,6 +225,9 @@ class Exchange:
     served_by: Role = "primary"
     rollout_stage: str | None = None
     failover: str | None = None
+    # The rule's rollout episode when the request was dispatched: the guards judge an episode on
+    # exchanges dispatched within it, never on legs of an earlier one that land after a change.
+    rollout_episode: str | None = None
     # Counterfactual scoring: token ids added off the request path (evidence.tokens), or None.
     tokens: TokenIds | None = None
     # Target-likelihood scores of the shadow legs, added off the request path
@@ -281,6 +284,7 @@ class ExchangeDraft:
         "request_id",
         "request_json",
         "requested_model",
+        "rollout_episode",
         "rollout_stage",
         "route",
         "sampled",
@@ -329,6 +333,7 @@ class ExchangeDraft:
         self.sweep_step: int | None = None
         self.served_by: Role = "primary"
         self.rollout_stage: str | None = None
+        self.rollout_episode: str | None = None
         self.failover: str | None = None
         self.trace_id: str | None = None
         self.session: str | None = None
@@ -414,6 +419,7 @@ class ExchangeDraft:
             candidates=self.candidates,
             served_by=self.served_by,
             rollout_stage=self.rollout_stage,
+            rollout_episode=self.rollout_episode,
             failover=self.failover,
             trace_id=self.trace_id,
             session=self.session,

@@ -185,6 +185,8 @@ async def serve_completion(gw: Gateway, request: web.Request, route: Route) -> w
     )  # fmt: skip
     rollout = gw.rollout
     plan = rollout.plan(policy, decision, facts) if rollout is not None else None
+    if rollout is not None:
+        draft.rollout_episode = rollout.episode_of(decision.rule)
     if plan is not None:
         return await serve_candidate(call, plan)
     served_by: tuple[tuple[str, str], ...] = ()

@@ -174,6 +174,8 @@ class RolloutController:
         self._policy: CompiledPolicy | None = None
         self._generation = -1
         self.failovers = 0
+        # Observations of exchanges dispatched in an episode that had ended when they landed.
+        self.stale_observations = 0
         self.transitions: list[Transition] = []  # this process's, newest last (bounded)
         self._engines_seen: dict[str, str] = {}  # rule → its candidate's last fingerprint seen
 
@@ -288,6 +290,11 @@ class RolloutController:
         state = self._states.get(rule) if rule is not None else None
         return state.stage if state is not None else None
 
+    def episode_of(self, rule: str | None) -> str | None:
+        """The rule's current episode (stamped on each exchange as it is dispatched)."""
+        state = self._states.get(rule) if rule is not None else None
+        return state.episode if state is not None else None
+
     # -- guards (the evidence worker's thread) -----------------------------------------------
 
     def handle(self, evidence: Evidence) -> None:
@@ -305,6 +312,13 @@ class RolloutController:
             self._persist()
             return
         with self._lock:
+            state = self._states.get(rule.name)
+            dispatched_in = exchange.rollout_episode
+            if dispatched_in is not None and state is not None and dispatched_in != state.episode:
+                # Dispatched in an earlier episode (its slow legs landed after a promotion, a
+                # rollback or a re-qualification): fresh evidence only.
+                self.stale_observations += 1
+                return
             if self.fleet is None:
                 self._handle(rule, spec, observation, exchange)
             else:
@@ -668,6 +682,7 @@ class RolloutController:
                 "store": self.fleet.status() if self.fleet is not None else None,
                 "guarded": self.guarded,
                 "failovers": self.failovers,
+                "stale_observations": self.stale_observations,
                 "rules": rules,
             }
 

@@ -330,6 +330,39 @@ async def test_a_rollback_survives_restart_and_reload_and_only_the_token_promote
     assert '"stage": "canary"' in state
 
 
+async def test_legs_of_an_earlier_episode_landing_after_a_promotion_are_not_its_evidence(rig, sims):
+    # Slow shadow legs in flight when an operator starts a new episode used to be judged in the
+    # new one (tagged when they landed): one CI run's fleet rolled a fresh canary back before
+    # any of its own traffic. Every exchange carries the episode it was dispatched in.
+    await rig.start(policy_for(rig, guards={"window": 60, "min_samples": 20}))
+    await rig.send(20)
+    await rig.settle(20)
+    before = (await rig.status())["rules"]["default"]["episode"]
+    # 1.5 s before a first token: every leg dispatched now lands after the promotion below.
+    late = await sims(mode="speculative", acceptance=0.8, prefill_base_s=1.5, step_s=0.01)
+    rig.switch.targets["late"] = late.base_url
+    rig.switch.current = "late"
+    batch = asyncio.create_task(rig.send(8, concurrency=8))
+    await asyncio.sleep(0.3)
+    status, body = await rig.change("promote", stage="canary", serve_ratio=0.3)
+    assert status == 200, body
+    await batch
+    rig.switch.current = "good"
+    await rig.settle(28)
+    for _ in range(200):  # the guards see each exchange after its tokens are counted
+        after = await rig.status()
+        rule = after["rules"]["default"]
+        if after["stale_observations"] + rule["window"] >= 8:
+            break
+        await asyncio.sleep(0.05)
+    assert rule["episode"] != before and rule["stage"] == "canary"
+    # The truth, from the exchanges themselves: which episode each was dispatched in.
+    tags = Counter(e.rollout_episode for e in list(rig.sink.exchanges)[20:])
+    assert set(tags) <= {before, rule["episode"]} and tags[before] >= 1, tags
+    assert after["stale_observations"] == tags[before]
+    assert rule["window"] == tags[rule["episode"]]  # the new episode saw only its own
+
+
 async def test_an_operators_serve_ratio_survives_reload_and_restart_and_stops_the_steps(rig):
     text = policy_for(
         rig, steps=[0.2, 0.5, 1.0], hold={"min_requests": 1, "min_s": 0.01},
