@@ -349,12 +349,13 @@ async def test_legs_of_an_earlier_episode_landing_after_a_promotion_are_not_its_
     await batch
     rig.switch.current = "good"
     await rig.settle(28)
+    after = await rig.status()
     for _ in range(200):  # the guards see each exchange after its tokens are counted
-        after = await rig.status()
-        rule = after["rules"]["default"]
-        if after["stale_observations"] + rule["window"] >= 8:
+        if after["stale_observations"] + after["rules"]["default"]["window"] >= 8:
             break
         await asyncio.sleep(0.05)
+        after = await rig.status()
+    rule = after["rules"]["default"]
     assert rule["episode"] != before and rule["stage"] == "canary"
     # The truth, from the exchanges themselves: which episode each was dispatched in.
     tags = Counter(e.rollout_episode for e in list(rig.sink.exchanges)[20:])
