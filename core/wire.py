@@ -1,5 +1,5 @@
-"""Names on the wire that several packages must spell the same way (headers the gateway, the
-simulator, the load generator and backends all read)."""
+"""Names and values on the wire that several packages must agree on (headers the gateway, the
+simulator, the load generator and backends all read; the keep-alive every backend session uses)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ import re
 
 REQUEST_ID_HEADER = "x-request-id"
 """The request id: kept from the client when it sent one, else minted; sent to every leg."""
+
+BACKEND_KEEPALIVE_S = 4.0
+"""How long an idle connection to a backend is kept (the default of ``--keepalive``): below the
+5 s that vLLM's and SGLang's servers (uvicorn) keep one, since a request sent on a connection the
+server is closing that instant fails."""
 
 CATEGORY_HEADER = "x-specshadow-category"
 """A client-declared request category (``chat``, ``code``, …); the classifier decides otherwise."""

@@ -44,6 +44,7 @@ from core import jsonx
 from core.exchange import Exchange, ExchangeSink, LegResult, Recount
 from core.recorder import estimate_tokens, recounted
 from core.timings import EXACT_TOKENS, Recording
+from core.wire import BACKEND_KEEPALIVE_S
 from evidence.tap import Tap
 
 __all__ = ["CountPlan", "CountTap", "Tokenizer", "output_text", "reconcile", "to_count"]
@@ -211,7 +212,7 @@ class CountTap(Tap):
         plan: Callable[[], CountPlan | None],
         *,
         on_drop: Callable[[str], None] | None = None,
-        keepalive_s: float = 4.0,
+        keepalive_s: float = BACKEND_KEEPALIVE_S,
     ) -> None:
         super().__init__(downstream, keepalive_s=keepalive_s)
         self._plan = plan

@@ -49,6 +49,8 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from core.wire import BACKEND_KEEPALIVE_S
+
 log = logging.getLogger(__name__)
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -228,7 +230,7 @@ class MetricsScraper:
         attempts: int = 3,
         retry_initial_s: float = 0.1,
         retry_max_s: float = 2.0,
-        keepalive_s: float = 4.0,
+        keepalive_s: float = BACKEND_KEEPALIVE_S,
     ) -> None:
         """``keepalive_s``: how long an idle connection to a backend is kept between scrapes
         (the gateway's ``upstream.keepalive_s``: below the backends' own keep-alive)."""

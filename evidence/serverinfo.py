@@ -38,6 +38,7 @@ import aiohttp
 
 from core.exchange import SpeculativeSpec, Verification
 from core.jsonx import as_int, as_number
+from core.wire import BACKEND_KEEPALIVE_S
 from evidence.engine_config import (
     EngineConfig,
     cache_config_info,
@@ -321,7 +322,7 @@ class ServerInfoProbe:
         refresh_s: float = 60.0,
         retry_s: float = 2.0,
         timeout_s: float = 5.0,
-        keepalive_s: float = 4.0,
+        keepalive_s: float = BACKEND_KEEPALIVE_S,
     ) -> None:
         """``keepalive_s``: how long an idle connection to a backend is kept between polls (the
         gateway's ``upstream.keepalive_s``)."""

@@ -8,12 +8,15 @@ import aiohttp
 
 from core.exchange import ExchangeSink, managed
 from core.tasks import TaskSet
+from core.wire import BACKEND_KEEPALIVE_S
 
 
 class Tap:
     """A sink in front of ``downstream`` that calls backends off the request path."""
 
-    def __init__(self, downstream: ExchangeSink, *, keepalive_s: float = 4.0) -> None:
+    def __init__(
+        self, downstream: ExchangeSink, *, keepalive_s: float = BACKEND_KEEPALIVE_S
+    ) -> None:
         """``keepalive_s``: how long an idle connection to a backend is kept (the gateway's
         ``upstream.keepalive_s``; below the backends' own keep-alive, as there)."""
         self._downstream = downstream

@@ -41,6 +41,7 @@ import aiohttp
 from core import jsonx
 from core.exchange import Exchange, ExchangeSink, LegResult, Likelihood, TokenIds
 from core.sample import is_sampled
+from core.wire import BACKEND_KEEPALIVE_S
 from evidence.likelihood import LikelihoodPlan, scorable, score, scored_legs
 from evidence.tap import Tap
 
@@ -199,7 +200,7 @@ class TokenTap(Tap):
         on_drop: Callable[[str], None] | None = None,
         likelihood: Callable[[], LikelihoodPlan | None] | None = None,
         on_likelihood_drop: Callable[[str], None] | None = None,
-        keepalive_s: float = 4.0,
+        keepalive_s: float = BACKEND_KEEPALIVE_S,
     ) -> None:
         """``on_drop(reason)``: one exchange recorded without tokens, ``budget`` (too many in
         flight) or ``error`` (a call failed or timed out). ``likelihood``: the current

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, get_args, get_type_hints
 
+from core.wire import BACKEND_KEEPALIVE_S
 from gateway.state_store import parse_state_url
 from policies.compiled import BackendKind
 
@@ -56,10 +57,9 @@ class UpstreamSettings:
     max_connections: int = 1000  # pooled connections (aiohttp TCPConnector limit)
     connect_timeout_s: float = 10.0  # TCP connect (and TLS) — not a total timeout
     idle_timeout_s: float = 600.0  # max silence between two reads; long streams are fine
-    # How long an idle pooled connection to a backend is kept. Below the 5 s that vLLM's and
-    # SGLang's servers (uvicorn) keep an idle connection open: a request sent on a connection the
-    # server is closing that instant fails (docs/reliability.md, "Idle connections").
-    keepalive_s: float = 4.0
+    # How long an idle pooled connection to a backend is kept; below the backends' own keep-alive
+    # (docs/reliability.md, "Idle connections").
+    keepalive_s: float = BACKEND_KEEPALIVE_S
     retry_attempts: int = 3  # connect failures only, before anything reached the client
     retry_initial_s: float = 0.05
     retry_max_s: float = 1.0
