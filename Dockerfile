@@ -10,6 +10,7 @@ COPY otel ./otel
 COPY simulator ./simulator
 COPY evidence ./evidence
 COPY records ./records
+COPY rollout ./rollout
 COPY gateway ./gateway
 COPY loadgen ./loadgen
 COPY report ./report

@@ -16,9 +16,9 @@ from aiohttp import web
 
 from core import jsonx
 from gateway.errors import ClientRequestError, GatewayError, NotFoundError
-from gateway.rollout import RolloutConflict, RolloutController
 from gateway.state import GATEWAY
-from gateway.state_store import StoreError
+from rollout.controller import RolloutConflict, RolloutController
+from rollout.store import StoreError
 
 
 class AdminForbidden(GatewayError):

@@ -24,7 +24,6 @@ from core.sinks import FanoutSink
 from core.tasks import TaskSet
 from gateway import admin, errors, handlers
 from gateway.load import LoadBook
-from gateway.rollout import RolloutController
 from gateway.settings import Settings
 from gateway.shadow import ShadowDispatcher
 from gateway.state import GATEWAY, Gateway, ReadyProbe
@@ -36,6 +35,7 @@ from policies.compile import policy_from_flags
 from policies.compiled import BackendKind
 from policies.store import PolicyStore
 from policies.watch import watch_policy_file
+from rollout.controller import RolloutController
 
 
 def open_policy(settings: Settings) -> PolicyStore:

@@ -37,10 +37,10 @@ from gateway.errors import (
 from gateway.forward import relay
 from gateway.headers import candidate_request_headers, upstream_request_headers
 from gateway.legs import LegRun
-from gateway.rollout import ServePlan
 from gateway.shadow import ShadowBatch, ShadowRequest, backend_verdict, failure_text
 from gateway.state import Gateway
 from policies.compiled import BackendSpec, CompiledPolicy, LegPlan, RequestFacts
+from rollout.controller import ServePlan
 
 
 def request_id_of(request: web.Request) -> str:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, get_args, get_type_hints
 
 from core.wire import BACKEND_KEEPALIVE_S
-from gateway.state_store import parse_state_url
 from policies.compiled import BackendKind
+from rollout.store import parse_state_url
 
 MIB = 1024 * 1024
 PREFIX = "SPECSHADOW_"
@@ -128,7 +128,7 @@ class Settings:
     gil_switch_interval_s: float | None = None
     store_path: str | None = None  # comparison records (embedded SQLite store); None: not kept
     # Rollout state (stage per rule, sticky rollbacks): a JSON file's path, or a store the
-    # replicas share — sqlite:///PATH, clickhouse://host:port/db (gateway.state_store). None:
+    # replicas share — sqlite:///PATH, clickhouse://host:port/db (rollout.store). None:
     # kept in memory only — embedded uses (tests, the demo); `specshadow serve` always gives one.
     state_path: str | None = None
     scrape_interval_s: float = 1.0  # how often backends' /metrics are scraped (to follow load)

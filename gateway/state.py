@@ -17,12 +17,12 @@ from yarl import URL
 from core.exchange import Exchange, ExchangeSink
 from core.tasks import TaskSet
 from gateway.load import LoadBook
-from gateway.rollout import RolloutController
 from gateway.settings import Settings
 from gateway.shadow import ShadowDispatcher
 from gateway.upstream import UpstreamClient
 from otel.telemetry import Telemetry
 from policies.store import PolicyStore
+from rollout.controller import RolloutController
 
 log = logging.getLogger(__name__)
 

@@ -92,7 +92,7 @@ def _no_status() -> tuple[int, bool] | None:
 
 
 class GuardReading(Protocol):
-    """One rollout guard as telemetry reads it (``gateway.guards.GuardState`` is one; otel does
+    """One rollout guard as telemetry reads it (``rollout.guards.GuardState`` is one; otel does
     not import the gateway, so the seam is this protocol)."""
 
     @property
@@ -106,7 +106,7 @@ class GuardReading(Protocol):
 
 
 class StageChange(Protocol):
-    """One rollout stage change as telemetry reads it (``gateway.rollout_state.Transition``)."""
+    """One rollout stage change as telemetry reads it (``rollout.state.Transition``)."""
 
     @property
     def rule(self) -> str: ...
@@ -413,7 +413,7 @@ class Telemetry:
     @safe(nothing)
     def rollout_guards(self, rule: str, guards: Iterable[GuardReading]) -> None:
         """Each guard's value, threshold and breach flag (:class:`GuardReading`: what a
-        ``gateway.guards.GuardState`` is to telemetry)."""
+        ``rollout.guards.GuardState`` is to telemetry)."""
         ri = self.instruments.rollout
         for g in guards:
             attributes = {sc.RULE: rule, sc.GUARD: g.name}
@@ -424,7 +424,7 @@ class Telemetry:
 
     @safe(nothing)
     def rollout_transition(self, t: StageChange, traceparent: str | None) -> None:
-        """One stage change (:class:`StageChange`: what a ``gateway.rollout_state.Transition`` is
+        """One stage change (:class:`StageChange`: what a ``rollout.state.Transition`` is
         to telemetry): counted, and an event on a span in the trace of the exchange that caused
         it (a root span when none did)."""
         ri = self.instruments.rollout

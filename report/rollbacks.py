@@ -33,7 +33,7 @@ from records.reader import Record
 
 SLACK_S = 120.0
 _ACTIVE = frozenset({"canary", "live"})
-# gateway.rollout's breach text: "guard <name>: <value> against <threshold>, …" and
+# rollout.controller's breach text: "guard <name>: <value> against <threshold>, …" and
 # "guard kv_usage: <value> sustained at or above <threshold>".
 _BREACH = re.compile(
     r"guard (?P<guard>[\w.]+): (?P<observed>[-+0-9.eE?]+) "

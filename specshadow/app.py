@@ -25,7 +25,6 @@ from evidence.serverinfo import INFO_PATHS, InfoTarget, ServerInfoProbe
 from evidence.tokens import TokenEndpoint, TokenPlan, TokenTap
 from evidence.worker import EvidenceWorker
 from gateway.app import create_app, open_policy
-from gateway.rollout import RolloutController
 from gateway.settings import Settings
 from otel.settings import TelemetrySettings
 from otel.setup import build_telemetry
@@ -34,6 +33,7 @@ from policies.compiled import CompiledPolicy
 from policies.store import PolicyStore
 from records.clickhouse import ClickHouseWriter
 from records.stores import open_writer
+from rollout.controller import RolloutController
 
 
 def scrape_targets(policy: CompiledPolicy) -> dict[str, str]:

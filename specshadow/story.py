@@ -48,12 +48,12 @@ from aiohttp import web
 
 from core.exchange import Exchange
 from core.sinks import MemorySink
-from gateway.rollout import RolloutController
 from gateway.settings import Settings
 from gateway.state import GATEWAY
 from policies.emit import policy_yaml
 from policies.store import PolicyStore
 from records.reader import read
+from rollout.controller import RolloutController
 from simulator.app import run_simulator
 from simulator.config import SimConfig
 from simulator.switch import Switch

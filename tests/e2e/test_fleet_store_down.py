@@ -18,14 +18,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.state_clickhouse import ClickHouseStateStore
-from gateway.state_store import parse_state_url
+from rollout.store import parse_state_url
+from rollout.store_clickhouse import ClickHouseStateStore
 from simulator.config import Faults
 from simulator.switch import Switch
 from tests.conftest import start_server
 from tests.e2e.test_fleet_rollout import FAST, Traffic, admin, policy, stage, start
-from tests.gateway.test_fleet_store import restart_clickhouse
 from tests.receivers.clickhouse import ClickHouseServer, requires_clickhouse
+from tests.rollout.test_fleet_store import restart_clickhouse
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300), requires_clickhouse]
 

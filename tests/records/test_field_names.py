@@ -27,6 +27,7 @@ PACKAGES = (
     "simulator",
     "evidence",
     "gateway",
+    "rollout",
     "counterfactual",
     "loadgen",
     "report",
@@ -86,7 +87,7 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
     "evidence/tokens.py": (frozenset({"prompt", "tokens"}), "vLLM's /tokenize answer"),
     "gateway/admin.py": (frozenset({"reason", "rule", "stage"}), ROLLOUT),
     "gateway/cli.py": (frozenset({"reason", "stage", "status"}), ROLLOUT),
-    "gateway/rollout_state.py": (frozenset({"engine", "stage"}), ROLLOUT),
+    "rollout/state.py": (frozenset({"engine", "stage"}), ROLLOUT),
     "loadgen/client.py": (frozenset({"stream"}), OPENAI),
     "loadgen/matrix.py": (
         frozenset({"backend", "concurrency", "schema"}),

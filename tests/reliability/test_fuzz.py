@@ -54,7 +54,7 @@ class _Errors(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.name.startswith(
-            ("core", "evidence", "gateway", "policies", "otel", "specshadow", "aiohttp")
+            ("core", "evidence", "gateway", "rollout", "policies", "otel", "specshadow", "aiohttp")
         ):
             self.records.append(record)
 

@@ -68,7 +68,7 @@ def test_a_rolled_back_candidate_is_rolled_back_for_the_window_and_the_first_scr
     tmp_path: Path,
 ) -> None:
     recs = _rolled_out()
-    # The state file the gateway writes (gateway/rollout_state.py), with the guard's transition.
+    # The state file the gateway writes (rollout/state.py), with the guard's transition.
     state = tmp_path / "rollout.json"
     state.write_text(json.dumps({"version": 1, "rules": {"eagle": {
         "stage": "shadow", "fingerprint": "x", "rolled_back": True,

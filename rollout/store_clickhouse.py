@@ -1,13 +1,13 @@
 """The shared rollout store on the fleet's ClickHouse server (``--state clickhouse://host/db``).
 
-The same three tables as the SQLite store (:mod:`gateway.state_store`), as ``MergeTree``
+The same three tables as the SQLite store (:mod:`rollout.store`), as ``MergeTree``
 tables, spoken to over the HTTP interface by :class:`records.clickhouse.HttpEngine` (Debian's
 18.16 server and current ones answer it alike). ClickHouse has no transactions, so a change is
 an insert at ``expected + 1`` with its parent named, read back and kept only if the chain
-(:func:`gateway.state_store.resolve`) contains it.
+(:func:`rollout.store.resolve`) contains it.
 
 Evidence rows get the server's clock (``ts DEFAULT now()``, one clock for every replica) and
-are read in ``(ts, replica, seq)`` order once they are :data:`~gateway.state_store.DEFAULT_SETTLE_S`
+are read in ``(ts, replica, seq)`` order once they are :data:`~rollout.store.DEFAULT_SETTLE_S`
 old by that clock, so every replica reads the same rows in the same order (an insert still in
 flight when its second settles is the exception: its rows are read by the replicas that read
 after it landed).
@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from core import jsonx
-from gateway.rollout_state import RuleState
-from gateway.state_store import (
+from records.clickhouse import ClickHouseError, HttpEngine
+from rollout.state import RuleState
+from rollout.store import (
     DEFAULT_SETTLE_S,
     LOG_COLUMNS,
     Cursor,
@@ -31,7 +32,6 @@ from gateway.state_store import (
     new_row,
     resolve,
 )
-from records.clickhouse import ClickHouseError, HttpEngine
 
 _TABLES = (
     "CREATE TABLE IF NOT EXISTS rollout_log (rule String, version UInt64, row_id String,"

@@ -12,10 +12,10 @@ import pytest
 
 from core.evidence import LegQuality
 from evidence.quality import sketch
-from gateway.guards import GuardBank, Observation, evaluate
-from gateway.rollout_state import RuleState, Transition, load_state, save_state
-from gateway.sequential import BET_FRACTION, BET_MEMORIES, SequentialTest, spending
 from policies.compiled import GuardSpec
+from rollout.guards import GuardBank, Observation, evaluate
+from rollout.sequential import BET_FRACTION, BET_MEMORIES, SequentialTest, spending
+from rollout.state import RuleState, Transition, load_state, save_state
 
 
 def obs(**kw: object) -> Observation:
@@ -193,7 +193,7 @@ def test_an_estimated_tpot_is_paired_only_within_its_own_exchange() -> None:
     """A stream without usage has an estimated count: its TPOT may meet the other leg of its own
     exchange (estimated alike, evidence.counts) but never a leg of another exchange."""
     from evidence.worker import build_evidence
-    from gateway.guards import observe
+    from rollout.guards import observe
     from tests.evidence.legs import exchange, leg
 
     words = tuple(f" word{i:02d}" for i in range(40))

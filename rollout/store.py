@@ -1,6 +1,6 @@
 """Where rollout state lives when replicas share it: ``--state sqlite:///PATH`` or
 ``--state clickhouse://host:port/db`` (a plain path stays the one process's JSON file,
-:mod:`gateway.rollout_state`).
+:mod:`rollout.state`).
 
 A shared store holds three append-only tables:
 
@@ -10,9 +10,9 @@ A shared store holds three append-only tables:
   (:func:`resolve`). Every transition and every operator action is a row; nothing is updated.
 - ``rollout_evidence`` — each replica's guard observations, one row per exchange, tagged with
   the rule and the episode they belong to; every replica reads the same rows in the same order
-  (:mod:`gateway.fleet` runs one sequential test over them).
+  (:mod:`rollout.fleet` runs one sequential test over them).
 - ``rollout_replicas`` — one row per replica start: its incarnation number ``k`` (the share of
-  the false-alarm budget its local guards may spend, :mod:`gateway.fleet`).
+  the false-alarm budget its local guards may spend, :mod:`rollout.fleet`).
 
 **Compare-and-set.** A change names the version it was computed from (:meth:`cas`). On SQLite
 that is a transaction (``BEGIN IMMEDIATE``; WAL mode; a busy timeout): the row is written only
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from core import jsonx
-from gateway.rollout_state import RuleState
+from rollout.state import RuleState
 
 ROLLBACK_PRIORITY = 2
 CHANGE_PRIORITY = 1
@@ -170,7 +170,7 @@ def priority_of(state: RuleState) -> int:
 
 
 class SharedStore(Protocol):
-    """What :mod:`gateway.fleet` needs of a shared store (SQLite or ClickHouse)."""
+    """What :mod:`rollout.fleet` needs of a shared store (SQLite or ClickHouse)."""
 
     name: str
 
@@ -335,7 +335,7 @@ def open_store(url: StateURL) -> SharedStore:
         assert url.path is not None
         return SqliteStateStore(url.path)
     if url.kind == "clickhouse":
-        from gateway.state_clickhouse import ClickHouseStateStore
+        from rollout.store_clickhouse import ClickHouseStateStore
 
         return ClickHouseStateStore(url)
     raise ValueError(f"{url.describe()} is a file, not a shared store")

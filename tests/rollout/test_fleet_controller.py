@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from gateway.rollout import RolloutConflict, RolloutController
-from gateway.state_store import SharedStore, StoreError
 from policies.compile import load_policy
 from policies.compiled import CompiledPolicy
-from tests.gateway.test_rollout_state_file import POLICY
+from rollout.controller import RolloutConflict, RolloutController
+from rollout.store import SharedStore, StoreError
+from tests.rollout.test_rollout_state_file import POLICY
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""The fleet's statistics, on the guards' synthetic streams (tests/gateway/test_guards_anytime.py:
+"""The fleet's statistics, on the guards' synthetic streams (tests/rollout/test_guards_anytime.py:
 known truth, no sockets): four replicas share one exchange stream round-robin.
 
-- **Pooled** (what :mod:`gateway.fleet` runs): one bank at ``(1 − LOCAL_SHARE)·α`` over the whole
+- **Pooled** (what :mod:`rollout.fleet` runs): one bank at ``(1 − LOCAL_SHARE)·α`` over the whole
   stream, plus each replica's local bank at its ``k``-th share of ``LOCAL_SHARE·α`` over its
   own quarter — replicas come and go (one is replaced halfway: a fifth incarnation).
 - **One gateway**: one bank at α over the same stream — the reference delay.
@@ -10,7 +10,7 @@ known truth, no sockets): four replicas share one exchange stream round-robin.
 Asserted: an identical candidate is rolled back anywhere in at most what Binomial(seeds, α)
 exceeds with probability 10⁻³ (measured 0), and a regression is caught by the pooled test after
 at most 1.25× the exchanges one gateway needs (median), where replicas alone need ~4×.
-``python -m tests.gateway.test_fleet_guards 200 100`` prints the long run for docs/rollout.md."""
+``python -m tests.rollout.test_fleet_guards 200 100`` prints the long run for docs/rollout.md."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import statistics
 import sys
 from collections.abc import Sequence
 
-from gateway.fleet import local_spec, pooled_spec
-from gateway.guards import GuardBank, Observation
 from policies.compiled import GuardSpec
-from tests.gateway.test_guards_anytime import (
+from rollout.fleet import local_spec, pooled_spec
+from rollout.guards import GuardBank, Observation
+from tests.rollout.test_guards_anytime import (
     CHANGE,
     CHANGES,
     HORIZON,

@@ -1,7 +1,7 @@
 """One rollout decision for a fleet of gateways sharing a store (``--state sqlite:///…`` or
-``clickhouse://…``; the store is :mod:`gateway.state_store`).
+``clickhouse://…``; the store is :mod:`rollout.store`).
 
-Every replica runs the same :class:`Fleet` beside its :class:`~gateway.rollout.RolloutController`:
+Every replica runs the same :class:`Fleet` beside its :class:`~rollout.controller.RolloutController`:
 
 - **One state.** The store's chain of states is the fleet's decision. A replica serves what it
   last read from the store (a rule whose store state follows another policy block is held in
@@ -10,7 +10,7 @@ Every replica runs the same :class:`Fleet` beside its :class:`~gateway.rollout.R
   replica that has not seen a rollback cannot undo it, and a step is taken once.
 - **Pooled evidence, one test.** Each replica appends its observations (one row per exchange of
   a rolling-out rule, tagged with the rule's episode) to the store; every replica reads the
-  episode's rows in the store's order and feeds them to one :class:`~gateway.guards.GuardBank`.
+  episode's rows in the store's order and feeds them to one :class:`~rollout.guards.GuardBank`.
   The e-process is a function of that ordered stream alone, so every replica computes the same
   one — no leader, no lease — and its guarantee is the one-gateway guarantee over the pooled
   stream: P(an identical candidate is ever rolled back) ≤ α_pooled whatever the number of
@@ -46,13 +46,13 @@ from typing import TYPE_CHECKING, Any
 
 from core import jsonx
 from core.evidence import LegQuality
-from gateway.guards import GuardBank, Observation
-from gateway.rollout_state import RuleState, Transition, new_episode
-from gateway.state_store import Cursor, SharedStore, StoredState, StoreError
 from policies.compiled import GuardSpec, RolloutSpec
+from rollout.guards import GuardBank, Observation
+from rollout.state import RuleState, Transition, new_episode
+from rollout.store import Cursor, SharedStore, StoredState, StoreError
 
 if TYPE_CHECKING:
-    from gateway.rollout import RolloutController
+    from rollout.controller import RolloutController
 
 log = logging.getLogger(__name__)
 

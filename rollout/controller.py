@@ -12,8 +12,8 @@ rolled it back — persisted in a JSON state file so a restart or a reload never
   shadow. ``live`` → the candidate answers every request; the primary is mirrored at
   ``reference_ratio``. The kill switch sends everything back to the primary.
 - **Guards** (:meth:`RolloutController.handle`, an evidence consumer on the worker thread):
-  every finished exchange of a rolling-out rule becomes one :class:`~gateway.guards.Observation`
-  fed to the rule's :class:`~gateway.guards.GuardBank` — anytime-valid sequential tests, so
+  every finished exchange of a rolling-out rule becomes one :class:`~rollout.guards.Observation`
+  fed to the rule's :class:`~rollout.guards.GuardBank` — anytime-valid sequential tests, so
   judging after every exchange does not inflate false rollbacks (the bank's module doc states
   the guarantee). In ``canary`` or ``live`` a breach rolls the rule back to ``shadow`` at once,
   sticky. A new episode (a changed rollout block, an operator's promotion, other guard
@@ -27,19 +27,19 @@ rolled it back — persisted in a JSON state file so a restart or a reload never
   policy says.
 
 - **A fleet** (``--state sqlite:///…`` or ``clickhouse://…``): the state lives in a store every
-  replica shares, and :class:`~gateway.fleet.Fleet` keeps this controller on it — the store's
+  replica shares, and :class:`~rollout.fleet.Fleet` keeps this controller on it — the store's
   state is served, the guards judge the fleet's pooled observations, and every change
   (:meth:`_transition`, the one door) is a compare-and-set on the version read, so a rollback
   is never undone by a replica that had not seen it. Without the store a replica keeps its
-  last state and its local guards (:mod:`gateway.fleet` states the false-alarm budget).
+  last state and its local guards (:mod:`rollout.fleet` states the false-alarm budget).
 
 Every transition is logged, counted (``specshadow.rollout.*``) and recorded as an OTel event in
 the trace of the exchange that caused it. State changes take a lock; the request path reads an
 immutable snapshot and never waits for it.
 
 Size: the controller's state machine — reconcile, plan, guard handling, promotion and operator
-actions share one lock and one state; its pure parts are in :mod:`gateway.guards` and
-:mod:`gateway.rollout_state`.
+actions share one lock and one state; its pure parts are in :mod:`rollout.guards` and
+:mod:`rollout.state`.
 """
 
 from __future__ import annotations
@@ -55,17 +55,6 @@ from typing import Any, Protocol
 
 from core.evidence import Evidence
 from core.exchange import Exchange
-from gateway.fleet import Fleet
-from gateway.guards import GuardBank, GuardState, Observation, observe
-from gateway.rollout_state import (
-    Actor,
-    RuleState,
-    Transition,
-    load_state,
-    new_episode,
-    save_state,
-)
-from gateway.state_store import StoreError, open_store, parse_state_url
 from policies.compiled import (
     CompiledPolicy,
     Decision,
@@ -76,6 +65,17 @@ from policies.compiled import (
     Stage,
 )
 from policies.sample import sample_unit
+from rollout.fleet import Fleet
+from rollout.guards import GuardBank, GuardState, Observation, observe
+from rollout.state import (
+    Actor,
+    RuleState,
+    Transition,
+    load_state,
+    new_episode,
+    save_state,
+)
+from rollout.store import StoreError, open_store, parse_state_url
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-import gateway.rollout as rollout_module
-from gateway.rollout import RolloutController
-from gateway.rollout_state import RuleState, load_state, save_state as real_save
+import rollout.controller as rollout_module
 from policies.compile import load_policy
+from rollout.controller import RolloutController
+from rollout.state import RuleState, load_state, save_state as real_save
 
 POLICY = """version: 1
 backends:

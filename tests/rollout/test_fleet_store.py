@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from core.procs import ChildProcess, free_port, wait_http_ready
-from gateway.fleet import decode, encode, local_spec, pooled_spec
-from gateway.guards import Observation
-from gateway.rollout_state import RuleState, Transition
-from gateway.state_clickhouse import ClickHouseStateStore
-from gateway.state_store import (
+from policies.compiled import GuardSpec
+from rollout.fleet import decode, encode, local_spec, pooled_spec
+from rollout.guards import Observation
+from rollout.state import RuleState, Transition
+from rollout.store import (
     SharedStore,
     SqliteStateStore,
     StoredState,
@@ -25,7 +25,7 @@ from gateway.state_store import (
     parse_state_url,
     resolve,
 )
-from policies.compiled import GuardSpec
+from rollout.store_clickhouse import ClickHouseStateStore
 from tests.receivers.clickhouse import ClickHouseServer, requires_clickhouse
 
 Opener = Callable[[], SharedStore]

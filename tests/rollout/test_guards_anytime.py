@@ -1,7 +1,7 @@
 """The guards' anytime-valid rules, measured: how often an identical candidate is ever rolled back
 over a long canary, and how many exchanges each kind of regression takes to roll back.
 
-Pure simulation of the :class:`~gateway.guards.Observation` stream the controller feeds the
+Pure simulation of the :class:`~rollout.guards.Observation` stream the controller feeds the
 guards — no sockets, seeded, numpy for the draws. One exchange per step, a canary where every
 exchange has a candidate, a primary and a baseline leg:
 
@@ -28,7 +28,7 @@ requests the word statistics stay the same, only the answer to each request chan
 similarity-to-production term sees it). The baseline and the primary keep drawing from the
 target. The delay is counted in exchanges from the change to the rollback.
 
-``python -m tests.gateway.test_guards_anytime [SEEDS NULL_SEEDS NULL_EXCHANGES]`` runs the long
+``python -m tests.rollout.test_guards_anytime [SEEDS NULL_SEEDS NULL_EXCHANGES]`` runs the long
 version and prints the table in docs/rollout.md.
 """
 
@@ -45,8 +45,8 @@ import pytest
 
 from core.evidence import LegQuality
 from evidence.quality import repetition_stats, sketch
-from gateway.guards import GuardBank, GuardName, Observation
 from policies.compiled import GuardSpec
+from rollout.guards import GuardBank, GuardName, Observation
 
 CHANGE = 500  # exchanges of a healthy candidate before a regression starts
 HORIZON = 2_000  # exchanges after the change before a regression counts as missed

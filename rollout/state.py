@@ -60,7 +60,7 @@ class RuleState:
     ratio: float | None = None
     # The guards' evidence belongs to one episode: a new one starts with a changed policy block
     # or an operator's promotion (a step up or a rollback keeps it). Shared stores tag every
-    # pooled observation with it (gateway.fleet).
+    # pooled observation with it (rollout.fleet).
     episode: str = ""
     # The candidate's engine configuration fingerprint this state was reached with (None: not
     # known yet). A change restarts a canary (or holds it) and lifts a guard's rollback.

@@ -4,7 +4,7 @@ Every exchange of a rolling-out rule that had a candidate leg — served to the 
 mirrored — becomes one :class:`Observation` (:func:`observe`). A :class:`GuardBank` feeds each
 observation to every enabled guard and is asked, after each one, whether a guard has breached.
 Because it is asked after *every* exchange for as long as the rule rolls out, each statistical
-guard is an **anytime-valid** test (:mod:`gateway.sequential`): a betting e-process — restarted
+guard is an **anytime-valid** test (:mod:`rollout.sequential`): a betting e-process — restarted
 when a healthy stretch has handicapped it or when its evidence is older than ``window`` and no
 longer growing, the ``j``-th one held to ``1/α_j`` with ``α_j = α_g / (j (j + 1))`` — breach at
 the first e-value that reaches its threshold. ``α = 1 − confidence`` is split evenly over the
@@ -87,7 +87,7 @@ evidence worker's thread); :func:`evaluate` replays a sequence of them into a fr
 
 Size: every guard, the bank that splits α over them and the observation they read, as one unit — a
 sixth of the file is this docstring, which states each guard's null and bound that the classes below
-implement; the e-process itself is in :mod:`gateway.sequential`.
+implement; the e-process itself is in :mod:`rollout.sequential`.
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ from core.evidence import Evidence, LegQuality
 from core.exchange import Exchange, LegResult, Role
 from core.stats import percentile_sorted
 from core.timings import EXACT_TOKENS, Recording
-from gateway.sequential import SequentialTest
 from policies.compiled import GuardSpec
+from rollout.sequential import SequentialTest
 
 GuardName = Literal[
     "e2e_p99_ratio", "tpot_p99_ratio", "error_rate_delta", "divergence_rate",
