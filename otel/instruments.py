@@ -490,6 +490,7 @@ class RolloutInstruments:
     transitions: ObservedCounter
     failovers: ObservedCounter
     store_up: GaugeTable
+    drift: ObservedCounter
 
     @classmethod
     def create(cls, meter: Meter) -> RolloutInstruments:
@@ -514,6 +515,8 @@ class RolloutInstruments:
                                       description="Candidate answers that failed before their first byte and were served by the primary."),
             store_up=GaugeTable(meter, sc.METRIC_ROLLOUT_STORE_UP,
                                 description="1 while the shared rollout store answers, 0 while this replica serves its last decision without it."),
+            drift=ObservedCounter(meter, sc.METRIC_ROLLOUT_DRIFT, unit="{breach}",
+                                  description="Breaches of acceptance_drop and speculation_off, by rule, guard and what rollout.on_drift did."),
         )  # fmt: skip
 
 

@@ -90,6 +90,7 @@ CHUNK_TOKENS: Final = "specshadow.chunk.tokens"  # chunk event attribute
 # Metric-only attributes (local)
 OUTCOME: Final = "specshadow.outcome"  # shadow.requests / compare.results outcome
 REASON: Final = "specshadow.reason"  # why a shadow was dropped / failed
+ACTION: Final = "specshadow.rollout.action"  # drift breaches: what rollout.on_drift did
 RESULT: Final = "specshadow.result"  # policy reload: ok | error
 SIGNAL: Final = "specshadow.signal"  # telemetry.dropped: spans | metrics
 RULE: Final = "specshadow.rule"  # rollout metrics: the policy rule
@@ -156,6 +157,7 @@ METRIC_ROLLOUT_GUARD_BREACHED: Final = "specshadow.rollout.guard.breached"  # lo
 METRIC_ROLLOUT_ROLLBACKS: Final = "specshadow.rollout.rollbacks"  # local
 METRIC_ROLLOUT_TRANSITIONS: Final = "specshadow.rollout.transitions"  # local
 METRIC_ROLLOUT_FAILOVERS: Final = "specshadow.rollout.failovers"  # local
+METRIC_ROLLOUT_DRIFT: Final = "specshadow.rollout.drift_breaches"  # local: by guard and action
 METRIC_ROLLOUT_STORE_UP: Final = (
     "specshadow.rollout.store.up"  # local: 1 the shared store answered the last sync
 )

@@ -411,6 +411,12 @@ class Telemetry:
         )
 
     @safe(nothing)
+    def rollout_drift(self, rule: str, guard: str, action: str) -> None:
+        """One breach of a drift guard (``acceptance_drop``, ``speculation_off``) and what
+        ``rollout.on_drift`` did about it (``canary``, ``shadow``, ``alert``)."""
+        self.instruments.rollout.drift.add(1, {sc.RULE: rule, sc.GUARD: guard, sc.ACTION: action})
+
+    @safe(nothing)
     def rollout_guards(self, rule: str, guards: Iterable[GuardReading]) -> None:
         """Each guard's value, threshold and breach flag (:class:`GuardReading`: what a
         ``rollout.guards.GuardState`` is to telemetry)."""

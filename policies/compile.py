@@ -412,9 +412,14 @@ def _rollout(rollout: Rollout | None, plans: Sequence[LegPlan]) -> RolloutSpec |
     candidates = [p for p in plans if p.role == "candidate"]
     serving = next((p for p in candidates if p.backend.name == rollout.candidate), candidates[0])
     g = rollout.guards
-    # The default on_config_change is left out, so blocks written before it keep their state.
-    default = rollout.on_config_change == "restart"
-    dumped = rollout.model_dump(mode="json", exclude={"on_config_change"} if default else None)
+    # Defaults of keys added later (on_config_change, on_drift, guards.acceptance_drop_max) are
+    # left out, so blocks written before them keep their fingerprint and so their state.
+    dumped = rollout.model_dump(mode="json")
+    for key, default in (("on_config_change", "restart"), ("on_drift", "canary")):
+        if dumped.get(key) == default:
+            dumped.pop(key)
+    if dumped["guards"].get("acceptance_drop_max") == 0.2:
+        dumped["guards"].pop("acceptance_drop_max")
     block = jsonx.dumps(dumped, sort_keys=True)
     return RolloutSpec(
         stage=rollout.stage,
@@ -435,9 +440,11 @@ def _rollout(rollout: Rollout | None, plans: Sequence[LegPlan]) -> RolloutSpec |
             g.tokens_per_event_min,
             g.kv_usage_max,
             g.sampled_divergence_max,
+            g.acceptance_drop_max,
         ),
         fingerprint=hashlib.sha256(block).hexdigest()[:16],
         on_config_change=rollout.on_config_change,
+        on_drift=rollout.on_drift,
     )
 
 

@@ -197,6 +197,7 @@ class GuardSpec:
     tokens_per_event_min: float | None = 1.2
     kv_usage_max: float | None = 0.95
     sampled_divergence_max: float | None = 0.0
+    acceptance_drop_max: float | None = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +215,7 @@ class RolloutSpec:
     guards: GuardSpec
     fingerprint: str
     on_config_change: Literal["restart", "hold"] = "restart"
+    on_drift: Literal["canary", "shadow", "alert"] = "canary"
 
     def ratio_at(self, step: int | None) -> float:
         """The canary serve ratio at promotion step ``step`` (None: ``serve_ratio``)."""

@@ -414,8 +414,21 @@ class Guards(_Strict):
     string-kernel MMD² above this, pooled with how close each is to production's answer to the
     same request, and with the outputs' lengths and repetition. ``0`` (the
     default) tests that the two outputs are exchangeable, what a lossless candidate promises; a
-    margin tolerates a difference but makes the test much slower. Needs a baseline leg: without
-    one the guard is ``unavailable``."""
+    margin tolerates a difference but makes the test much slower. The reference is a baseline
+    leg's output where the exchange has one, else the primary's own answer to the same request —
+    mirrored behind a canary answer (at the rule's ``ratio``) and, at ``live``, at
+    ``reference_ratio``: for a lossless candidate both are independent draws from the same
+    distribution. Without either the guard is ``unavailable``, and an unavailable quality guard
+    blocks promotion."""
+    acceptance_drop_max: Fraction | None = 0.2
+    """Fires when the candidate's mean acceptance length (tokens per verification pass: the
+    engine's own per-request counts where it reports them, else the stream's shape) falls by more
+    than this fraction below its reference level — the level it held over the first readings of
+    its rollout episode, kept across restarts and shared by a fleet. Tested overall and per
+    category (decay in the field is prompt-type specific), anytime-valid, in ``canary`` and
+    ``live``; what a breach does is ``rollout.on_drift``. The same switch turns on
+    ``speculation_off``: a candidate whose engine reports no drafts, or no accepted draft token,
+    on 32 requests in a row has stopped speculating (a rule, not a statistical test)."""
 
 
 class Hold(_Strict):
@@ -452,6 +465,11 @@ class Rollout(_Strict):
     """The backend that serves: one of the rule's candidate legs. Default: its only one."""
     guards: Guards = Guards()
     """What rolls it back (see ``Guards``)."""
+    on_drift: Literal["canary", "shadow", "alert"] = "canary"
+    """What a breach of ``acceptance_drop`` or ``speculation_off`` does (the candidate still
+    answers correctly; it has lost its speed): ``canary`` (default) goes back to the first canary
+    step so the candidate re-qualifies, with a new reference level; ``shadow`` rolls back like any
+    other guard; ``alert`` only logs, counts and shows the breach, and the guard watches on."""
     on_config_change: Literal["restart", "hold"] = "restart"
     """When the candidate's engine configuration changes (its fingerprint: docs/confounds.md) in
     ``canary`` or ``live``: ``restart`` goes back to the first canary step (the promotion was

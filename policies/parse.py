@@ -80,11 +80,15 @@ def reference_problems(model: PolicyModel) -> list[str]:
         else:
             first_index[rule.name] = i
         problems.extend(_leg_problems(f"rules[{i}]", rule.legs, model))
-        problems.extend(_rollout_problems(f"rules[{i}]", rule.rollout, rule.legs, model))
+        problems.extend(
+            _rollout_problems(f"rules[{i}]", rule.rollout, rule.legs, model, rule.ratio)
+        )
     if model.default is not None:
         problems.extend(_leg_problems("default", model.default.legs, model))
         problems.extend(
-            _rollout_problems("default", model.default.rollout, model.default.legs, model)
+            _rollout_problems(
+                "default", model.default.rollout, model.default.legs, model, model.default.ratio
+            )
         )
     problems.extend(_counterfactual_problems(model))
     problems.extend(_quality_problems(model))
@@ -103,9 +107,17 @@ def reference_problems(model: PolicyModel) -> list[str]:
 
 
 def _rollout_problems(
-    where: str, rollout: Rollout | None, legs: Sequence[Leg], model: PolicyModel
+    where: str,
+    rollout: Rollout | None,
+    legs: Sequence[Leg],
+    model: PolicyModel,
+    ratio: float | str,
 ) -> list[str]:
-    """A rollout needs a primary to fall back to and exactly one candidate leg to serve."""
+    """A rollout needs a primary to fall back to, exactly one candidate leg to serve, and quality
+    guards that can work on the traffic it gets: at least one of them on, and a reference for
+    the candidate's answers — a baseline leg, or the primary's own answer mirrored behind a
+    canary answer, which needs a ``ratio`` above 0 (at ``live`` the primary is mirrored at
+    ``reference_ratio``, never 0)."""
     if rollout is None:
         return []
     path = f"{where}.rollout"
@@ -123,6 +135,25 @@ def _rollout_problems(
         problems.append(
             f"{path}: the rule has {len(candidates)} candidate legs; name the one that serves "
             f"with rollout.candidate ({', '.join(candidates) or 'add a candidate leg'})"
+        )
+    g = rollout.guards
+    if g.divergence_rate_max is None and g.sampled_divergence_max is None:
+        problems.append(
+            f"{path}.guards: no quality guard is on: a candidate must be judged on what it says "
+            "(set divergence_rate_max for greedy traffic and sampled_divergence_max for sampled)"
+        )
+    has_baseline = any(leg.role == "baseline" for leg in legs)
+    if not has_baseline and ratio == 0:
+        problems.append(
+            f"{where}.ratio: 0 mirrors nothing, so no canary answer has the primary's answer "
+            "behind it, and the rule has no baseline leg: its quality guards would have no "
+            "reference (set a ratio above 0 or add a baseline leg)"
+        )
+    if g.sampled_divergence_max is not None and model.shaping.override_temperature is not None:
+        problems.append(
+            "shaping.override_temperature: mirrored legs would sample at another temperature than "
+            f"the candidate's canary answers, so {path}.guards.sampled_divergence_max would judge "
+            "two distributions that differ by construction (unset it, or turn that guard off)"
         )
     return problems
 

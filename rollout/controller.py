@@ -66,7 +66,7 @@ from policies.compiled import (
 )
 from policies.sample import sample_unit
 from rollout.fleet import Fleet
-from rollout.guards import GuardBank, GuardState, Observation, observe
+from rollout.guards import DRIFT_GUARDS, GuardBank, GuardState, Observation, observe
 from rollout.state import (
     Actor,
     RuleState,
@@ -78,6 +78,7 @@ from rollout.state import (
 from rollout.store import StoreError, open_store, parse_state_url
 
 log = logging.getLogger(__name__)
+DRIFT_KEPT = 50  # drift breaches /admin/rollout shows
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,7 @@ class RolloutTelemetry(Protocol):
 
     def rollout_stage(self, rule: str, stage: str, serve_ratio: float) -> None: ...
     def rollout_guards(self, rule: str, guards: Sequence[GuardState]) -> None: ...
+    def rollout_drift(self, rule: str, guard: str, action: str) -> None: ...
     def rollout_transition(self, t: Transition, traceparent: str | None) -> None: ...
     def rollout_store(self, store: str, up: bool) -> None: ...
 
@@ -176,6 +178,7 @@ class RolloutController:
         self.failovers = 0
         # Observations of exchanges dispatched in an episode that had ended when they landed.
         self.stale_observations = 0
+        self.drift_breaches: list[dict[str, Any]] = []  # the newest DRIFT_KEPT, for /admin/rollout
         self.transitions: list[Transition] = []  # this process's, newest last (bounded)
         self._engines_seen: dict[str, str] = {}  # rule → its candidate's last fingerprint seen
 
@@ -373,16 +376,28 @@ class RolloutController:
     def _handle(self, rule: RuleSpec, spec: RolloutSpec, observation: Observation,
                 exchange: Exchange) -> None:  # fmt: skip
         """:meth:`handle` under the lock."""
+        state = self._states.get(rule.name)
         live = self._live.get(rule.name)
         if live is None or live.bank.spec != spec.guards:
-            live = self._live[rule.name] = _Live(GuardBank(spec.guards))
+            levels = state.levels_for(state.episode) if state is not None else None
+            live = self._live[rule.name] = _Live(GuardBank(spec.guards, levels))
         live.bank.update(observation)
         kv = self.kv_recent(spec.candidate.backend.name) if self.kv_recent is not None else ()
         live.kv = tuple(kv)
         live.guards = live.bank.states(live.kv)
-        state = self._states.get(rule.name)
         if state is None:
             return
+        levels = live.bank.references()
+        if levels and levels != state.levels_for(state.episode):
+            # A reference level was fixed: kept with the state (a restart judges against it).
+            state = self._states[rule.name] = replace(
+                state, acceptance_levels=levels, acceptance_episode=state.episode
+            )
+            log.info(
+                "rollout %s: acceptance reference %s", rule.name,
+                ", ".join(f"{k or 'all traffic'} {v:.2f}" for k, v in sorted(levels.items())),
+            )  # fmt: skip
+            self._snapshot()
         if exchange.served_by == "candidate":
             state = self._states[rule.name] = replace(
                 state, served_at_step=state.served_at_step + 1
@@ -393,7 +408,9 @@ class RolloutController:
                 guards: Sequence[GuardState], cause: Cause) -> None:  # fmt: skip
         """Roll back on a breach, step up on a held step (the caller holds the lock)."""
         breach = next((g for g in guards if g.status == "breach"), None)
-        if breach is not None and state.stage != "shadow":
+        if breach is not None and breach.name in DRIFT_GUARDS and state.stage != "shadow":
+            self._drift(rule, spec, state, breach, cause)
+        elif breach is not None and state.stage != "shadow":
             self._roll_back(
                 rule.name, state, "guard", _breach_text(breach), breach.name, None, cause
             )
@@ -426,14 +443,48 @@ class RolloutController:
         if self.telemetry is not None and self.fleet is not None:
             self.telemetry.rollout_store(self.fleet.store.name, up)
 
+    def _drift(self, rule: RuleSpec, spec: RolloutSpec, state: RuleState, breach: GuardState,
+               cause: Cause | None) -> None:  # fmt: skip
+        """A drift guard's breach (the caller holds the lock): ``rollout.on_drift`` decides —
+        back to the first canary step with a new episode (the candidate re-qualifies and its
+        reference level is learned anew), back to shadow, or an alert only."""
+        text = _breach_text(breach)
+        action = spec.on_drift
+        log.error("rollout %s: %s (%s; on_drift: %s)", rule.name, text, breach.detail, action)
+        if self.telemetry is not None:
+            self.telemetry.rollout_drift(rule.name, breach.name, action)
+        self.drift_breaches.append(
+            {"rule": rule.name, "guard": breach.name, "action": action, "reason": text,
+             "detail": breach.detail, "at_unix": self.clock(), "stage": state.stage}
+        )  # fmt: skip
+        del self.drift_breaches[:-DRIFT_KEPT]
+        if action == "shadow":
+            self._roll_back(rule.name, state, "guard", text, breach.name, None, cause)
+        elif action == "canary":
+            step = 0 if spec.steps else None
+            new = RuleState("canary", spec.fingerprint, step, False, self.clock(),
+                            engine=state.engine, episode=new_episode())  # fmt: skip
+            self._live.pop(rule.name, None)  # a new episode: it re-qualifies from fresh evidence
+            self._transition(
+                rule.name, state, new, "guard",
+                f"{text}: back to the first canary step (on_drift: canary)", breach.name, None,
+                cause,
+            )  # fmt: skip
+        else:
+            live = self._live.get(rule.name)
+            if live is not None:
+                live.bank.rearm(breach.name)
+
     def _held(
         self, state: RuleState, requests: int, seconds: float, guards: Sequence[GuardState]
     ) -> bool:
+        judging = [g for g in guards if g.name not in DRIFT_GUARDS]
         return (
             state.served_at_step >= requests
             and self.clock() - state.since_unix >= seconds
-            and all(g.status in ("ok", "unavailable") for g in guards)
-            and any(g.status == "ok" for g in guards)
+            and all(g.status in ("ok", "unavailable") for g in judging)
+            and not any(g.blocks_promotion for g in judging)
+            and any(g.status == "ok" for g in judging)
         )
 
     def _step_up(self, rule: RuleSpec, state: RuleState, cause: Cause | None) -> None:
@@ -672,6 +723,8 @@ class RolloutController:
                     "last_transition": state.last.to_json() if state.last is not None else None,
                     "episode": state.episode,
                     "engine": state.engine,  # the candidate's configuration fingerprint
+                    "acceptance_reference": state.levels_for(state.episode),
+                    "waiting": self._waiting(spec, state, live),
                 }
             for name in self._specs:
                 if name not in rules:  # a shared store's rule this replica has no state for
@@ -683,8 +736,31 @@ class RolloutController:
                 "guarded": self.guarded,
                 "failovers": self.failovers,
                 "stale_observations": self.stale_observations,
+                "drift_breaches": list(self.drift_breaches),
                 "rules": rules,
             }
+
+    def _waiting(
+        self, spec: RolloutSpec | None, state: RuleState, live: _Live | None
+    ) -> str | None:
+        """Why a canary with steps is not promoted yet (None: it is not waiting)."""
+        if spec is None or state.stage != "canary" or not spec.steps or state.ratio is not None:
+            return None
+        guards = live.guards if live is not None else []
+        why = [
+            f"{g.name} {g.status}: {g.detail}"
+            for g in guards
+            if g.name not in DRIFT_GUARDS
+            and (g.blocks_promotion or g.status in ("waiting", "breach"))
+        ]
+        if state.served_at_step < spec.hold_requests:
+            why.append(f"held {state.served_at_step} of {spec.hold_requests} candidate answers")
+        held_s = self.clock() - state.since_unix
+        if held_s < spec.hold_s:
+            why.append(f"held {held_s:.0f} of {spec.hold_s:g} s")
+        if guards and not any(g.status == "ok" for g in guards if g.name not in DRIFT_GUARDS):
+            why.append("no guard has judged the candidate yet")
+        return "; ".join(why) or None
 
     def store_health(self) -> tuple[bool, str] | None:
         """A shared store's reachability, for ``/readyz`` (None: a file or memory)."""

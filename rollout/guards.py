@@ -97,7 +97,7 @@ import operator
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, TypeVar
 
 from core.evidence import Evidence, LegQuality
@@ -109,8 +109,16 @@ from rollout.sequential import SequentialTest
 
 GuardName = Literal[
     "e2e_p99_ratio", "tpot_p99_ratio", "error_rate_delta", "divergence_rate",
-    "tokens_per_event", "sampled_divergence", "kv_usage",
+    "tokens_per_event", "sampled_divergence", "kv_usage", "acceptance_drop", "speculation_off",
 ]  # fmt: skip
+# The guards that judge what the candidate says: an unavailable one blocks promotion.
+QUALITY_GUARDS: frozenset[GuardName] = frozenset({"divergence_rate", "sampled_divergence"})
+# The guards that watch the candidate's speed decay: a breach does what ``rollout.on_drift`` says.
+DRIFT_GUARDS: frozenset[GuardName] = frozenset({"acceptance_drop", "speculation_off"})
+REFERENCE_READINGS = 50  # acceptance readings that fix a reference level (overall, per category)
+ACCEPTANCE_CAP = 2.0  # each reading counts up to max(2 L, L + 2), L the reference level
+SPECULATION_OFF_MIN = 32  # engine-counted candidate legs in a row with no draft landed
+SPECULATION_OFF_TOKENS = 8  # … each with at least this many output tokens (room to draft)
 GuardStatus = Literal["ok", "breach", "waiting", "unavailable"]
 KV_SUSTAINED = 3  # consecutive scrapes
 REFERENCE_MIN = 5  # paired primary values before the p99 guards test (ρ needs some)
@@ -118,7 +126,7 @@ TPE_CAP = 2.0  # tokens per event count up to this multiple of the minimum
 SCALE_MEMORY = 20  # pairs the sampled guard's scales remember
 SAMPLED_SHRINK = 1.0  # its bets stake on a recent mean one standard error above 0 (a null at 0)
 # The sampled guard's mixture: MMD² h, similarity gap g (farther, closer), length ±, repetition ±
-SAMPLED_WEIGHTS = (2.0, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0)
+SAMPLED_WEIGHTS = (2.0, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
 NEEDS_MAX = 10_000  # worst-case observations simulated for ``needs`` at most
 T = TypeVar("T")
 
@@ -143,6 +151,16 @@ class Observation:
     candidate_output: LegQuality | None = None
     baseline_output: LegQuality | None = None
     primary_output: LegQuality | None = None
+    # The candidate leg's mean acceptance length (tokens per verification pass): the engine's own
+    # per-request counts where it reports them (``acceptance_exact``), else the stream's shape;
+    # None where neither says, or where the request's parameters made the engine decode plainly.
+    acceptance: float | None = None
+    acceptance_exact: bool = False
+    # The engine's per-request draft counts (None: not reported) and the leg's output tokens.
+    drafted: int | None = None
+    accepted: int | None = None
+    output_tokens: int | None = None
+    category: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +174,12 @@ class GuardState:
     reference_samples: int | None  # primary (or baseline) observations; None: no reference
     needs: int | None  # worst-case observations in a row that would trip it now
     detail: str
+    # An unavailable quality guard on traffic it should judge: promotion waits (``detail`` says why).
+    blocks_promotion: bool = False
 
     def to_json(self) -> dict[str, object]:
         return {
+            "blocks_promotion": self.blocks_promotion,
             "guard": self.name,
             "status": self.status,
             "value": self.value,
@@ -247,10 +268,12 @@ class _Guard:
             f"(anytime-valid, α {self.alpha:.2g} for this guard)"
         )
         status: GuardStatus
+        blocks = False
         if self.rejects():
             status = "breach"
         elif samples == 0 and (reference or 0) == 0 and len(window) >= self.spec.min_samples:
             status, detail = "unavailable", self.unavailable_detail(window)
+            blocks = self.name in QUALITY_GUARDS and self.has_traffic(window)
         elif self.tested < self.spec.min_samples:
             status = "waiting"
             detail = f"{self.what}; {self.tested} of {self.spec.min_samples} observations tested"
@@ -258,8 +281,13 @@ class _Guard:
             status = "ok"
         return GuardState(
             self.name, status, value, e, self.threshold, samples, reference,
-            self.needs() if with_needs else None, detail,
+            self.needs() if with_needs else None, detail, blocks,
         )  # fmt: skip
+
+    def has_traffic(self, window: Sequence[Observation]) -> bool:
+        """The rule's recent traffic has exchanges this guard should judge (a quality guard
+        unavailable on them leaves them unjudged: promotion waits)."""
+        return False
 
 
 class _QuantileRatio(_Guard):
@@ -389,22 +417,44 @@ class _TokensPerEvent(_Guard):
         return (math.fsum(tpe) / len(tpe) if tpe else None), len(tpe), None
 
 
+def _reference(o: Observation) -> LegQuality | None:
+    """The sampled guard's reference output: the baseline leg's where the exchange has one (a
+    plain copy of production, preferred: it leaves the primary as a third draw), else the
+    primary's own answer to the same request."""
+    if o.baseline_output is not None and o.baseline_output.sketch is not None:
+        return o.baseline_output
+    if o.primary_output is not None and o.primary_output.sketch is not None:
+        return o.primary_output
+    return None
+
+
 def _length_difference(o: Observation) -> float | None:
-    c, b = o.candidate_output, o.baseline_output
+    c, b = o.candidate_output, _reference(o)
     if c is None or b is None or c.units + b.units <= 0:
         return None
     return (c.units - b.units) / (c.units + b.units)
 
 
 def _repetition_difference(o: Observation) -> float | None:
-    c, b = o.candidate_output, o.baseline_output
+    c, b = o.candidate_output, _reference(o)
     if c is None or b is None or c.repetition is None or b.repetition is None:
         return None
     return c.repetition - b.repetition
 
 
+def _distinct_difference(o: Observation) -> float | None:
+    """Distinct word bigrams, candidate − reference: what a temperature changes first."""
+    c, b = o.candidate_output, _reference(o)
+    if c is None or b is None or c.distinct_2 is None or b.distinct_2 is None:
+        return None
+    return c.distinct_2 - b.distinct_2
+
+
 def _closer(o: Observation, baseline_minus_candidate: tuple[float, ...]) -> float | None:
+    """``g``: only where the reference is a baseline leg, the primary being the third draw."""
     p = o.primary_output
+    if o.baseline_output is None or o.baseline_output.sketch is None:
+        return None
     if p is None or p.sketch is None or len(p.sketch) != len(baseline_minus_candidate):
         return None
     return float(sum(map(operator.mul, baseline_minus_candidate, p.sketch)))
@@ -452,21 +502,26 @@ class _SampledDivergence(_Guard):
         self.symmetric = limit == 0.0
         self.root = r = math.sqrt(limit)
         # h, g+, g−, length±, repetition±
-        x_mins: tuple[float, ...] = (-1.0,) * 7
+        x_mins: tuple[float, ...] = (-1.0,) * 9
         if not self.symmetric:
-            x_mins = (-4.0 - limit, -2.0 - r, -2.0 - r) + (-1.0 - r,) * 4
+            x_mins = (-4.0 - limit, -2.0 - r, -2.0 - r) + (-1.0 - r,) * 6
         self.test = SequentialTest(
             alpha, spec.window, x_mins, weights=SAMPLED_WEIGHTS, shrink=SAMPLED_SHRINK
         )
-        self.scales = tuple(_Scale(0.25) for _ in range(4))
+        self.scales = tuple(_Scale(0.25) for _ in range(5))
         self.pending: tuple[Observation, tuple[float, ...]] | None = None
         self.recent: deque[float] = deque(maxlen=spec.window)
         self.gaps: deque[float] = deque(maxlen=spec.window)
+        self.by_baseline = self.by_primary = 0  # exchanges judged against each reference
 
     def update(self, o: Observation) -> None:
-        c, b = o.candidate_output, o.baseline_output
+        c, b = o.candidate_output, _reference(o)
         if not o.sampled or c is None or b is None or c.sketch is None or b.sketch is None:
             return
+        if b is o.baseline_output:
+            self.by_baseline += 1
+        else:
+            self.by_primary += 1
         if len(c.sketch) != len(b.sketch):
             return
         # h = k(cᵢ,cⱼ) + k(bᵢ,bⱼ) − k(cᵢ,bⱼ) − k(bᵢ,cⱼ) = ⟨φ(cᵢ) − φ(bᵢ), φ(cⱼ) − φ(bⱼ)⟩
@@ -484,41 +539,279 @@ class _SampledDivergence(_Guard):
             self.gaps.append(sim)
         length = _mean([_length_difference(x) for x in pair])
         rep = _mean([_repetition_difference(x) for x in pair])
+        distinct = _mean([_distinct_difference(x) for x in pair])
         if self.symmetric:
             hx = self.scales[0].clip(h)
             gx = None if sim is None else self.scales[1].clip(sim)
             lx = None if length is None else self.scales[2].clip(length)
             rx = None if rep is None else self.scales[3].clip(rep)
-            self._step((hx, gx, _neg(gx), lx, _neg(lx), rx, _neg(rx)))
+            dx = None if distinct is None else self.scales[4].clip(distinct)
+            self._step((hx, gx, _neg(gx), lx, _neg(lx), rx, _neg(rx), dx, _neg(dx)))
         else:
             r = self.root
             self._step((
                 h - self.threshold, _less(sim, r), _less(_neg(sim), r),
                 _less(length, r), _less(_neg(length), r), _less(rep, r), _less(_neg(rep), r),
+                _less(distinct, r), _less(_neg(distinct), r),
             ))  # fmt: skip
 
     def summary(self, window: Sequence[Observation]) -> tuple[float | None, int, int | None]:
         n = sum(
             1
             for o in window
-            if o.sampled and o.candidate_output is not None and o.baseline_output is not None
+            if o.sampled and o.candidate_output is not None and _reference(o) is not None
         )
         value = sum(self.recent) / len(self.recent) if self.recent else None
         gap = f"{sum(self.gaps) / len(self.gaps):+.3f}" if self.gaps else "n/a"
         self.what = (
-            "MMD² of the candidate's and the baseline's sampled outputs (string kernel; "
-            f"similarity gap to production's answers {gap}, lengths, repetition)"
+            "MMD² of the candidate's sampled outputs and the reference's (string kernel; "
+            f"reference: a baseline leg on {self.by_baseline}, the primary's own answer on "
+            f"{self.by_primary} exchanges; similarity gap to production's answers {gap}, "
+            "lengths, repetition)"
         )
         return value, n, n
 
+    def has_traffic(self, window: Sequence[Observation]) -> bool:
+        return any(o.sampled and o.candidate_output is not None for o in window)
+
     def unavailable_detail(self, window: Sequence[Observation]) -> str:
-        if any(o.sampled and o.candidate_output is not None for o in window):
+        if self.has_traffic(window):
             return (
-                "sampled traffic without a baseline leg: this test compares the candidate's "
-                "sampled outputs with a baseline leg's (a plain copy of production) on the same "
-                "exchanges — add one to the rule"
+                "sampled traffic with no reference: neither a baseline leg nor the primary's own "
+                "answer behind the candidate's (the rule's ratio mirrors none) — promotion waits "
+                "until the rule mirrors the primary behind canary answers or has a baseline leg"
             )
         return "no sampled exchanges with both outputs (greedy traffic is for divergence_rate)"
+
+
+class _Level:
+    """One acceptance-drop test: a reference level ``L`` fixed from the first
+    :data:`REFERENCE_READINGS` readings (or given), then ``x = (1 − d)·L − min(a, cap)``."""
+
+    __slots__ = (
+        "_alpha",
+        "_drop",
+        "_window",
+        "cap",
+        "level",
+        "readings",
+        "recent",
+        "test",
+        "tested",
+    )
+
+    def __init__(self, alpha: float, window: int, drop: float, level: float | None) -> None:
+        self.readings: list[float] = []
+        self.recent: deque[float] = deque(maxlen=window)
+        self.tested = 0
+        self.level: float | None = None
+        self.test: SequentialTest | None = None
+        self.cap = 0.0
+        self._alpha, self._window, self._drop = alpha, window, drop
+        if level is not None:
+            self._fix(level)
+
+    def _fix(self, level: float) -> None:
+        self.level = level
+        self.cap = max(ACCEPTANCE_CAP * level, level + 2.0)
+        self.test = SequentialTest(
+            self._alpha, self._window, ((1.0 - self._drop) * level - self.cap,)
+        )
+
+    def add(self, a: float) -> None:
+        self.recent.append(a)
+        if self.test is None:
+            self.readings.append(a)
+            if len(self.readings) >= REFERENCE_READINGS:
+                self._fix(math.fsum(self.readings) / len(self.readings))
+            return
+        assert self.level is not None
+        self.test.step(((1.0 - self._drop) * self.level - min(a, self.cap),))
+        self.tested += 1
+
+
+class _AcceptanceDrop(_Guard):
+    """The candidate's mean acceptance length against its own reference level, overall and per
+    category: ``x = (1 − d)·L − min(a, cap)`` per reading ``a`` (see the module doc)."""
+
+    name: GuardName = "acceptance_drop"
+
+    def __init__(
+        self, limit: float, alpha: float, spec: GuardSpec, levels: dict[str, float] | None = None
+    ) -> None:
+        super().__init__(alpha, spec)
+        self.threshold = limit
+        self.given = dict(levels or {})
+        # Half of α for the overall level, the other half spent over categories as they appear:
+        # the k-th gets α/2 · 6/(π² k²), so the sum over any number of categories stays ≤ α/2.
+        self.overall = _Level(alpha / 2, spec.window, limit, self.given.get(""))
+        self.categories: dict[str, _Level] = {}
+        self.what = "relative fall of the candidate's mean acceptance length below its reference"
+
+    def _category(self, name: str) -> _Level:
+        level = self.categories.get(name)
+        if level is None:
+            k = len(self.categories) + 1
+            a = self.alpha / 2 * 6 / (math.pi**2 * k * k)
+            level = self.categories[name] = _Level(
+                a, self.spec.window, self.threshold, self.given.get(name)
+            )
+        return level
+
+    def update(self, o: Observation) -> None:
+        a = o.acceptance
+        if a is None or not math.isfinite(a) or a < 1.0:
+            return
+        self.overall.add(a)
+        if o.category:
+            self._category(o.category).add(a)
+        self.tested += 1
+
+    def _levels(self) -> list[tuple[str, _Level]]:
+        return [("", self.overall), *sorted(self.categories.items())]
+
+    def references(self) -> dict[str, float]:
+        """The fixed reference levels (``""``: overall), to keep across restarts and replicas."""
+        return {k: lv.level for k, lv in self._levels() if lv.level is not None}
+
+    def rejects(self) -> bool:
+        return any(
+            lv.test is not None and lv.tested >= self.spec.min_samples and lv.test.rejected
+            for _, lv in self._levels()
+        )
+
+    def rearm(self) -> None:
+        """After an ``alert``: keep the levels, start the tests afresh."""
+        for _, lv in self._levels():
+            if lv.level is not None:
+                lv._fix(lv.level)
+                lv.tested = 0
+
+    def summary(self, window: Sequence[Observation]) -> tuple[float | None, int, int | None]:
+        lv = self.overall
+        worst: tuple[float, str, float, float] | None = None
+        for name, level in self._levels():
+            if level.level is None or not level.recent:
+                continue
+            mean = math.fsum(level.recent) / len(level.recent)
+            fall = 1.0 - mean / level.level
+            if worst is None or fall > worst[0] or (level.test is not None and level.test.rejected):
+                worst = (fall, name or "all traffic", mean, level.level)
+                if level.test is not None and level.test.rejected:
+                    break
+        n = len(lv.recent)
+        if lv.level is None:
+            self.what = (
+                f"reference level: {len(lv.readings)} of {REFERENCE_READINGS} acceptance "
+                "readings of this episode"
+            )
+            return None, n, len(lv.readings)
+        if worst is None:
+            return None, n, REFERENCE_READINGS
+        fall, where, mean, ref = worst
+        self.what = (
+            f"mean acceptance length {mean:.2f} against reference {ref:.2f} ({where}; "
+            f"fall {fall:.0%}, tolerated {self.threshold:.0%})"
+        )
+        return fall, n, REFERENCE_READINGS
+
+    def state(self, window: Sequence[Observation], with_needs: bool) -> GuardState:
+        value, samples, reference = self.summary(window)
+        tests = [(lv.test, lv.tested) for _, lv in self._levels() if lv.test is not None]
+        e = max((t.evidence()[0] for t, _ in tests), default=1.0)
+        trips = min((t.evidence()[1] for t, _ in tests), default=math.inf)
+        status: GuardStatus
+        if self.rejects():
+            status = "breach"
+        elif samples == 0 and len(window) >= self.spec.min_samples:
+            return GuardState(self.name, "unavailable", None, None, self.threshold, 0, None,
+                              None, self.unavailable_detail(window))  # fmt: skip
+        elif not tests or max(n for _, n in tests) < self.spec.min_samples:
+            status = "waiting"
+        else:
+            status = "ok"
+        detail = self.what
+        if tests:
+            detail = (
+                f"{self.what}; e-value {e:.3g}, trips at {trips:.3g} (anytime-valid, "
+                f"α {self.alpha:.2g} for this guard, split over {len(tests)} level(s))"
+            )
+        return GuardState(
+            self.name, status, value, e, self.threshold, samples, reference, None, detail
+        )
+
+    def unavailable_detail(self, window: Sequence[Observation]) -> str:
+        return (
+            "no acceptance readings: the candidate's answers carry neither the engine's "
+            "per-request counts nor a stream whose shape shows its passes"
+        )
+
+
+class _SpeculationOff(_Guard):
+    """A candidate that stopped speculating: :data:`SPECULATION_OFF_MIN` engine-counted legs in a
+    row (each with at least :data:`SPECULATION_OFF_TOKENS` output tokens) with no draft, or with
+    drafts of which none was accepted. A rule, not a statistical test (outside α)."""
+
+    name: GuardName = "speculation_off"
+
+    def __init__(self, spec: GuardSpec) -> None:
+        super().__init__(0.0, spec)
+        self.threshold = float(SPECULATION_OFF_MIN)
+        self.streak = 0
+        self.counted = 0
+        self.tripped = False
+        self.last: str = ""
+        self.what = (
+            f"engine-counted candidate answers in a row with no draft token landed "
+            f"(breach at {SPECULATION_OFF_MIN})"
+        )
+
+    def update(self, o: Observation) -> None:
+        if o.drafted is None or o.acceptance is None or not o.acceptance_exact:
+            return
+        if o.output_tokens is not None and o.output_tokens < SPECULATION_OFF_TOKENS:
+            return
+        self.counted += 1
+        if o.drafted == 0:
+            self.streak, self.last = self.streak + 1, "no drafts"
+        elif not o.accepted:
+            self.streak, self.last = self.streak + 1, "drafts, none accepted (acceptance 1.0)"
+        else:
+            self.streak = 0
+        if self.streak >= SPECULATION_OFF_MIN:
+            self.tripped = True
+
+    def rejects(self) -> bool:
+        return self.tripped
+
+    def rearm(self) -> None:
+        self.tripped, self.streak = False, 0
+
+    def needs(self) -> int | None:
+        return max(0, SPECULATION_OFF_MIN - self.streak) if not self.tripped else 0
+
+    def summary(self, window: Sequence[Observation]) -> tuple[float | None, int, int | None]:
+        return float(self.streak), self.counted, None
+
+    def state(self, window: Sequence[Observation], with_needs: bool) -> GuardState:
+        status: GuardStatus
+        if self.tripped:
+            status = "breach"
+            detail = (
+                f"{self.streak} answers in a row: {self.last} — the candidate stopped speculating"
+            )
+        elif self.counted == 0 and len(window) >= self.spec.min_samples:
+            status = "unavailable"
+            detail = "no engine per-request draft counts from the candidate (this rule needs them)"
+        elif self.counted < self.spec.min_samples:
+            status = "waiting"
+            detail = f"{self.what}; {self.counted} of {self.spec.min_samples} answers counted"
+        else:
+            status, detail = "ok", self.what
+        return GuardState(
+            self.name, status, float(self.streak), None, self.threshold, self.counted, None,
+            self.needs() if with_needs else None, detail,
+        )  # fmt: skip
 
 
 class GuardBank:
@@ -528,7 +821,7 @@ class GuardBank:
     :meth:`breached` says whether a guard has breached; :meth:`states` describes them all.
     """
 
-    def __init__(self, spec: GuardSpec) -> None:
+    def __init__(self, spec: GuardSpec, levels: dict[str, float] | None = None) -> None:
         self.spec = spec
         self.window: deque[Observation] = deque(maxlen=spec.window)
         candidates: tuple[tuple[GuardName, float | None, str, str], ...] = (
@@ -548,11 +841,29 @@ class GuardBank:
             )
             if limit is not None
         ]
-        self.alpha = (1.0 - spec.confidence) / max(1, len(ratios) + len(others))
+        drop = spec.acceptance_drop_max
+        k = len(ratios) + len(others) + (drop is not None)
+        self.alpha = (1.0 - spec.confidence) / max(1, k)
         self.guards: list[_Guard] = [
             _QuantileRatio(name, limit, c, p, self.alpha, spec) for name, limit, c, p in ratios
         ]
         self.guards += [cls(limit, self.alpha, spec) for limit, cls in others]
+        self.acceptance: _AcceptanceDrop | None = None
+        self.speculation: _SpeculationOff | None = None
+        if drop is not None:
+            self.acceptance = _AcceptanceDrop(drop, self.alpha, spec, levels)
+            self.speculation = _SpeculationOff(spec)
+            self.guards += [self.acceptance, self.speculation]
+
+    def references(self) -> dict[str, float]:
+        """The acceptance reference levels fixed so far (``""``: overall)."""
+        return self.acceptance.references() if self.acceptance is not None else {}
+
+    def rearm(self, name: str) -> None:
+        """A drift guard's breach was only alerted: watch on (reference levels kept)."""
+        for g in self.guards:
+            if g.name == name and isinstance(g, _AcceptanceDrop | _SpeculationOff):
+                g.rearm()
 
     def update(self, o: Observation) -> None:
         self.window.append(o)
@@ -665,6 +976,16 @@ def observe(evidence: Evidence, candidate_backend: str) -> Observation | None:
                 None,
             )
             prim_out = _at(evidence.quality, pi)
+    acceptance = exact = None
+    drafted = accepted = None
+    acc = _at(evidence.acceptance, ci)
+    if acc is not None and cand_rec is not None and evidence.speculation_skip is None:
+        if acc.source is not None and acc.mean_acceptance_length is not None:
+            acceptance, exact = acc.mean_acceptance_length, True
+        elif acc.tokens_per_pass is not None:
+            acceptance, exact = acc.tokens_per_pass, False
+        if acc.source is not None:
+            drafted, accepted = acc.num_draft_tokens, acc.num_accepted_tokens
     return Observation(
         served_by=exchange.served_by,
         candidate_ok=_ok(cand) if cand.outcome not in _UNJUDGED else None,
@@ -680,4 +1001,10 @@ def observe(evidence: Evidence, candidate_backend: str) -> Observation | None:
         candidate_output=cand_out,
         baseline_output=base_out,
         primary_output=prim_out if prim_out is not None and prim_out.sketch is not None else None,
+        acceptance=acceptance,
+        acceptance_exact=bool(exact),
+        drafted=drafted,
+        accepted=accepted,
+        output_tokens=cand_rec.output_tokens if cand_rec is not None else None,
+        category=evidence.category,
     )

@@ -65,6 +65,15 @@ class RuleState:
     # The candidate's engine configuration fingerprint this state was reached with (None: not
     # known yet). A change restarts a canary (or holds it) and lifts a guard's rollback.
     engine: str | None = None
+    # The candidate's acceptance reference levels (``""``: overall, else per category) and the
+    # episode they were fixed in: ``acceptance_drop`` judges against them, and a restart keeps
+    # them (a level relearned after a restart would be learned from the decayed candidate).
+    acceptance_levels: dict[str, float] | None = None
+    acceptance_episode: str = ""
+
+    def levels_for(self, episode: str) -> dict[str, float] | None:
+        """The reference levels, if they belong to ``episode``."""
+        return self.acceptance_levels if self.acceptance_episode == episode else None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -85,7 +94,16 @@ class RuleState:
             ratio=jsonx.as_number(data.get("ratio")),
             episode=str(data.get("episode") or ""),
             engine=str(data["engine"]) if data.get("engine") else None,
+            acceptance_levels=_levels(data.get("acceptance_levels")),
+            acceptance_episode=str(data.get("acceptance_episode") or ""),
         )
+
+
+def _levels(value: object) -> dict[str, float] | None:
+    if not isinstance(value, Mapping):
+        return None
+    out = {str(k): float(v) for k, v in value.items() if isinstance(v, int | float) and v >= 1}
+    return out or None
 
 
 def new_episode() -> str:

@@ -34,7 +34,7 @@ REPLICAS = 4
 
 
 def _breached(bank: GuardBank, spec: GuardSpec) -> bool:
-    return any(g.test.rejected and g.tested >= spec.min_samples for g in bank.guards)
+    return any(g.rejects() for g in bank.guards)
 
 
 def first_rollback(spec: GuardSpec, observations: Sequence[Observation], mode: str) -> int | None:

@@ -23,6 +23,8 @@ def obs(**kw: object) -> Observation:
         "served_by": "primary", "candidate_ok": True, "primary_ok": True, "candidate_e2e": 1.0,
         "candidate_tpot": 0.01, "primary_e2e": 1.0, "primary_tpot": 0.01,
         "candidate_tokens_per_event": 2.5, "diverged": False, "baseline_diverged": False,
+        "acceptance": 2.5, "acceptance_exact": True, "drafted": 8, "accepted": 6,
+        "output_tokens": 32,
     }  # fmt: skip
     return Observation(**{**base, **kw})  # type: ignore[arg-type]
 

@@ -74,12 +74,18 @@ def texts(model: str) -> tuple[tuple[LegQuality, ...], ...]:
     zipf /= zipf.sum()
     common = zipf[np.random.default_rng(7).permutation(n)]
     shift = float(model.removeprefix("shift-")) if model.startswith("shift-") else 0.0
+    # ``temp-T``: the same model sampled at temperature T where production asks 0.7 (its
+    # word law is the T = 0.7 one: p_T ∝ p_0.7^(0.7 / T))
+    temperature = float(model.removeprefix("temp-")) if model.startswith("temp-") else 0.7
     offset = 1_000 if model == "other" else 0
     rng = np.random.default_rng(sum(model.encode()))
     pools = []
     for topic in range(TOPICS):
         law = zipf[np.random.default_rng(100 + offset + topic).permutation(n)]
         law = (1.0 - shift) * law + shift * common
+        if temperature != 0.7:
+            law = law ** (0.7 / temperature)
+            law /= law.sum()
         pool = []
         for _ in range(PER_TOPIC):
             text = " ".join(words[i] for i in rng.choice(n, size=rng.integers(30, 80), p=law))
@@ -194,7 +200,7 @@ def rolled_back_at(
     for t, o in enumerate(observations):
         bank.update(o)
         for g in bank.guards:  # GuardBank.breached(), without a call per guard
-            if g.test.rejected and g.tested >= spec.min_samples:
+            if g.rejects():
                 return t, g.name
     return None
 
