@@ -97,7 +97,7 @@ import operator
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from core.evidence import Evidence, LegQuality

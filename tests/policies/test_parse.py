@@ -430,3 +430,50 @@ def test_quality_margins_override_the_defaults_and_unknown_metrics_name_their_pa
         p.startswith("quality.margins.refusal_rate")
         for p in problems_of(with_change("quality.margins", {"refusal_rate": 2}))
     )
+
+
+def _rollout_rule(ratio: float, legs: list[dict[str, Any]], guards: dict[str, Any]) -> dict:
+    return {
+        "name": "r",
+        "ratio": ratio,
+        "legs": legs,
+        "rollout": {"stage": "canary", "guards": guards},
+    }
+
+
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        (
+            _rollout_rule(0, [{"backend": "cand"}], {}),
+            "rules[0].ratio: 0 mirrors nothing, so no canary answer has the primary's answer behind it",
+        ),
+        (
+            _rollout_rule(
+                0.2,
+                [{"backend": "cand"}],
+                {"divergence_rate_max": None, "sampled_divergence_max": None},
+            ),
+            "rules[0].rollout.guards: no quality guard is on",
+        ),
+    ],
+)
+def test_a_rollout_whose_quality_guards_cannot_work_is_refused_with_its_path(
+    rule: dict[str, Any], expected: str
+) -> None:
+    problems = problems_of({**BASE, "rules": [rule]})
+    assert any(p.startswith(expected) for p in problems), problems
+
+
+def test_a_rollout_with_a_reference_for_its_quality_guards_is_accepted() -> None:
+    """No baseline leg but a ratio above 0 (the primary behind canary answers), or a baseline
+    leg whatever the ratio: both give the quality guards a reference."""
+    parse_policy({**BASE, "rules": [_rollout_rule(0.1, [{"backend": "cand"}], {})]}, source="t")
+    legs = [{"backend": "cand"}, {"backend": "base", "role": "baseline"}]
+    parse_policy({**BASE, "rules": [_rollout_rule(0, legs, {})]}, source="t")
+
+
+def test_a_temperature_override_is_refused_under_the_sampled_guard() -> None:
+    raw = {**BASE, "rules": [_rollout_rule(0.1, [{"backend": "cand"}], {})]}
+    problems = problems_of({**raw, "shaping": {"override_temperature": 0.0}})
+    assert any(p.startswith("shaping.override_temperature:") for p in problems), problems
