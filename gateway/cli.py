@@ -114,11 +114,21 @@ def run_status(args: argparse.Namespace) -> int:
             print(
                 f"  {g['guard']:<18} {g['status']:<11} {value:>8}  threshold {g['threshold']:g}  n={g['samples']}"
             )
+        if r.get("waiting"):
+            print(f"  waiting: {r['waiting']}")
+        if r.get("acceptance_reference"):
+            levels = ", ".join(
+                f"{k or 'all traffic'} {v:.2f}"
+                for k, v in sorted(r["acceptance_reference"].items())
+            )
+            print(f"  acceptance reference: {levels}")
         last = r.get("last_transition")
         if last:
             print(
                 f"  last: {last['from_stage']} → {last['to_stage']} by {last['by']}: {last['reason']}"
             )
+    for b in body.get("drift_breaches", ())[-5:]:
+        print(f"drift: {b['rule']} {b['guard']} ({b['action']}): {b['detail']}")
     return 0
 
 

@@ -45,8 +45,11 @@ Each guard's ``x`` (positive: evidence against the candidate), its null and its 
   hide any collapse — so each request counts at most ``2m``; that changes nothing unless
   collapsed requests are mixed with ones above ``2m``.) ``x ≥ −m``.
 - ``sampled_divergence`` (``max`` = δ): on consecutive disjoint pairs ``(i, j)`` of sampled
-  exchanges with a completed candidate leg (served or mirrored) and a completed baseline leg,
-  both sketched, ``k`` the dot product of sketches (a string kernel), mixed (weights 2:3:1:1:1:1:1):
+  exchanges with a completed candidate leg (served or mirrored) and a completed reference — the
+  baseline leg's output where the exchange has one, else the primary's own answer to the same
+  request (mirrored behind a canary answer, or at ``reference_ratio`` at ``live``) — both
+  sketched, ``b`` the reference and ``k`` the dot product of sketches (a string kernel), mixed
+  (weights 2:3:1:1:1:1:1:1:1):
 
   - ``h = k(cᵢ,cⱼ) + k(bᵢ,bⱼ) − k(cᵢ,bⱼ) − k(bᵢ,cⱼ)``, whose mean is the MMD² between the
     candidate's and the baseline's output distributions averaged over prompts (``|h| ≤ 4``) —
@@ -57,8 +60,9 @@ Each guard's ``x`` (positive: evidence against the candidate), its null and its 
     the same distribution, so ``c`` and ``b`` stay exchangeable given it — and this sees a
     per-request change that averages out over prompts (another model with the same word
     statistics), which ``h`` cannot;
-  - the normalised length difference ``(u_c − u_b)/(u_c + u_b)`` and the repetition difference,
-    each two-sided.
+  - the normalised length difference ``(u_c − u_b)/(u_c + u_b)``, the repetition difference and
+    the distinct-bigram difference, each two-sided. (``g`` needs a baseline leg: with the primary
+    as the reference there is no third draw, and only what is said across requests is compared.)
 
   With ``δ = 0`` (default) the null is **exchangeability**: the candidate's and the baseline's
   outputs for one request are two independent draws from one distribution, what a lossless
@@ -69,8 +73,19 @@ Each guard's ``x`` (positive: evidence against the candidate), its null and its 
   0). With ``δ > 0`` the null is ``MMD² ≤ δ`` and every other statistic's mean within ``±√δ``
   (the MMD of a one-dimensional feature is its mean difference; ``|E g|`` is at most the
   per-request MMD), tested on ``h − δ ≥ −4 − δ`` etc.: valid, and far weaker (the bets are limited
-  by ``h``'s worst case). Without a baseline leg there is no reference for a sampled output: the
-  guard is ``unavailable`` and says a baseline leg is needed.
+  by ``h``'s worst case). The primary is as valid a reference as a baseline: for a lossless
+  candidate its answer and the candidate's are independent draws from the target's distribution
+  given the request, whichever of them answered the client. Without either the guard is
+  ``unavailable``; on sampled traffic that blocks promotion (``GuardState.blocks_promotion``).
+- ``acceptance_drop`` (``max`` = d): per acceptance reading ``a`` of the candidate (its mean
+  tokens per verification pass: the engine's per-request counts, else the stream's shape),
+  ``x = (1 − d)·L − min(a, cap)`` against a reference level ``L`` — the mean of the episode's
+  first :data:`REFERENCE_READINGS` readings, or a level kept from before a restart — with
+  ``cap = max(2L, L + 2)``; one test overall (α/2) and one per category (the k-th category
+  α/2 · 6/(π²k²)). Null: the mean reading is at least ``(1 − d)·L``. ``x ≥ (1 − d)·L − cap``.
+- ``speculation_off``: not a statistical test — :data:`SPECULATION_OFF_MIN` engine-counted
+  answers in a row (each with room to draft) with no draft, or none accepted; outside the α.
+  A breach of either drift guard does what ``rollout.on_drift`` says (the controller).
 - ``kv_usage``: not a statistical test — a sustained gauge. Fires when the candidate's last
   three scraped KV-cache usages are all ≥ ``max``; outside the α above.
 
