@@ -73,6 +73,7 @@ from report.candidates import (
 from report.checklist import Tables, breaches, checklist
 from report.confounds import Confound, confound
 from report.counts import Counts, counts as counts_of
+from report.episodes import Episode, Span, judged_span, rolled_back_episodes
 from report.failures import Failures, failures
 from report.model import Acceptance, KvUsage, RawSpeedups
 from report.population import population_of
@@ -174,6 +175,9 @@ class CandidateAnalysis:
     failures: Failures = field(default_factory=Failures)  # its legs and drops, by how they failed
     rollback: Rollback | None = None  # a rollout rolled it back inside the window
     confound: Confound | None = None  # how its configuration differs from production's
+    # A rolled-back candidate is judged on its latest span outside its rolled-back rollout
+    # episodes (report.episodes); None: on the whole window.
+    span: Span | None = None
 
     @property
     def failing(self) -> bool:
@@ -217,6 +221,9 @@ class Analysis:
     # None: they read every exchange.
     sample: int | None = None
     rollbacks: Sequence[Rollback] = field(default_factory=list)  # inside the window, in time order
+    # The rollout episodes those rollbacks ended (report.episodes): a rolled-back candidate is
+    # judged outside them.
+    episodes: Sequence[Episode] = field(default_factory=list)
     window: tuple[int, int] | None = None  # first and last exchange start (unix ns)
     # Which footing the mirrored legs' token counts were read on (evidence.counts).
     counts: Counts | None = None
@@ -456,10 +463,13 @@ def analyze_candidate(
     alpha: float = DEFAULT_ALPHA,
     tables: Tables | None = None,
     rollback: Rollback | None = None,
+    span: Span | None = None,
 ) -> CandidateAnalysis:
     """One candidate, whole: with ``tables`` (the latency table and error rates of the analysis)
     an ``adopt`` its own rollback triggers would trip becomes ``do_not_adopt``; with ``rollback``
-    (a rollout rolled it back inside the window) every verdict is ``rolled_back``."""
+    (a rollout rolled it back inside the window) every verdict is ``rolled_back``; ``span``: the
+    part of the window ``records`` were cut to (:func:`report.episodes.judged_span`), named in
+    the verdicts' reasons."""
     pop = population if population is not None else population_of(records)
     primary_pairs, baseline_pairs = _pairs([r for r in records if not r.speculation_skip], backend)
     # The load-true estimate and the exclusions count every exchange of the window (the
@@ -510,7 +520,7 @@ def analyze_candidate(
     if conf is not None and conf.fields:
         verdicts = _gated(verdicts, conf, speed, backend)
     if rollback is not None:
-        verdicts = _rolled_back(verdicts, rollback)
+        verdicts = _rolled_back(verdicts, rollback, span)
     return CandidateAnalysis(
         backend=backend,
         speedups=raw,
@@ -531,6 +541,7 @@ def analyze_candidate(
         failures=failed,
         rollback=rollback,
         confound=conf,
+        span=span,
     )
 
 
@@ -634,16 +645,19 @@ def _mismatched_categories(verdicts: list[Verdict]) -> list[Verdict]:
     return out
 
 
-def _rolled_back(verdicts: Sequence[Verdict], rb: Rollback) -> list[Verdict]:
+def _rolled_back(
+    verdicts: Sequence[Verdict], rb: Rollback, span: Span | None = None
+) -> list[Verdict]:
     """Every verdict becomes ``rolled_back``: what the rollout saw first, then what the shadow
-    evidence had said."""
+    evidence had said (``span``: the evidence outside the rolled-back episode it was judged on)."""
     out = []
+    evidence = "this window's evidence" if span is None else span.text()
     for v in verdicts:
         before = "; ".join(v.reasons)
         reasons = (
             rb.text(),
             "not recommended for this window: the rollout's guard saw it fail in production",
-            f"without the rollback, this window's evidence says: {v.label}"
+            f"without the rollback, {evidence} says: {v.label}"
             + (f" — {before}" if before else ""),
         )
         if rb.by not in (None, "guard"):
@@ -714,6 +728,37 @@ def _breached(v: Verdict, triggers: Sequence[str]) -> Verdict:
     return dataclasses.replace(v, decision="do_not_adopt", reasons=(*triggers, *v.reasons))
 
 
+def _candidate(
+    everything: Sequence[Record],
+    recs: Sequence[Record],
+    backend: str,
+    categories: Sequence[str],
+    pop: Population,
+    episodes: Sequence[Episode],
+    *,
+    margins: Mapping[str, float],
+    alpha: float,
+    tables: Tables,
+    rollback: Rollback | None,
+) -> CandidateAnalysis:
+    """:func:`analyze_candidate` on the records the candidate is judged on: the whole window, or,
+    when a rollout episode of its was rolled back, its latest span outside such episodes — its
+    population, latency and error rates summed again over that span."""
+    own, span = judged_span(everything, backend, episodes)
+    if span is None:
+        return analyze_candidate(
+            recs, backend, categories, pop, margins=margins, alpha=alpha, tables=tables,
+            rollback=rollback,
+        )  # fmt: skip
+    served = [r for r in own if r.served_by == "primary"]
+    table, _, errors = latency(served, several_candidates=tables.several)
+    return analyze_candidate(
+        served, backend, categories, population_of(own), margins=margins, alpha=alpha,
+        tables=Tables(latency=table, errors=errors, several=tables.several), rollback=rollback,
+        span=span,
+    )  # fmt: skip
+
+
 def analyze(
     records: Iterable[Record | Mapping[str, Any]],
     results: Iterable[Mapping[str, Any]] | None = None,
@@ -756,11 +801,14 @@ def analyze(
     table, n, errors = latency(recs, several_candidates=len(backends) > 1)
     tables = Tables(latency=table, errors=errors, several=len(backends) > 1)
     rolled = rollbacks(whole, transitions)
-    rolled_back = by_backend([rb for rb in rolled if since is None or rb.at_unix_ns >= since])
+    standing = [rb for rb in rolled if since is None or rb.at_unix_ns >= since]
+    rolled_back = by_backend(standing)
+    # A rolled-back candidate is judged outside its rolled-back episodes (report.episodes).
+    episodes = rolled_back_episodes(everything, standing)
     candidates = {
-        b: analyze_candidate(
-            recs, b, cats, pop, margins=margins, alpha=alpha, tables=tables,
-            rollback=rolled_back.get(b),
+        b: _candidate(
+            everything, recs, b, cats, pop, episodes, margins=margins, alpha=alpha,
+            tables=tables, rollback=rolled_back.get(b),
         )
         for b in backends
     }  # fmt: skip
@@ -795,6 +843,7 @@ def analyze(
         rollout=timeline(whole),
         counterfactual=counterfactual,
         rollbacks=rolled,
+        episodes=episodes,
         window=(min(starts), max(starts)) if starts else None,
         counts=counts_of(everything),
         config_changes=changed,

@@ -148,6 +148,7 @@ OPTIONAL = {
     ("legs", "[]", "speculative", "reported"),
     ("rollout", "stage"),
     ("rollout", "failover"),
+    ("rollout", "episode"),
     ("likelihood", "legs"),
     ("legs", "[]", "acceptance", "backend_window", "kv_cache_usage_perc"),
 }
@@ -237,6 +238,7 @@ EXCHANGE_READ: dict[str, Callable[[Record], Any]] = {
     "category": lambda r: r.raw.get("category"),  # the column keeps null; the reader names it
     "served_by": lambda r: r.raw.get("served_by"),  # the column keeps null; SQL reads ifNull
     "rollout_stage": lambda r: r.rollout_stage,
+    "rollout_episode": lambda r: r.rollout_episode,
     "policy_rule": lambda r: r.policy_rule,
     "sampled": lambda r: int(r.sampling.sampled),
     "output_length_bucket": lambda r: r.output_length_bucket,
