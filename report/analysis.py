@@ -80,7 +80,7 @@ from report.population import population_of
 from report.quality import Equivalence, equivalence
 from report.records import ALL
 from report.requalify import ConfigChange, split
-from report.rollbacks import Rollback, by_backend, rollbacks
+from report.rollbacks import Rollback, by_backend, guard_breaches, rollbacks
 from report.sections import (
     Example,
     LatencyTable,
@@ -193,6 +193,28 @@ class CandidateAnalysis:
 
 
 @dataclass(frozen=True, slots=True)
+class PickChange:
+    """A category's pick differs between two windows of one report: the evidence before the
+    window was split (a rolled-back rollout episode, a configuration change) and the window the
+    verdicts judge."""
+
+    category: str
+    before: str | None  # the backend picked on the earlier window (None: no pick)
+    after: str | None  # the backend picked now
+    split: str  # where the window was split, in words
+    why: str  # why the pick changed, with the number behind it
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "category": self.category,
+            "before": self.before,
+            "after": self.after,
+            "split": self.split,
+            "why": self.why,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Analysis:
     """Everything the report shows: :func:`analyze` computes every part first and constructs it
     once; nothing patches it afterwards."""
@@ -224,6 +246,10 @@ class Analysis:
     # The rollout episodes those rollbacks ended (report.episodes): a rolled-back candidate is
     # judged outside them.
     episodes: Sequence[Episode] = field(default_factory=list)
+    # Guard breaches that did not roll back to shadow (a drift guard's back-to-canary), by guard.
+    breaches: Sequence[Rollback] = field(default_factory=list)
+    # Categories whose pick differs between the window before the split and the judged one.
+    pick_changes: Sequence[PickChange] = field(default_factory=list)
     window: tuple[int, int] | None = None  # first and last exchange start (unix ns)
     # Which footing the mirrored legs' token counts were read on (evidence.counts).
     counts: Counts | None = None
@@ -759,6 +785,64 @@ def _candidate(
     )  # fmt: skip
 
 
+def _pick_changes(
+    whole: Sequence[Record],
+    candidates: Mapping[str, CandidateAnalysis],
+    now: Mapping[str, Recommendation],
+    episodes: Sequence[Episode],
+    since: int | None,
+    categories: Sequence[str],
+    *,
+    margins: Mapping[str, float],
+    alpha: float,
+) -> list[PickChange]:
+    """Each category whose pick on the evidence before the window's first split — the earliest
+    rolled-back episode's start, else the latest configuration change — differs from its pick
+    now, and why (the verdict that lost it, whose first reason carries the number)."""
+    if episodes:
+        first = episodes[0]
+        split, cut = f"before {first.text()}", first.start_unix_ns
+    elif since is not None:
+        split, cut = "before the configuration change", since
+    else:
+        return []
+    earlier = [r for r in whole if r.started_unix_ns < cut]
+    served = [r for r in earlier if r.served_by == "primary"]
+    backends = [b for b in candidates if any(r.candidate_leg(b) is not None for r in served)]
+    if not backends:
+        return []
+    several = len(candidates) > 1
+    table, _, errors = latency(served, several_candidates=several)
+    tables = Tables(latency=table, errors=errors, several=several)
+    pop = population_of(earlier)
+    then = {
+        b: analyze_candidate(served, b, categories, pop, margins=margins, alpha=alpha,
+                             tables=tables)
+        for b in backends
+    }  # fmt: skip
+    h2h = head_to_head(served, backends, categories)
+    specs = {b: c.speculation for b, c in then.items() if c.speculation is not None}
+    out = []
+    for cat in [*categories, ALL]:
+        verdicts = {b: v for b, c in then.items() for v in c.verdicts if v.category == cat}
+        after = now.get(cat)
+        if not verdicts or after is None:
+            continue
+        before = recommend(cat, verdicts, specs, h2h)
+        if before.backend == after.backend:
+            continue
+        lost = candidates.get(before.backend) if before.backend is not None else None
+        v = next((x for x in lost.verdicts if x.category == cat), None) if lost else None
+        if lost is not None and v is not None and v.rollback is not None:
+            why = f"{lost.label} was rolled back at {v.rollback.at()} (above)"
+        elif lost is not None and v is not None and v.decision != "adopt":
+            why = f"{lost.label}: {v.label} now — {v.reasons[0] if v.reasons else v.label}"
+        else:
+            why = after.reason
+        out.append(PickChange(cat, before.backend, after.backend, split, why))
+    return out
+
+
 def analyze(
     records: Iterable[Record | Mapping[str, Any]],
     results: Iterable[Mapping[str, Any]] | None = None,
@@ -844,6 +928,17 @@ def analyze(
         counterfactual=counterfactual,
         rollbacks=rolled,
         episodes=episodes,
+        breaches=guard_breaches(whole, transitions),
+        pick_changes=_pick_changes(
+            whole,
+            candidates,
+            recommendations,
+            episodes,
+            since,
+            cats,
+            margins=margins,
+            alpha=alpha,
+        ),
         window=(min(starts), max(starts)) if starts else None,
         counts=counts_of(everything),
         config_changes=changed,

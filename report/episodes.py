@@ -61,10 +61,10 @@ class Episode:
         )
 
     def text(self) -> str:
-        until = "the end of the window" if self.end_unix_ns is None else _at(self.end_unix_ns)
+        until = "" if self.end_unix_ns is None else f", ended {_at(self.end_unix_ns)}"
         return (
-            f"rule {self.rollback.rule}'s rollout episode from {_at(self.start_unix_ns)} to "
-            f"{until}, rolled back at {self.rollback.at()}"
+            f"rule {self.rollback.rule}'s rollout episode (from {_at(self.start_unix_ns)}, "
+            f"rolled back at {self.rollback.at()}{until})"
         )
 
     def to_json(self) -> dict[str, Any]:

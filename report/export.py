@@ -115,6 +115,10 @@ def report_json(a: Analysis) -> dict[str, Any]:
         "rollbacks": [rb.to_json() for rb in a.rollbacks],
         # the rollout episodes those rollbacks ended: their legs make no load figure or pick
         "rolled_back_episodes": [e.to_json() for e in a.episodes],
+        # guard breaches that sent a rule elsewhere than shadow, read by guard name
+        "guard_breaches": [b.to_json() for b in a.breaches],
+        # categories whose pick differs between the window before a split and the judged one
+        "pick_changes": [ch.to_json() for ch in a.pick_changes],
         # Engine configuration changes in the window; the verdicts judge from the last one on.
         "config_changes": [ch.to_json() for ch in a.config_changes],
         "judged_since_unix_ns": a.judged_since,
