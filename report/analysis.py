@@ -28,7 +28,11 @@ fix; an ``adopt`` whose measured numbers already breach its own rollback trigger
 p99 TPOT or e2e past today's primary's) becomes ``do_not_adopt`` with that trigger as its reason;
 and a candidate a rollout rolled back inside the report's window (:mod:`report.rollbacks`) is
 ``rolled_back`` for every category — never recommended for that window — with when, by which
-guard, the reading against its threshold, and what its shadow evidence had said before.
+guard, the reading against its threshold, and what its shadow evidence had said before. Its
+load figures and that earlier verdict come from its latest span outside the rollout episodes
+its guards rolled back (:mod:`report.episodes`): a bad deploy's legs make no crossover. A
+category whose pick on the evidence before that split (or a configuration change) differs from
+its pick now is listed with why (:class:`PickChange`).
 
 Two gates on the engines' own configurations (``legs[].engine``) come first and last: the window is
 split at the latest configuration change of any leg and only the exchanges after it are judged
