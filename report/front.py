@@ -17,7 +17,7 @@ the block where the term first appears.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -195,6 +195,9 @@ def front(a: Analysis) -> list[Line]:
             text = "; ".join(f"{label} for {', '.join(cats)}" for label, cats in by.items())
         else:
             text = "nothing yet: no candidate passed the verdict for any category"
+        thin = _thin(a, picks)
+        if thin:
+            text += "; not enough data for " + "; ".join(thin)
         out.append(Line("ship", "Ship", text))
     footing = a.counts.sentence() if a.counts is not None else None
     if footing is not None:
@@ -207,6 +210,29 @@ def front(a: Analysis) -> list[Line]:
                 f"{a.records} exchanges from {_at(a.window[0])} to {_at(a.window[1])}",
             )
         )
+    return out
+
+
+def _thin(a: Analysis, picks: Mapping[str, str]) -> list[str]:
+    """Each category without a pick that a candidate could still win with more data: the
+    number behind its "not enough data" (its verdict's first reason), e.g. the load strata's
+    coverage against the 90 % it needs."""
+    out = []
+    for cat in a.categories:
+        if cat in picks:
+            continue
+        v = next(
+            (
+                v
+                for c in a.candidates.values()
+                for v in c.verdicts
+                if v.category == cat and v.decision == "not_enough_data" and v.reasons
+            ),
+            None,
+        )
+        if v is not None:
+            who = next(c.label for c in a.candidates.values() if v in c.verdicts)
+            out.append(f"{cat} ({who}: {v.reasons[0]})")
     return out
 
 

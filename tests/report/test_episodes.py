@@ -167,6 +167,9 @@ def test_a_pick_lost_to_thin_strata_says_the_coverage_behind_not_enough_data() -
 
     assert any(line.startswith("Pick changed: code") and code.reasons[0] in line
                for line in terminal(a))  # fmt: skip
+    # … and what to ship says why code has no pick, with the same number.
+    (ship,) = [line for line in terminal(a) if line.startswith("Ship: ")]
+    assert "not enough data for" in ship and f"code (ngram k=4: {code.reasons[0]})" in ship
 
 
 def test_a_guard_breach_is_read_by_guard_name_against_a_threshold_or_a_reference() -> None:
