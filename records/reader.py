@@ -424,6 +424,11 @@ class Rollout(View):
 
     stage = text()
     failover = text(doc="why a candidate that should have answered did not (it failed first)")
+    episode = name(
+        doc="the rule's rollout episode when the exchange was dispatched (the guards judge an "
+        "episode on its own exchanges; a policy change, a promotion or a re-qualification "
+        "starts a new one, a rollback does not)"
+    )
 
 
 class Workflow(View):
@@ -571,6 +576,13 @@ class Record(View):
         """The rollout stage the exchange ran under; None outside a rollout."""
         r = self.rollout
         return None if r is None else str(r.stage)
+
+    @property
+    def rollout_episode(self) -> str | None:
+        """The rule's rollout episode the exchange was dispatched in; None outside a rollout (or
+        in records written before the field)."""
+        r = self.rollout
+        return None if r is None else r.episode
 
     @property
     def rollout_failover(self) -> bool:

@@ -53,7 +53,7 @@ __all__ = [
     "wide_row",
 ]
 
-WIDE_VERSION = 2
+WIDE_VERSION = 3
 
 Record = Mapping[str, Any]
 
@@ -180,6 +180,8 @@ EXCHANGE_COLUMNS: tuple[Column, ...] = (
     column("dropped_backends", R._sampling, Sampling.dropped, item=Drop.backend),
     column("dropped_roles", R._sampling, Sampling.dropped, item=Drop.role),
     column("dropped_reasons", R._sampling, Sampling.dropped, item=Drop._reason),
+    # added in version 3: the rollout episode the report splits a rolled-back window at
+    column("rollout_episode", R.rollout, Rollout.episode),
 )
 
 LEG_COLUMNS: tuple[Column, ...] = (

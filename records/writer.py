@@ -316,7 +316,11 @@ def build_record(
         "workflow": workflow_record(exchange),
         "rollout": None
         if exchange.rollout_stage is None
-        else {"stage": exchange.rollout_stage, "failover": exchange.failover},
+        else {
+            "stage": exchange.rollout_stage,
+            "failover": exchange.failover,
+            "episode": exchange.rollout_episode,
+        },
         "output_length_bucket": output_length_bucket(primary.output_tokens if primary else None),
         "concurrency": exchange.primary.inflight_at_dispatch,
         "concurrency_bucket": concurrency_bucket(exchange.primary.inflight_at_dispatch),

@@ -18,7 +18,8 @@ verdicts), ``failures`` (a candidate's legs by how they failed: ``candidate_fail
 grouped into application runs and workflow types, each candidate's projected run speed-up;
 ``workflows_view`` words it, ``spans`` reads the application's own spans from a column store), ``confounds`` (a
 candidate that differs from production in more than speculation: ``confounded``), ``requalify``
-(the window split at an engine configuration change), ``candidates`` (who each
+(the window split at an engine configuration change), ``episodes`` (the window split at a
+rolled-back rollout episode: its legs make no load figure, verdict or pick), ``candidates`` (who each
 candidate is, lossless or not, head to head, the recommendation), ``checklist``, ``front`` (the
 first screen, the glosses), ``export`` (``report.json``), ``plots`` (matplotlib Agg → PNG data URIs),
 ``render`` (HTML) and ``markdown`` (the summary), pure, ``cli`` (``specshadow report``). :func:`build_report` is the one entry point for code (the demo).

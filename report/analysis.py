@@ -28,7 +28,11 @@ fix; an ``adopt`` whose measured numbers already breach its own rollback trigger
 p99 TPOT or e2e past today's primary's) becomes ``do_not_adopt`` with that trigger as its reason;
 and a candidate a rollout rolled back inside the report's window (:mod:`report.rollbacks`) is
 ``rolled_back`` for every category — never recommended for that window — with when, by which
-guard, the reading against its threshold, and what its shadow evidence had said before.
+guard, the reading against its threshold, and what its shadow evidence had said before. Its
+load figures and that earlier verdict come from its latest span outside the rollout episodes
+its guards rolled back (:mod:`report.episodes`): a bad deploy's legs make no crossover. A
+category whose pick on the evidence before that split (or a configuration change) differs from
+its pick now is listed with why (:class:`PickChange`).
 
 Two gates on the engines' own configurations (``legs[].engine``) come first and last: the window is
 split at the latest configuration change of any leg and only the exchanges after it are judged
@@ -73,13 +77,14 @@ from report.candidates import (
 from report.checklist import Tables, breaches, checklist
 from report.confounds import Confound, confound
 from report.counts import Counts, counts as counts_of
+from report.episodes import Episode, Span, judged_span, rolled_back_episodes
 from report.failures import Failures, failures
 from report.model import Acceptance, KvUsage, RawSpeedups
 from report.population import population_of
 from report.quality import Equivalence, equivalence
 from report.records import ALL
 from report.requalify import ConfigChange, split
-from report.rollbacks import Rollback, by_backend, rollbacks
+from report.rollbacks import Rollback, by_backend, guard_breaches, rollbacks
 from report.sections import (
     Example,
     LatencyTable,
@@ -174,6 +179,9 @@ class CandidateAnalysis:
     failures: Failures = field(default_factory=Failures)  # its legs and drops, by how they failed
     rollback: Rollback | None = None  # a rollout rolled it back inside the window
     confound: Confound | None = None  # how its configuration differs from production's
+    # A rolled-back candidate is judged on its latest span outside its rolled-back rollout
+    # episodes (report.episodes); None: on the whole window.
+    span: Span | None = None
 
     @property
     def failing(self) -> bool:
@@ -186,6 +194,28 @@ class CandidateAnalysis:
     @property
     def label(self) -> str:
         return self.speculation.label if self.speculation is not None else self.backend
+
+
+@dataclass(frozen=True, slots=True)
+class PickChange:
+    """A category's pick differs between two windows of one report: the evidence before the
+    window was split (a rolled-back rollout episode, a configuration change) and the window the
+    verdicts judge."""
+
+    category: str
+    before: str | None  # the backend picked on the earlier window (None: no pick)
+    after: str | None  # the backend picked now
+    split: str  # where the window was split, in words
+    why: str  # why the pick changed, with the number behind it
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "category": self.category,
+            "before": self.before,
+            "after": self.after,
+            "split": self.split,
+            "why": self.why,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +247,13 @@ class Analysis:
     # None: they read every exchange.
     sample: int | None = None
     rollbacks: Sequence[Rollback] = field(default_factory=list)  # inside the window, in time order
+    # The rollout episodes those rollbacks ended (report.episodes): a rolled-back candidate is
+    # judged outside them.
+    episodes: Sequence[Episode] = field(default_factory=list)
+    # Guard breaches that did not roll back to shadow (a drift guard's back-to-canary), by guard.
+    breaches: Sequence[Rollback] = field(default_factory=list)
+    # Categories whose pick differs between the window before the split and the judged one.
+    pick_changes: Sequence[PickChange] = field(default_factory=list)
     window: tuple[int, int] | None = None  # first and last exchange start (unix ns)
     # Which footing the mirrored legs' token counts were read on (evidence.counts).
     counts: Counts | None = None
@@ -456,10 +493,13 @@ def analyze_candidate(
     alpha: float = DEFAULT_ALPHA,
     tables: Tables | None = None,
     rollback: Rollback | None = None,
+    span: Span | None = None,
 ) -> CandidateAnalysis:
     """One candidate, whole: with ``tables`` (the latency table and error rates of the analysis)
     an ``adopt`` its own rollback triggers would trip becomes ``do_not_adopt``; with ``rollback``
-    (a rollout rolled it back inside the window) every verdict is ``rolled_back``."""
+    (a rollout rolled it back inside the window) every verdict is ``rolled_back``; ``span``: the
+    part of the window ``records`` were cut to (:func:`report.episodes.judged_span`), named in
+    the verdicts' reasons."""
     pop = population if population is not None else population_of(records)
     primary_pairs, baseline_pairs = _pairs([r for r in records if not r.speculation_skip], backend)
     # The load-true estimate and the exclusions count every exchange of the window (the
@@ -510,7 +550,7 @@ def analyze_candidate(
     if conf is not None and conf.fields:
         verdicts = _gated(verdicts, conf, speed, backend)
     if rollback is not None:
-        verdicts = _rolled_back(verdicts, rollback)
+        verdicts = _rolled_back(verdicts, rollback, span)
     return CandidateAnalysis(
         backend=backend,
         speedups=raw,
@@ -531,6 +571,7 @@ def analyze_candidate(
         failures=failed,
         rollback=rollback,
         confound=conf,
+        span=span,
     )
 
 
@@ -634,16 +675,19 @@ def _mismatched_categories(verdicts: list[Verdict]) -> list[Verdict]:
     return out
 
 
-def _rolled_back(verdicts: Sequence[Verdict], rb: Rollback) -> list[Verdict]:
+def _rolled_back(
+    verdicts: Sequence[Verdict], rb: Rollback, span: Span | None = None
+) -> list[Verdict]:
     """Every verdict becomes ``rolled_back``: what the rollout saw first, then what the shadow
-    evidence had said."""
+    evidence had said (``span``: the evidence outside the rolled-back episode it was judged on)."""
     out = []
+    evidence = "this window's evidence" if span is None else span.text()
     for v in verdicts:
         before = "; ".join(v.reasons)
         reasons = (
             rb.text(),
             "not recommended for this window: the rollout's guard saw it fail in production",
-            f"without the rollback, this window's evidence says: {v.label}"
+            f"without the rollback, {evidence} says: {v.label}"
             + (f" — {before}" if before else ""),
         )
         if rb.by not in (None, "guard"):
@@ -714,6 +758,95 @@ def _breached(v: Verdict, triggers: Sequence[str]) -> Verdict:
     return dataclasses.replace(v, decision="do_not_adopt", reasons=(*triggers, *v.reasons))
 
 
+def _candidate(
+    everything: Sequence[Record],
+    recs: Sequence[Record],
+    backend: str,
+    categories: Sequence[str],
+    pop: Population,
+    episodes: Sequence[Episode],
+    *,
+    margins: Mapping[str, float],
+    alpha: float,
+    tables: Tables,
+    rollback: Rollback | None,
+) -> CandidateAnalysis:
+    """:func:`analyze_candidate` on the records the candidate is judged on: the whole window, or,
+    when a rollout episode of its was rolled back, its latest span outside such episodes — its
+    population, latency and error rates summed again over that span."""
+    own, span = judged_span(everything, backend, episodes)
+    if span is None:
+        return analyze_candidate(
+            recs, backend, categories, pop, margins=margins, alpha=alpha, tables=tables,
+            rollback=rollback,
+        )  # fmt: skip
+    served = [r for r in own if r.served_by == "primary"]
+    table, _, errors = latency(served, several_candidates=tables.several)
+    return analyze_candidate(
+        served, backend, categories, population_of(own), margins=margins, alpha=alpha,
+        tables=Tables(latency=table, errors=errors, several=tables.several), rollback=rollback,
+        span=span,
+    )  # fmt: skip
+
+
+def _pick_changes(
+    whole: Sequence[Record],
+    candidates: Mapping[str, CandidateAnalysis],
+    now: Mapping[str, Recommendation],
+    episodes: Sequence[Episode],
+    since: int | None,
+    categories: Sequence[str],
+    *,
+    margins: Mapping[str, float],
+    alpha: float,
+) -> list[PickChange]:
+    """Each category whose pick on the evidence before the window's first split — the earliest
+    rolled-back episode's start, else the latest configuration change — differs from its pick
+    now, and why (the verdict that lost it, whose first reason carries the number)."""
+    if episodes:
+        first = episodes[0]
+        split, cut = f"before {first.text()}", first.start_unix_ns
+    elif since is not None:
+        split, cut = "before the configuration change", since
+    else:
+        return []
+    earlier = [r for r in whole if r.started_unix_ns < cut]
+    served = [r for r in earlier if r.served_by == "primary"]
+    backends = [b for b in candidates if any(r.candidate_leg(b) is not None for r in served)]
+    if not backends:
+        return []
+    several = len(candidates) > 1
+    table, _, errors = latency(served, several_candidates=several)
+    tables = Tables(latency=table, errors=errors, several=several)
+    pop = population_of(earlier)
+    then = {
+        b: analyze_candidate(served, b, categories, pop, margins=margins, alpha=alpha,
+                             tables=tables)
+        for b in backends
+    }  # fmt: skip
+    h2h = head_to_head(served, backends, categories)
+    specs = {b: c.speculation for b, c in then.items() if c.speculation is not None}
+    out = []
+    for cat in [*categories, ALL]:
+        verdicts = {b: v for b, c in then.items() for v in c.verdicts if v.category == cat}
+        after = now.get(cat)
+        if not verdicts or after is None:
+            continue
+        before = recommend(cat, verdicts, specs, h2h)
+        if before.backend == after.backend:
+            continue
+        lost = candidates.get(before.backend) if before.backend is not None else None
+        v = next((x for x in lost.verdicts if x.category == cat), None) if lost else None
+        if lost is not None and v is not None and v.rollback is not None:
+            why = f"{lost.label} was rolled back at {v.rollback.at()} (above)"
+        elif lost is not None and v is not None and v.decision != "adopt":
+            why = f"{lost.label}: {v.label} now — {v.reasons[0] if v.reasons else v.label}"
+        else:
+            why = after.reason
+        out.append(PickChange(cat, before.backend, after.backend, split, why))
+    return out
+
+
 def analyze(
     records: Iterable[Record | Mapping[str, Any]],
     results: Iterable[Mapping[str, Any]] | None = None,
@@ -756,11 +889,14 @@ def analyze(
     table, n, errors = latency(recs, several_candidates=len(backends) > 1)
     tables = Tables(latency=table, errors=errors, several=len(backends) > 1)
     rolled = rollbacks(whole, transitions)
-    rolled_back = by_backend([rb for rb in rolled if since is None or rb.at_unix_ns >= since])
+    standing = [rb for rb in rolled if since is None or rb.at_unix_ns >= since]
+    rolled_back = by_backend(standing)
+    # A rolled-back candidate is judged outside its rolled-back episodes (report.episodes).
+    episodes = rolled_back_episodes(everything, standing)
     candidates = {
-        b: analyze_candidate(
-            recs, b, cats, pop, margins=margins, alpha=alpha, tables=tables,
-            rollback=rolled_back.get(b),
+        b: _candidate(
+            everything, recs, b, cats, pop, episodes, margins=margins, alpha=alpha,
+            tables=tables, rollback=rolled_back.get(b),
         )
         for b in backends
     }  # fmt: skip
@@ -795,6 +931,18 @@ def analyze(
         rollout=timeline(whole),
         counterfactual=counterfactual,
         rollbacks=rolled,
+        episodes=episodes,
+        breaches=guard_breaches(whole, transitions),
+        pick_changes=_pick_changes(
+            whole,
+            candidates,
+            recommendations,
+            episodes,
+            since,
+            cats,
+            margins=margins,
+            alpha=alpha,
+        ),
         window=(min(starts), max(starts)) if starts else None,
         counts=counts_of(everything),
         config_changes=changed,

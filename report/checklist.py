@@ -1,18 +1,28 @@
 """The release checklist and its rollback triggers, written from the measured numbers (pure).
 
 One line per recommended configuration (:mod:`report.candidates`) and the categories it
-serves, then each category's rollback triggers from *that* candidate's numbers, in absolute
-units for a person to read (p99 TPOT and e2e in ms, divergence, tokens per event); a trigger
-names the number it came from, so an SRE can see why a line says what it says. The guards a
-policy carries are written from the same numbers as ratios by :mod:`report.rollout`
-(``rollout.yaml``), with their own rule for each threshold — the two are not the same numbers.
+serves, then each category's rollback triggers from *that* candidate's numbers. The triggers
+**are** the rollout guards: :func:`guards_for` computes each category's thresholds once, and
+both the checklist (here, in words: a ratio with its value in ms at today's primary p99, the
+measured number it came from and the policy key) and ``rollout.yaml`` (:mod:`report.rollout`)
+are written from that one :class:`Guards` — they cannot disagree. The rules:
+
+- ``e2e_p99_ratio_max`` / ``tpot_p99_ratio_max``: 1.25 × the measured p99 ratio candidate ÷
+  primary, between 1.0 (a candidate slower than today's primary is rolled back; the policy
+  allows no lower ratio) and 1.5;
+- ``error_rate_delta_max``: the measured difference plus 1 point (at least 1 point);
+- ``divergence_rate_max``: the measured greedy divergence above the noise floor plus the
+  report's tolerance (two standard errors and 2 points);
+- ``tokens_per_event_min``: half the measured speculative gain, ``1 + (tpe − 1) / 2``;
+- ``kv_usage_max``: 0.95;
+- ``sampled_divergence_max``: 0 (exchangeable outputs) where the measured traffic was sampled.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from core.stats import mean
 from report.candidates import Recommendation
@@ -93,37 +103,132 @@ def breaches(a: Measured, key: str, cat: str) -> list[str]:
     return out
 
 
-def _category_triggers(a: Measured, c: CandidateAnalysis, cat: str) -> list[str]:
-    """Rollback triggers for one category served by ``c``, from ``c``'s measured numbers."""
-    items: list[str] = []
+KV_USAGE_MAX = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class Guards:
+    """One category's rollback triggers — the rollout guards (see the module doc) — and the
+    measured numbers they came from."""
+
+    e2e_p99_ratio_max: float
+    tpot_p99_ratio_max: float
+    error_rate_delta_max: float
+    divergence_rate_max: float
+    tokens_per_event_min: float | None
+    kv_usage_max: float = KV_USAGE_MAX
+    # The measured traffic held sampled exchanges: sampled_divergence judges them (against a
+    # baseline leg, or the primary's own answers mirrored behind the candidate's).
+    sampled: bool = False
+    # What they came from: p99s (s) of the candidate and the primary, error rates, divergence.
+    measured: Mapping[str, float | None] = field(default_factory=dict)
+
+    def as_policy(self) -> dict[str, Any]:
+        """The policy's ``guards`` block."""
+        out: dict[str, Any] = {
+            "min_samples": 20,
+            "e2e_p99_ratio_max": self.e2e_p99_ratio_max,
+            "tpot_p99_ratio_max": self.tpot_p99_ratio_max,
+            "error_rate_delta_max": self.error_rate_delta_max,
+            "divergence_rate_max": self.divergence_rate_max,
+            "tokens_per_event_min": self.tokens_per_event_min,
+            "kv_usage_max": self.kv_usage_max,
+        }
+        if self.sampled:
+            out["sampled_divergence_max"] = 0.0
+        return out
+
+
+def _ratio_max(cand: float | None, prim: float | None) -> float:
+    if cand is None or prim is None or prim <= 0:
+        return 1.5
+    return round(min(1.5, max(1.0, 1.25 * cand / prim)), 2)
+
+
+def guards_for(a: Measured, c: CandidateAnalysis, cat: str) -> Guards:
+    """The rollback triggers — the guards — for ``c`` serving ``cat``, from its measured numbers
+    (the module doc): what the checklist says and ``rollout.yaml`` carries."""
     key = leg_key(a, c)
-    c_tpot, p_tpot = p99(a, key, cat, "tpot_s"), p99(a, "primary", cat, "tpot_s")
-    if c_tpot is not None:
-        # 20 % worse than measured, or no better than today's primary: whichever comes first.
-        limit = min(c_tpot * 1.2, p_tpot) if p_tpot is not None else c_tpot * 1.2
-        items.append(
-            f"Roll back {cat} if candidate p99 tpot > {_ms(limit)} "
-            f"(measured: candidate {_ms(c_tpot)}, primary {_ms(p_tpot)})."
-        )
     c_e2e, p_e2e = p99(a, key, cat, "e2e_s"), p99(a, "primary", cat, "e2e_s")
-    if c_e2e is not None and p_e2e is not None:
-        items.append(
-            f"Roll back {cat} if p99 e2e exceeds today's primary p99 of {_ms(p_e2e)} "
-            f"(measured candidate: {_ms(c_e2e)})."
-        )
+    c_tpot, p_tpot = p99(a, key, cat, "tpot_s"), p99(a, "primary", cat, "tpot_s")
+    cerr, perr = a.errors.get((key, cat)), a.errors.get(("primary", cat))
+    c_rate = cerr.value if cerr is not None else None
+    p_rate = perr.value if perr is not None else None
+    error = 0.02
+    if c_rate is not None and p_rate is not None:
+        error = round(max(ERROR_MARGIN, c_rate - p_rate + ERROR_MARGIN), 3)
+    divergence = 0.05
     q = c.quality.get(cat)
-    if q is not None and q.candidate_divergence.n:
-        floor = q.baseline_divergence.value or 0.0
+    c_div = q.candidate_divergence.value if q is not None else None
+    floor = (q.baseline_divergence.value or 0.0) if q is not None else None
+    if q is not None and c_div is not None and floor is not None:
+        divergence = round(min(1.0, max(0.01, c_div - floor + q.tolerance)), 3)
+    tpe = mean(c.acceptance.of_category(cat).tokens_per_event)
+    if cat == ALL:
+        tpe = mean(list(c.acceptance.pooled_tokens_per_event()))
+    eq = c.equivalence.get(cat)
+    return Guards(
+        _ratio_max(c_e2e, p_e2e),
+        _ratio_max(c_tpot, p_tpot),
+        error,
+        divergence,
+        round(1 + (tpe - 1) / 2, 2) if tpe is not None and tpe > 1.05 else None,
+        sampled=eq is not None and eq.n > 0,
+        measured={
+            "candidate_e2e_p99_s": c_e2e, "primary_e2e_p99_s": p_e2e,
+            "candidate_tpot_p99_s": c_tpot, "primary_tpot_p99_s": p_tpot,
+            "candidate_error_rate": c_rate, "primary_error_rate": p_rate,
+            "candidate_divergence": c_div, "noise_floor": floor,
+            "measured_tokens_per_event": tpe,
+        },
+    )  # fmt: skip
+
+
+def _ratio_line(cat: str, what: str, key: str, ratio: float, c: float | None,
+                p: float | None) -> str:  # fmt: skip
+    at = f" = {_ms(ratio * p)} at today's primary p99 of {_ms(p)}" if p is not None else ""
+    return (
+        f"Roll back {cat} if candidate p99 {what} > {ratio}× the primary's p99{at} "
+        f"(measured candidate {_ms(c)}; rollout.yaml's {key})."
+    )
+
+
+def _category_triggers(a: Measured, c: CandidateAnalysis, cat: str) -> list[str]:
+    """Rollback triggers for one category served by ``c``: :func:`guards_for`'s, in words."""
+    g = guards_for(a, c, cat)
+    m = g.measured
+    items = [
+        _ratio_line(cat, "tpot", "tpot_p99_ratio_max", g.tpot_p99_ratio_max,
+                    m["candidate_tpot_p99_s"], m["primary_tpot_p99_s"]),
+        _ratio_line(cat, "e2e", "e2e_p99_ratio_max", g.e2e_p99_ratio_max,
+                    m["candidate_e2e_p99_s"], m["primary_e2e_p99_s"]),
+    ]  # fmt: skip
+    c_rate, p_rate = m["candidate_error_rate"], m["primary_error_rate"]
+    if c_rate is not None and p_rate is not None:
         items.append(
-            f"Roll back {cat} if its divergence rate exceeds the noise floor {floor:.1%} + "
-            f"{q.tolerance:.1%} = {floor + q.tolerance:.1%} "
-            f"(measured candidate: {q.candidate_divergence.value:.1%})."
+            f"Roll back {cat} if the candidate's error rate exceeds the primary's by more than "
+            f"{g.error_rate_delta_max:.1%} (measured: candidate {c_rate:.1%}, primary "
+            f"{p_rate:.1%}; error_rate_delta_max)."
         )
-    m = mean(c.acceptance.of_category(cat).tokens_per_event)
-    if m is not None and m > 1:
+    c_div, floor = m["candidate_divergence"], m["noise_floor"]
+    if c_div is not None and floor is not None:
         items.append(
-            f"Roll back {cat} if tokens per event falls below {1 + (m - 1) / 2:.2f} (measured "
-            f"{m:.2f}: half the speculative gain gone — traffic mix or proposer drift)."
+            f"Roll back {cat} if its divergence rate exceeds the noise floor by more than "
+            f"{g.divergence_rate_max:.1%} (measured: candidate {c_div:.1%}, noise floor "
+            f"{floor:.1%}; divergence_rate_max)."
+        )
+    if g.sampled:
+        items.append(
+            f"Roll back {cat} if its sampled outputs stop being exchangeable with the "
+            "reference's (a baseline leg, else the primary's own answers mirrored behind the "
+            "candidate's; sampled_divergence_max 0)."
+        )
+    tpe = m["measured_tokens_per_event"]
+    if g.tokens_per_event_min is not None and tpe is not None:
+        items.append(
+            f"Roll back {cat} if tokens per event falls below {g.tokens_per_event_min:.2f} "
+            f"(measured {tpe:.2f}: half the speculative gain gone — traffic mix or proposer "
+            "drift; tokens_per_event_min)."
         )
     return items
 
@@ -153,15 +258,6 @@ def checklist(
         items.append("Do not enable speculative decoding yet: no category passed the verdict.")
     for cat, backend in serve.items():
         items.extend(_category_triggers(a, candidates[backend], cat))
-    perr = a.errors.get(("primary", ALL))
-    for backend in dict.fromkeys(serve.values()):
-        c = candidates[backend]
-        cerr = a.errors.get((leg_key(a, c), ALL))
-        if cerr is not None and perr is not None and cerr.n and perr.n:
-            items.append(
-                f"Roll back {c.label} if its error rate exceeds the primary's by more than "
-                f"{ERROR_MARGIN * 100:g} point (measured: candidate {cerr.value:.1%}, primary {perr.value:.1%})."
-            )
     for c in candidates.values():
         who = f" with {c.label}" if a.several else ""
         items.extend(
@@ -172,7 +268,8 @@ def checklist(
     if resources:
         peak = max(r.peak for r in resources.values())
         items.append(
-            f"Watch KV-cache usage: peak measured {peak:.0%}; roll back above 95 % sustained."
+            f"Watch KV-cache usage: peak measured {peak:.0%}; roll back above "
+            f"{KV_USAGE_MAX:.0%} sustained (kv_usage_max)."
         )
     for backend in dict.fromkeys(serve.values()):
         c = candidates[backend]

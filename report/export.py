@@ -68,6 +68,8 @@ def candidate_json(c: CandidateAnalysis) -> dict[str, Any]:
         "label": c.label,
         "failures": c.failures.to_json(),
         "rollback": c.rollback.to_json() if c.rollback is not None else None,
+        # a rolled-back candidate: the span of the window it was judged on (report.episodes)
+        "judged_span": c.span.to_json() if c.span is not None else None,
         "confound": c.confound.to_json() if c.confound is not None else None,
         "speculative": c.speculation.to_json() if c.speculation is not None else None,
         "lossless": c.lossless.to_json() if c.lossless is not None else None,
@@ -111,6 +113,12 @@ def report_json(a: Analysis) -> dict[str, Any]:
         "categories_seen": a.categories,
         "summary": summary(a),
         "rollbacks": [rb.to_json() for rb in a.rollbacks],
+        # the rollout episodes those rollbacks ended: their legs make no load figure or pick
+        "rolled_back_episodes": [e.to_json() for e in a.episodes],
+        # guard breaches that sent a rule elsewhere than shadow, read by guard name
+        "guard_breaches": [b.to_json() for b in a.breaches],
+        # categories whose pick differs between the window before a split and the judged one
+        "pick_changes": [ch.to_json() for ch in a.pick_changes],
         # Engine configuration changes in the window; the verdicts judge from the last one on.
         "config_changes": [ch.to_json() for ch in a.config_changes],
         "judged_since_unix_ns": a.judged_since,

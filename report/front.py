@@ -1,7 +1,10 @@
 """The report's first screen and its reading aids, shared by HTML and Markdown (pure).
 
 :func:`front` — what a person must see before anything else, in this order: a rollback inside
-the window (when, which guard, its reading against the threshold), an engine configuration change
+the window (when, which guard, its reading against the threshold or the reference level), a
+guard breach that sent a rule elsewhere than shadow (a drift guard's back-to-canary), a category
+whose pick differs between the window before a split and the judged one (and why, with the
+number behind it), an engine configuration change
 inside the window (the verdicts judge only the exchanges after it), a failing candidate (its
 failures by kind and the first error), the one fix of a load-mismatched candidate, then each
 candidate's verdict for all traffic with what it rests on, what to ship, and — when any leg's
@@ -14,7 +17,7 @@ the block where the term first appears.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -23,7 +26,17 @@ from report.analysis import ALL, DECISION_LABELS, Analysis, CandidateAnalysis, V
 from report.workflows_view import first_line
 
 Kind = Literal[
-    "rollback", "changed", "failing", "fix", "workflow", "verdict", "ship", "counts", "window"
+    "rollback",
+    "breach",
+    "pick",
+    "changed",
+    "failing",
+    "fix",
+    "workflow",
+    "verdict",
+    "ship",
+    "counts",
+    "window",
 ]
 
 
@@ -92,6 +105,21 @@ def front(a: Analysis) -> list[Line]:
             else "Not recommended for this window; its verdict is rolled back."
         )
         out.append(Line("rollback", f"Rolled back: {named}", f"{rb.text()}. {said}" + words))
+    for br in a.breaches:
+        named = ", ".join(labels.get(b, b) for b in br.backends) or f"rule {br.rule}"
+        words = f" The guard's words: “{br.reason}”." if br.reason else ""
+        out.append(Line("breach", f"Guard {br.guard or br.by}: {named}", f"{br.text()}.{words}"))
+    for ch in a.pick_changes:
+        cat = "all traffic" if ch.category == ALL else ch.category
+        was = labels.get(ch.before, ch.before) if ch.before is not None else "none"
+        now = labels.get(ch.after, ch.after) if ch.after is not None else "none"
+        out.append(
+            Line(
+                "pick",
+                f"Pick changed: {cat}",
+                f"{was} on the evidence {ch.split}; {now} over the window judged. Why: {ch.why}.",
+            )
+        )
     if a.config_changes and a.judged_since is not None:
         moved = "; ".join(ch.text() for ch in a.config_changes)
         out.append(
@@ -142,7 +170,8 @@ def front(a: Analysis) -> list[Line]:
             lead = v.reasons[1] if len(v.reasons) > 1 else "see its failures above"
         if v.decision == "rolled_back" and v.without_rollback is not None:
             said = DECISION_LABELS[v.without_rollback]
-            lead = f"without the rollback, this window's evidence says: {said}"
+            evidence = "this window's evidence" if c.span is None else c.span.text()
+            lead = f"without the rollback, {evidence} says: {said}"
         speed = _speed(v).removeprefix(" · ")
         if lead.startswith("e2e speed-up at production load"):  # the lead says it already
             speed = ""
@@ -166,6 +195,9 @@ def front(a: Analysis) -> list[Line]:
             text = "; ".join(f"{label} for {', '.join(cats)}" for label, cats in by.items())
         else:
             text = "nothing yet: no candidate passed the verdict for any category"
+        thin = _thin(a, picks)
+        if thin:
+            text += "; not enough data for " + "; ".join(thin)
         out.append(Line("ship", "Ship", text))
     footing = a.counts.sentence() if a.counts is not None else None
     if footing is not None:
@@ -178,6 +210,29 @@ def front(a: Analysis) -> list[Line]:
                 f"{a.records} exchanges from {_at(a.window[0])} to {_at(a.window[1])}",
             )
         )
+    return out
+
+
+def _thin(a: Analysis, picks: Mapping[str, str]) -> list[str]:
+    """Each category without a pick that a candidate could still win with more data: the
+    number behind its "not enough data" (its verdict's first reason), e.g. the load strata's
+    coverage against the 90 % it needs."""
+    out = []
+    for cat in a.categories:
+        if cat in picks:
+            continue
+        v = next(
+            (
+                v
+                for c in a.candidates.values()
+                for v in c.verdicts
+                if v.category == cat and v.decision == "not_enough_data" and v.reasons
+            ),
+            None,
+        )
+        if v is not None:
+            who = next(c.label for c in a.candidates.values() if v in c.verdicts)
+            out.append(f"{cat} ({who}: {v.reasons[0]})")
     return out
 
 

@@ -602,13 +602,14 @@ def _glance(a: Analysis) -> list[str]:
     if not lines:
         return []
     parts = ['<section class="glance" id="at-a-glance">']
+    callouts = ("rollback", "breach", "pick", "changed", "failing", "fix")
     for line in lines:
-        if line.kind in ("rollback", "changed", "failing", "fix"):
-            cls = "warn" if line.kind in ("fix", "changed") else "bad"
+        if line.kind in callouts:
+            cls = "warn" if line.kind in ("fix", "changed", "pick") else "bad"
             parts.append(
                 f'<div class="callout {cls}"><b>{escape(line.title)}</b> — {escape(line.text)}</div>'
             )
-    rest = [line for line in lines if line.kind not in ("rollback", "changed", "failing", "fix")]
+    rest = [line for line in lines if line.kind not in callouts]
     items = "".join(f"<li><b>{escape(x.title)}</b> — {escape(x.text)}</li>" for x in rest)
     parts += [f"<ul>{items}</ul>", "</section>"]
     return ["\n".join(parts)]

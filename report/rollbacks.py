@@ -33,12 +33,19 @@ from records.reader import Record
 
 SLACK_S = 120.0
 _ACTIVE = frozenset({"canary", "live"})
-# rollout.controller's breach text: "guard <name>: <value> against <threshold>, …" and
-# "guard kv_usage: <value> sustained at or above <threshold>".
+# rollout.controller's breach text, read by guard name and nothing else guard-specific:
+# "guard <name>: <value> against <threshold>, …", "guard kv_usage: <value> sustained at or above
+# <threshold>", and a guard that compares with a reference level rather than a threshold
+# ("guard acceptance_drop: 1.9 against reference 3.3, …", "guard speculation_off: mean
+# acceptance length 1.0 against reference 2.5 …"): words may name the value before it, a unit
+# may follow it, and "reference" (or "threshold") may name what it is held against.
+_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _BREACH = re.compile(
-    r"guard (?P<guard>[\w.]+): (?P<observed>[-+0-9.eE?]+) "
-    r"(?:against|sustained at or above) (?P<threshold>[-+0-9.eE]+)"
+    rf"guard (?P<guard>[\w.]+): (?:[A-Za-z_/]+\s+)*?(?P<observed>{_NUM}|\?)"
+    r"(?:\s+[^\s,;()]+){0,3}?\s+(?:against|sustained at or above)\s+(?:(?:its|the)\s+)?"
+    rf"(?:(?P<label>reference|threshold)(?:\s+level)?:?\s+)?(?P<threshold>{_NUM})"
 )
+_GUARD = re.compile(r"guard (?P<guard>[\w.]+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +60,21 @@ class Rollback:
     threshold: float | None = None
     reason: str | None = None  # the transition's own words
     exchange_id: str | None = None
+    against: str = "threshold"  # what ``threshold`` is: a ``threshold`` or a ``reference`` level
+    to_stage: str = "shadow"  # a rollback goes to shadow; a guard breach may go elsewhere
+
+    @property
+    def rollback(self) -> bool:
+        return self.to_stage == "shadow"
 
     def at(self) -> str:
         return datetime.fromtimestamp(self.at_unix_ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
     def text(self) -> str:
-        """``rolled back at <time> by guard <name>: observed <v> against threshold <t>``."""
-        head = f"rolled back at {self.at()}"
+        """``rolled back at <time> by guard <name>: observed <v> against threshold <t>`` (or
+        ``against reference <t>``; a breach that did not go to shadow: ``breached at …``)."""
+        head = f"rolled back at {self.at()}" if self.rollback else f"breached at {self.at()}"
+        move = f"{self.from_stage} → {self.to_stage}"
         if self.by is None:
             return (
                 f"{head} (rule {self.rule}: its exchanges went from {self.from_stage} to shadow; "
@@ -68,12 +83,12 @@ class Rollback:
             )
         if self.guard is not None and self.observed is not None and self.threshold is not None:
             return (
-                f"{head} by guard {self.guard}: observed {self.observed:g} against threshold "
-                f"{self.threshold:g} (rule {self.rule}, {self.from_stage} → shadow)"
+                f"{head} by guard {self.guard}: observed {self.observed:g} against "
+                f"{self.against} {self.threshold:g} (rule {self.rule}, {move})"
             )
         who = f"guard {self.guard}" if self.guard else str(self.by)
         why = f": {self.reason}" if self.reason else ""
-        return f"{head} by {who}{why} (rule {self.rule}, {self.from_stage} → shadow)"
+        return f"{head} by {who}{why} (rule {self.rule}, {move})"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,6 +101,8 @@ class Rollback:
             "guard": self.guard,
             "observed": self.observed,
             "threshold": self.threshold,
+            "against": self.against,
+            "to_stage": self.to_stage,
             "reason": self.reason,
             "exchange_id": self.exchange_id,
             "text": self.text(),
@@ -172,25 +189,62 @@ def rollbacks(
             found.remove(nearest)
         if t.get("by") == "policy":  # a policy edit put the rule back in shadow: no rollback
             continue
-        reason = t.get("reason")
-        m = _BREACH.search(reason) if isinstance(reason, str) else None
-        guard = t.get("guard") or (m.group("guard") if m else None)
         rule_records = [r for r in records if r.policy_rule == rule]
-        found.append(
-            Rollback(
-                rule=rule,
-                backends=nearest.backends if nearest is not None else _rule_backends(rule_records),
-                at_unix_ns=at_ns,
-                from_stage=str(t.get("from_stage")),
-                by=str(t.get("by")) if t.get("by") else None,
-                guard=str(guard) if guard else None,
-                observed=_float(m.group("observed")) if m else None,
-                threshold=_float(m.group("threshold")) if m else None,
-                reason=reason if isinstance(reason, str) else None,
-                exchange_id=str(t["exchange_id"]) if t.get("exchange_id") else None,
-            )
-        )
+        backends = nearest.backends if nearest is not None else _rule_backends(rule_records)
+        found.append(_read(t, rule, backends, at_ns))
     return sorted(found, key=lambda x: x.at_unix_ns)
+
+
+def _read(t: Mapping[str, Any], rule: str, backends: tuple[str, ...], at_ns: int) -> Rollback:
+    """One transition, its guard's reading parsed from its words by guard name."""
+    reason = t.get("reason")
+    m = _BREACH.search(reason) if isinstance(reason, str) else None
+    named = _GUARD.search(reason) if isinstance(reason, str) else None
+    match = m or named
+    guard = t.get("guard") or (match.group("guard") if match is not None else None)
+    return Rollback(
+        rule=rule,
+        backends=backends,
+        at_unix_ns=at_ns,
+        from_stage=str(t.get("from_stage")),
+        by=str(t.get("by")) if t.get("by") else None,
+        guard=str(guard) if guard else None,
+        observed=_float(m.group("observed")) if m else None,
+        threshold=_float(m.group("threshold")) if m else None,
+        reason=reason if isinstance(reason, str) else None,
+        exchange_id=str(t["exchange_id"]) if t.get("exchange_id") else None,
+        against=(m.group("label") or "threshold") if m else "threshold",
+        to_stage=str(t.get("to_stage") or "shadow"),
+    )
+
+
+def guard_breaches(
+    records: Sequence[Record], transitions: Iterable[Mapping[str, Any]] = ()
+) -> list[Rollback]:
+    """The guard breaches inside the window that did **not** roll back to shadow — a drift guard
+    (``acceptance_drop``, ``speculation_off``) sending a live rule back to its first canary step
+    (``rollout.on_drift: canary``) — with the guard's reading, parsed by guard name as for a
+    rollback. Rollbacks to shadow are :func:`rollbacks`'."""
+    if not records:
+        return []
+    first = min(r.started_unix_ns for r in records)
+    last = max(r.started_unix_ns for r in records) + int(SLACK_S * 1e9)
+    ids = {r.exchange_id for r in records}
+    out = []
+    for t in transitions:
+        if t.get("by") != "guard" or t.get("to_stage") in (None, "shadow"):
+            continue
+        at = _float(str(t.get("at_unix")))
+        rule = str(t.get("rule") or "")
+        if at is None or not rule:
+            continue
+        at_ns = int(at * 1e9)
+        if t.get("exchange_id") not in ids and not first <= at_ns <= last:
+            continue
+        out.append(
+            _read(t, rule, _rule_backends(r for r in records if r.policy_rule == rule), at_ns)
+        )
+    return sorted(out, key=lambda x: x.at_unix_ns)
 
 
 def by_backend(found: Sequence[Rollback]) -> dict[str, Rollback]:

@@ -78,5 +78,18 @@ def test_the_demo_shadows_picks_canaries_and_rolls_back_on_its_own(tmp_path):
     # "not enough data" at the whole window's load (timing decides), so it is not held to one.
     assert (out / "shadow-report" / "rollout.yaml").exists()
     assert '"rolled_back": true' in (out / "rollout-state.json").read_text()
+    # Issue 36: the whole-run report splits the window at the rolled-back episode, so the bad
+    # deploy's legs make no load figure: the rolled-back candidate's crossover and schedule are
+    # act 2's (none, its depth at every batch size), and its records carry their episode.
+    act2 = json.loads((out / "shadow-report" / "report.json").read_text())["candidates"]
+    final = json.loads((out / "report" / "report.json").read_text())
+    (victim,) = {b for rb in final["rollbacks"] for b in rb["backends"]}
+    assert final["candidates"][victim]["overall"]["verdict"] == "rolled_back"
+    for key in ("crossover_load", "speculation_schedule"):
+        assert final["candidates"][victim][key] == act2[victim][key], key
+    assert act2[victim]["crossover_load"] is None
+    assert final["candidates"][victim]["judged_span"]["end_unix_ns"] is not None
+    (episode,) = final["rolled_back_episodes"]
+    assert episode["episode"] and episode["rule"] == victim
     # the demo never prints prompt or output text (some trace rows are profane)
     assert "Komentar" not in stdout

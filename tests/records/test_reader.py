@@ -148,6 +148,7 @@ OPTIONAL = {
     ("legs", "[]", "speculative", "reported"),
     ("rollout", "stage"),
     ("rollout", "failover"),
+    ("rollout", "episode"),
     ("likelihood", "legs"),
     ("legs", "[]", "acceptance", "backend_window", "kv_cache_usage_perc"),
 }
@@ -237,6 +238,7 @@ EXCHANGE_READ: dict[str, Callable[[Record], Any]] = {
     "category": lambda r: r.raw.get("category"),  # the column keeps null; the reader names it
     "served_by": lambda r: r.raw.get("served_by"),  # the column keeps null; SQL reads ifNull
     "rollout_stage": lambda r: r.rollout_stage,
+    "rollout_episode": lambda r: r.rollout_episode,
     "policy_rule": lambda r: r.policy_rule,
     "sampled": lambda r: int(r.sampling.sampled),
     "output_length_bucket": lambda r: r.output_length_bucket,
@@ -345,3 +347,21 @@ WRITTEN_ELSEWHERE = {
     ("likelihood", "scorer"),  # the likelihood scorer's exchanges
     ("legs", "[]", "load", "scraped", "age_s"),
 }
+
+
+def test_the_record_carries_the_rollout_episode_the_exchange_was_dispatched_in() -> None:
+    """Issue 36: the exchange's rollout episode (stamped at dispatch) reaches the record, the
+    reader and the wide row — evidence → record, declared once."""
+    from records.wide import wide_row
+
+    ex = dataclasses.replace(
+        make_exchange(), rollout_stage="canary", rollout_episode="ep-7", failover=None
+    )
+    raw = build_record(build_evidence(ex, capture_default=FULL), capture=FULL)
+    assert raw["rollout"] == {"stage": "canary", "failover": None, "episode": "ep-7"}
+    r = read(raw)
+    assert (r.rollout_stage, r.rollout_episode) == ("canary", "ep-7")
+    assert wide_row(raw)["rollout_episode"] == "ep-7"
+    outside = build_record(build_evidence(make_exchange(), capture_default=FULL), capture=FULL)
+    assert outside["rollout"] is None and read(outside).rollout_episode is None
+    assert wide_row(outside)["rollout_episode"] is None

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from records.reader import read
 from report import build_report
 from report.analysis import analyze
 
@@ -87,3 +88,13 @@ async def test_a_rollback_by_the_real_gateways_guard_is_on_the_reports_first_scr
     js = json.loads(paths.json.read_text())
     assert js["verdict"] == "rolled_back" and js["rollbacks"][0]["guard"] == rb.guard
     assert not paths.rollout  # nothing to roll out again
+    # Issue 36: every record carries the episode the gateway stamped at dispatch — the state
+    # file's episode, one for the whole run (a rollback starts no new one) — and the report
+    # splits at it: the rolled-back episode spans the run, so no leg of the bad deploy is judged.
+    episode = json.loads(state.read_text())["rules"]["default"]["episode"]
+    assert episode and {r.rollout_episode for r in map(read, recs)} == {episode}
+    (ep,) = a.episodes
+    assert ep.episode == episode and ep.end_unix_ns is None
+    assert ep.start_unix_ns == min(r.started_unix_ns for r in map(read, recs))
+    cand = a.candidates["cand"]
+    assert cand.span is not None and cand.load_points == [] and cand.crossover is None

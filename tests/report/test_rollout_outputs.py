@@ -168,3 +168,72 @@ async def test_the_guard_queries_answer_over_a_real_prometheus_scraping_the_gate
     assert 0 < answers["e2e_p99_ratio"] < 1.0  # the speculative candidate is faster
     async with aiohttp.ClientSession() as s, s.get(f"{gw.url}/metrics") as r:
         assert r.status == 200
+
+
+def test_the_checklists_triggers_are_rollout_yamls_guards(tmp_path: Path) -> None:
+    """Issue 36: one source. Every trigger the checklist states for a category is the guard
+    rollout.yaml carries for it, and says its value in ms at today's primary p99."""
+    paths = build_report(records(), None, tmp_path)
+    a = paths.analysis
+    rules = yaml.safe_load(paths.rollout["rollout.yaml"].read_text())["rules"]
+    text = "\n".join(a.checklist)
+    assert rules
+    for rule in rules:
+        (cat,) = rule["match"]["categories"]
+        backend = rule["legs"][0]["backend"]
+        guards = rule["rollout"]["guards"]
+        for metric, key, what in (("tpot_s", "tpot_p99_ratio_max", "tpot"),
+                                  ("e2e_s", "e2e_p99_ratio_max", "e2e")):  # fmt: skip
+            prim = a.latency[("primary", cat)][metric][2]
+            cand = a.latency[(f"candidate {backend}", cat)][metric][2]
+            assert prim is not None and cand is not None
+            ratio = guards[key]
+            # Independently: 1.25 × the measured ratio, within [1.0, 1.5].
+            assert ratio == round(min(1.5, max(1.0, 1.25 * cand / prim)), 2)
+            want = (f"Roll back {cat} if candidate p99 {what} > {ratio}× the primary's p99 = "
+                    f"{ratio * prim * 1e3:.1f} ms at today's primary p99 of {prim * 1e3:.1f} ms")  # fmt: skip
+            assert want in text, (want, text)
+        assert f"falls below {guards['tokens_per_event_min']:.2f}" in text
+        assert f"by more than {guards['divergence_rate_max']:.1%}" in text
+        assert f"by more than {guards['error_rate_delta_max']:.1%}" in text
+    # The old checklist's own rule (1.2 × the candidate's p99, below the primary's) is gone.
+    assert " ms (measured: candidate" not in text
+
+
+def test_a_rule_for_sampled_traffic_without_a_baseline_carries_its_reference(
+    tmp_path: Path,
+) -> None:
+    """Issue 36: the rules rollout.yaml writes have quality guards that work on the traffic
+    measured. Sampled traffic: ``sampled_divergence`` on, and — no baseline leg in the rule — the
+    primary as its reference: mirrored behind every canary answer (``ratio``) and, live, at
+    ``reference_ratio`` > 0. ``specshadow policy check`` accepts the file."""
+    import dataclasses
+
+    from report.checklist import checklist, guards_for
+    from report.rollout import rollout_yaml
+    from specshadow.main import main
+
+    a = build_report(records(), None, tmp_path).analysis
+    greedy = yaml.safe_load(rollout_yaml(a) or "")["rules"]
+    assert all("sampled_divergence_max" not in r["rollout"]["guards"] for r in greedy)
+    sampled = {
+        b: dataclasses.replace(
+            c, equivalence={k: dataclasses.replace(e, n=120) for k, e in c.equivalence.items()}
+        )
+        for b, c in a.candidates.items()
+    }
+    s = dataclasses.replace(a, candidates=sampled)
+    assert guards_for(s, sampled["ngram"], "code").sampled
+    text = rollout_yaml(s)
+    assert text is not None
+    for rule in yaml.safe_load(text)["rules"]:
+        assert [leg["role"] for leg in rule["legs"]] == ["candidate"]  # no baseline leg
+        assert rule["rollout"]["guards"]["sampled_divergence_max"] == 0.0
+        assert rule["ratio"] > 0 and rule["rollout"]["reference_ratio"] > 0
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY_HEAD + text)
+    parsed = parse_policy(read_yaml(policy.read_bytes(), source="p"), source="p")
+    assert all(r.rollout is not None and r.rollout.reference_ratio > 0 for r in parsed.rules)
+    assert main(["policy", "check", str(policy)]) == 0
+    lines = checklist(s, s.candidates, s.recommendations, s.resources)
+    assert any("sampled outputs stop being exchangeable" in line for line in lines)
