@@ -791,6 +791,8 @@ def _breach_text(g: GuardState) -> str:
     value = f"{g.value:.3g}" if g.value is not None else "?"
     if g.name == "kv_usage":
         return f"guard kv_usage: {value} sustained at or above {g.threshold:g}"
+    if g.name in DRIFT_GUARDS:  # observed against the reference, as the guard reads it
+        return f"guard {g.name}: {g.detail.split('; e-value')[0]}"
     bound = f"{g.bound:.3g}" if g.bound is not None else "?"
     return (
         f"guard {g.name}: {value} against {g.threshold:g}, e-value {bound} (anytime-valid), "

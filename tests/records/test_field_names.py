@@ -86,7 +86,7 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
     ),
     "evidence/tokens.py": (frozenset({"prompt", "tokens"}), "vLLM's /tokenize answer"),
     "gateway/admin.py": (frozenset({"reason", "rule", "stage"}), ROLLOUT),
-    "gateway/cli.py": (frozenset({"reason", "stage", "status"}), ROLLOUT),
+    "gateway/cli.py": (frozenset({"reason", "rule", "stage", "status"}), ROLLOUT),
     "rollout/state.py": (frozenset({"engine", "episode", "stage"}), ROLLOUT),
     "loadgen/client.py": (frozenset({"stream"}), OPENAI),
     "loadgen/matrix.py": (
