@@ -10,11 +10,15 @@ the generated text) and held to the bounds ``vllm bench serve`` is held to
 (tests/vllm/test_agreement.py, docs/vllm.md), which were set from measurements on this machine:
 
 - TTFT: a peer's clock contains the gateway's, so its TTFT is larger by the gateway's own path
-  plus loopback and the peer's own processing: per-request offset p50 in (0, 10] ms, medians
-  within 10 ms.
-- The peers' "ITL" is TPOT, (e2e − TTFT) / (tokens − 1) (AIPerf counts the tokens itself, with
-  the client-side tokenizer; GuideLLM takes the usage the server streams): constant offsets
-  cancel, |Δ median| ≤ max(1.0 ms, 10 %).
+  plus loopback and the peer's own processing: the per-request offset's p50 in (0, 10] ms
+  (measured 1.5–5.4 ms AIPerf, 1.5 ms GuideLLM). The two medians are printed, not held: TTFT on
+  the loaded 2-core machine is bimodal (15–60 ms, and 85–470 ms where vLLM flushed a whole answer
+  at once), so the medians of 24 moved 5–41 ms apart when a few requests' offsets (a starved
+  client process: up to 77 ms once) crossed the gap, while the paired offset stayed put.
+- The peers' "ITL" is TPOT, (e2e − TTFT) / (tokens − 1), here with the server's count on both
+  (GuideLLM takes the usage streamed to it; AIPerf is told to, see :func:`aiperf_command`): the
+  counts equal the records' and constant offsets cancel, |Δ median| ≤ max(1.0 ms, 10 %)
+  (measured 0.001 and 0.008 ms).
 - AIPerf's ICL is the gateway's chunk gaps: the mean gap within the same tolerance, the median
   only where AIPerf read the chunks as they were sent (not in bursts).
 - Acceptance: both peers read vLLM's ``metrics.speculative_decoding`` from the response the
@@ -124,10 +128,10 @@ def test_every_peer_request_is_paired_with_the_gateways_record_of_it(peer: PeerA
 
 def test_peer_ttft_exceeds_the_records_by_a_small_systematic_offset(peer: PeerAgreement) -> None:
     assert 0 < peer.ttft_offset_p50_ms <= TTFT_OFFSET_MAX_MS, peer.format()
-    assert abs(peer.metric("ttft").offset_ms) <= TTFT_OFFSET_MAX_MS, peer.format()
 
 
 def test_peer_itl_is_the_records_tpot(peer: PeerAgreement) -> None:
+    assert peer.tokens_equal == peer.paired, peer.format()  # one count on both sides
     m = peer.metric("tpot")
     tol = max(STEADY_ABS_TOL_MS, STEADY_REL_TOL * m.gateway_median_ms)
     assert abs(m.offset_ms) <= tol, peer.format()
