@@ -70,6 +70,7 @@ class PeerAgreement:
     texts_equal: int | None  # GuideLLM: the pairing check
     acceptance_compared: int = 0
     acceptance_mismatches: tuple[str, ...] = ()
+    tpot_mean_ms: tuple[float, float] = (float("nan"), float("nan"))  # (peer, gateway)
     gap_mean_ms: tuple[float, float] = (float("nan"), float("nan"))  # (peer, gateway)
     # the share of gaps under BURST_S (peer, gateway): chunks a reader got in one read
     gap_burst_share: tuple[float, float] = (float("nan"), float("nan"))
@@ -102,7 +103,8 @@ class PeerAgreement:
         ]
         lines.append(
             f"per-request TTFT offset p50 {self.ttft_offset_p50_ms:.3f} ms, "
-            f"max {self.ttft_offset_max_ms:.3f} ms; mean gap peer {self.gap_mean_ms[0]:.3f} / "
+            f"max {self.ttft_offset_max_ms:.3f} ms; mean TPOT peer {self.tpot_mean_ms[0]:.3f} / "
+            f"gateway {self.tpot_mean_ms[1]:.3f} ms; mean gap peer {self.gap_mean_ms[0]:.3f} / "
             f"gateway {self.gap_mean_ms[1]:.3f} ms"
         )
         return "\n".join(lines)
@@ -355,6 +357,7 @@ def compare(
         texts_equal=texts_equal if any(q.text is not None for q in requests) else None,
         acceptance_compared=compared,
         acceptance_mismatches=tuple(mismatches),
+        tpot_mean_ms=(_mean_ms(p_tpot), _mean_ms(g_tpot)),
         gap_mean_ms=(_mean_ms(p_gaps), _mean_ms(g_gaps)),
         gap_burst_share=(_burst_share(p_gaps), _burst_share(g_gaps)),
         per_request=tuple(rows),
