@@ -17,7 +17,7 @@ from opentelemetry.util.types import AttributeValue
 from core import jsonx, request_body
 from core.evidence import Comparison
 from core.exchange import OPERATION_NAMES, Exchange, LegResult
-from core.timings import Recording
+from core.timings import EXACT_TOKENS, Recording
 from otel import semconv as sc
 
 MAX_CAPTURED_CHARS = 16_384  # per captured text part; spans are not a transcript store
@@ -97,7 +97,11 @@ def leg_result_attributes(leg: LegResult, *, capture_text: bool) -> Attributes:
     if reasons:
         attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = reasons
     put(attributes, sc.GEN_AI_USAGE_INPUT_TOKENS, rec.prompt_tokens)
-    put(attributes, sc.GEN_AI_USAGE_OUTPUT_TOKENS, rec.output_tokens)
+    # Usage is a count, never an estimate: a stream without usage (the official SDK's default)
+    # leaves it out, and ``specshadow.tokens.source`` says why (Phoenix showed the estimate as
+    # the leg's token count).
+    exact = rec.tokens_source in EXACT_TOKENS
+    put(attributes, sc.GEN_AI_USAGE_OUTPUT_TOKENS, rec.output_tokens if exact else None)
     put(attributes, sc.TOKENS_SOURCE, rec.tokens_source)
     t = rec.timings
     put(attributes, sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, t.ttft_s)

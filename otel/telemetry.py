@@ -671,7 +671,7 @@ def _record_leg(
     for names in genai:
         attributes = _genai_attributes(names, base)
         names.time_per_output_chunk.record_many(sampled, attributes)
-        names.record_usage(rec.prompt_tokens, rec.output_tokens, attributes)
+        names.record_usage(rec.prompt_tokens, rec.output_tokens if exact else None, attributes)
     if t.tokens_per_event is not None and exact:
         instruments.tokens_per_event.record(t.tokens_per_event, {**base, **category})
     mean_length, _rate = at.vllm_acceptance(rec)

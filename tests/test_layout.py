@@ -19,6 +19,7 @@ TIERS = {
     "fakes": "test doubles with known ground truth (scripted upstreams)",
     "receivers": "real receivers the telemetry tests export to (OTLP, Prometheus, ClickHouse)",
     "data": "recorded answers and traces the tests read",
+    "trace": "the gateway's traces read back from a real trace store (Phoenix) and its UI",
 }
 
 
