@@ -11,9 +11,11 @@ path is not served): ``speculative_algorithm``, ``speculative_num_steps``, and
 ``speculative_accept_threshold_single`` / ``_acc`` — below 1.0 SGLang accepts drafts the target
 would not have sampled (lossy). :func:`resolve` merges the policy's declaration with the report:
 the backend's answer wins for what it reports; ``lossy`` from either side wins over
-``lossless``; every disagreement is listed.
+``lossless``; every disagreement is listed. :func:`from_llamacpp` reads llama.cpp's ``GET /slots``
+(``speculative``, and ``speculative.types`` once a slot served a request) and the width of its
+per-position acceptance counter (the draft maximum); llama.cpp reports no verification mode.
 
-I/O shell: :class:`ServerInfoProbe` asks every ``vllm``/``sglang``/``sim`` backend once at
+I/O shell: :class:`ServerInfoProbe` asks every ``vllm``/``sglang``/``llamacpp``/``sim`` backend once at
 start and every ``refresh_s`` after (a restart may change the config), logs each new
 disagreement with the policy once, and answers :meth:`ServerInfoProbe.reported` for records.
 An endpoint that is not served (vLLM without dev mode: 404) is not an error: the backend simply
@@ -42,16 +44,18 @@ from core.wire import BACKEND_KEEPALIVE_S
 from evidence.engine_config import (
     EngineConfig,
     cache_config_info,
+    from_llamacpp as engine_from_llamacpp,
     from_sglang as engine_from_sglang,
     from_vllm as engine_from_vllm,
+    llamacpp_speculative_type,
     resolve_engine,
     version_of,
 )
 
 log = logging.getLogger(__name__)
 
-InfoSource = Literal["vllm_server_info", "sglang_server_info"]
-VerificationSource = Literal["policy", "vllm_server_info", "sglang_server_info"]
+InfoSource = Literal["vllm_server_info", "sglang_server_info", "llamacpp_props"]
+VerificationSource = Literal["policy", "vllm_server_info", "sglang_server_info", "llamacpp_props"]
 ProbeStatus = Literal["pending", "reported", "not_served", "unreachable"]
 
 # Paths by backend kind; the simulator answers vLLM's.
@@ -59,6 +63,7 @@ INFO_PATHS: Mapping[str, tuple[str, InfoSource]] = {
     "vllm": ("/server_info?config_format=json", "vllm_server_info"),
     "sim": ("/server_info?config_format=json", "vllm_server_info"),
     "sglang": ("/get_server_info", "sglang_server_info"),
+    "llamacpp": ("/props", "llamacpp_props"),
 }
 # Where a kind's newer releases moved the endpoint: asked when the first path is not served
 # (SGLang renamed /get_server_info to /server_info, keeping the old name for a while).
@@ -179,9 +184,37 @@ def from_sglang(info: Mapping[str, Any]) -> ReportedSpec | None:
     )
 
 
+def from_llamacpp(slots: object, positions: int | None) -> ReportedSpec | None:
+    """llama.cpp's ``/slots`` (+ the per-position counter's width, its draft maximum) → what it
+    speculates with. Its verification is not reported: a draft is accepted where it equals the
+    token the target samples (lossless), unless the server was started with synthetic acceptance
+    (``--spec-synth-len`` / ``--spec-synth-rates``: lossy), which no endpoint shows — declare
+    ``verification: lossy`` in the policy for such a server."""
+    speculates, kind = llamacpp_speculative_type(slots)
+    if speculates is None:
+        return None
+    if not speculates:
+        return ReportedSpec("llamacpp_props", speculative=False)
+    return ReportedSpec(
+        "llamacpp_props", speculative=True, method=kind, num_speculative_tokens=positions
+    )
+
+
+def per_position_width(metrics_text: object) -> int | None:
+    """How many positions llama.cpp's per-position acceptance counter has (its draft maximum);
+    None before the first speculative request finished."""
+    if not isinstance(metrics_text, str):
+        return None
+    name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total{"
+    width = sum(1 for line in metrics_text.splitlines() if line.startswith(name))
+    return width or None
+
+
 def parse_info(source: InfoSource, info: object) -> ReportedSpec | None:
     if not isinstance(info, Mapping):
         return None
+    if source == "llamacpp_props":
+        return None  # llama.cpp's speculation is read from /slots (ServerInfoProbe)
     return from_vllm(info) if source == "vllm_server_info" else from_sglang(info)
 
 
@@ -300,6 +333,7 @@ class _InfoTarget:
     base: str = ""  # the backend's base URL (``/version``, ``/metrics``)
     declared_engine: Mapping[str, Any] | None = None
     engine: EngineConfig | None = None
+    polled: ReportedSpec | None = None  # llama.cpp: what /slots said at the last poll
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,7 +433,10 @@ class ServerInfoProbe:
             target.status, target.last_error = "unreachable", f"{type(exc).__name__}: {exc}"
             return
         await self._poll_engine(session, target, info)
-        reported = parse_info(target.source, info)
+        if target.source == "llamacpp_props":
+            reported = target.polled
+        else:
+            reported = parse_info(target.source, info)
         if reported is None:
             target.status, target.last_error = "not_served", "unrecognised server info"
             return
@@ -415,7 +452,16 @@ class ServerInfoProbe:
         """The backend's engine configuration from ``info`` and, vLLM-shaped, the other endpoints
         (each optional: one not served just says nothing)."""
         parts: dict[str, tuple[str, Mapping[str, Any]]] = {}
-        if target.source == "sglang_server_info":
+        if target.source == "llamacpp_props":
+            slots = await self._get(session, target.base + "/slots", json=True)
+            width = per_position_width(
+                await self._get(session, target.base + "/metrics", json=False)
+            )
+            target.polled = from_llamacpp(slots, width)
+            got = engine_from_llamacpp(info, slots, width) if isinstance(info, Mapping) else None
+            if got is not None:
+                parts["props"] = ("llamacpp_props", got)
+        elif target.source == "sglang_server_info":
             got = engine_from_sglang(info) if isinstance(info, Mapping) else None
             if got is not None:
                 parts["server_info"] = ("sglang_server_info", got)
