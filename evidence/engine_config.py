@@ -53,6 +53,8 @@ __all__ = [
     "from_llamacpp",
     "from_sglang",
     "from_vllm",
+    "llamacpp_speculative_type",
+    "per_position_width",
     "resolve_engine",
     "version_of",
 ]
@@ -279,6 +281,16 @@ def from_llamacpp(
     elif speculates and kind is not None and positions:
         out[SPECULATIVE] = {"method": kind, "num_speculative_tokens": positions}
     return out
+
+
+def per_position_width(metrics_text: object) -> int | None:
+    """How many positions llama.cpp's per-position acceptance counter has (its draft maximum);
+    None before the first speculative request finished."""
+    if not isinstance(metrics_text, str):
+        return None
+    name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total{"
+    width = sum(1 for line in metrics_text.splitlines() if line.startswith(name))
+    return width or None
 
 
 def version_of(body: object) -> str | None:

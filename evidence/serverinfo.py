@@ -26,6 +26,10 @@ output (:mod:`evidence.engine_config`): from the server-info answer, and for vLL
 also ``/version`` and the ``vllm:cache_config_info`` labels of ``/metrics`` (``/inference/v1/config``
 when ``/server_info`` is not served); :meth:`ServerInfoProbe.engine` answers it for records, the
 policy's ``engine`` declaration filling what no endpoint said.
+
+Size: one engine's account of its speculation is read, probed and merged with the policy's in one
+vocabulary (:class:`ReportedSpec`): the readers of vLLM, SGLang and llama.cpp are a few lines each
+and change with the probe that asks for them.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from evidence.engine_config import (
     from_sglang as engine_from_sglang,
     from_vllm as engine_from_vllm,
     llamacpp_speculative_type,
+    per_position_width,
     resolve_engine,
     version_of,
 )
@@ -200,16 +205,6 @@ def from_llamacpp(slots: object, positions: int | None) -> ReportedSpec | None:
     )
 
 
-def per_position_width(metrics_text: object) -> int | None:
-    """How many positions llama.cpp's per-position acceptance counter has (its draft maximum);
-    None before the first speculative request finished."""
-    if not isinstance(metrics_text, str):
-        return None
-    name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total{"
-    width = sum(1 for line in metrics_text.splitlines() if line.startswith(name))
-    return width or None
-
-
 def parse_info(source: InfoSource, info: object) -> ReportedSpec | None:
     if not isinstance(info, Mapping):
         return None
@@ -336,6 +331,18 @@ class _InfoTarget:
     polled: ReportedSpec | None = None  # llama.cpp: what /slots said at the last poll
 
 
+def _learning(target: _InfoTarget) -> bool:
+    """A llama.cpp server that speculates but has not yet said how (its type shows once a slot
+    served a request, its depth once a request drafted): asked again soon, not in a minute."""
+    spec = target.polled
+    return (
+        target.source == "llamacpp_props"
+        and spec is not None
+        and spec.speculative
+        and (spec.method is None or spec.num_speculative_tokens is None)
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class InfoTarget:
     """One backend to ask: base URL (no ``/v1``), kind, and the policy's declaration."""
@@ -404,12 +411,15 @@ class ServerInfoProbe:
         return target.status if target is not None else None
 
     async def run(self) -> None:
-        """Ask until cancelled: soon again while a backend is unreachable, else every refresh."""
+        """Ask until cancelled: soon again while a backend is unreachable (or a llama.cpp server
+        has not yet said how it speculates), else every refresh."""
         connector = aiohttp.TCPConnector(keepalive_timeout=self._keepalive_s)
         async with aiohttp.ClientSession(timeout=self._timeout, connector=connector) as session:
             while True:
                 await self.poll_once(session)
-                waiting = any(t.status == "unreachable" for t in self._targets.values())
+                waiting = any(
+                    t.status == "unreachable" or _learning(t) for t in self._targets.values()
+                )
                 await asyncio.sleep(self.retry_s if waiting else self.refresh_s)
 
     async def poll_once(self, session: aiohttp.ClientSession) -> None:

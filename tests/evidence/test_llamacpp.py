@@ -12,9 +12,9 @@ import pytest
 
 from evidence.acceptance import leg_acceptance, summarize
 from evidence.detect import classify
-from evidence.engine_config import from_llamacpp, resolve_engine
+from evidence.engine_config import from_llamacpp, per_position_width, resolve_engine
 from evidence.scrape import parse_sample, window_stats
-from evidence.serverinfo import from_llamacpp as spec_from_llamacpp, per_position_width
+from evidence.serverinfo import from_llamacpp as spec_from_llamacpp
 from tests.core.test_timings import DONE, chat_chunk, record, sse, usage
 
 TIMINGS = {
