@@ -8,13 +8,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from evidence.acceptance import leg_acceptance, summarize
 from evidence.detect import classify
 from evidence.engine_config import from_llamacpp, per_position_width, resolve_engine
 from evidence.scrape import parse_sample, window_stats
-from evidence.serverinfo import from_llamacpp as spec_from_llamacpp
+from evidence.serverinfo import (
+    InfoTarget,
+    ServerInfoProbe,
+    _learning,
+    from_llamacpp as spec_from_llamacpp,
+)
 from tests.core.test_timings import DONE, chat_chunk, record, sse, usage
 
 TIMINGS = {
@@ -177,3 +184,48 @@ def test_detection_finds_llamacpp_from_props_or_its_models_owner():
     # llama.cpp also answers /v1/models without /props (endpoint off): still found
     assert classify({"/v1/models": MODELS, "/props": {"x": 1}}).kind == "llamacpp"
     assert classify({"/props": {"model_path": "m"}}).kind == "openai"
+
+
+async def test_the_probe_reads_props_slots_and_metrics_and_asks_again_until_it_knows(
+    aiohttp_server: Any,
+) -> None:
+    state: dict[str, Any] = {"slots": SLOTS_IDLE, "metrics": "llamacpp:requests_processing 0\n"}
+
+    async def props(_: web.Request) -> web.Response:
+        return web.json_response(PROPS)
+
+    async def slots(_: web.Request) -> web.Response:
+        return web.json_response(state["slots"])
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=state["metrics"])
+
+    app = web.Application()
+    app.router.add_get("/props", props)
+    app.router.add_get("/slots", slots)
+    app.router.add_get("/metrics", metrics)
+    server = await aiohttp_server(app)
+    url = str(server.make_url("")).rstrip("/")
+    probe = ServerInfoProbe({"llama": InfoTarget(url, "llamacpp")})
+    async with aiohttp.ClientSession() as session:
+        await probe.poll_once(session)
+        engine = probe.engine("llama")
+        assert engine is not None and engine.values["engine"] == "llamacpp"
+        assert "speculative" not in engine.values
+        first = engine.base_fingerprint
+        reported = probe.reported("llama")
+        assert reported is not None and reported.speculative and reported.method is None
+        assert _learning(probe._targets["llama"])  # asked again in 2 s, not in a minute
+        state["slots"] = SLOTS_SERVED
+        state["metrics"] = METRICS.format(tokens=10, accepted=5, drafts=4, p0=3, p1=2)
+        await probe.poll_once(session)
+    engine = probe.engine("llama")
+    assert engine is not None and engine.base_fingerprint == first
+    assert engine.values["speculative"] == {"method": "draft-simple", "num_speculative_tokens": 4}
+    assert engine.sources["speculative"] == "llamacpp_props"
+    reported = probe.reported("llama")
+    assert reported is not None and (reported.method, reported.num_speculative_tokens) == (
+        "draft-simple",
+        4,
+    )
+    assert not _learning(probe._targets["llama"])
