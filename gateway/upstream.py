@@ -14,7 +14,8 @@ defences (docs/reliability.md, "Backends that close after a response"):
   byte handed to the socket, so the backend cannot have seen it: it is sent once more on a fresh
   connection. Only a replayable body (bytes or none) and no ``Expect: 100-continue`` (which sends
   the headers first);
-- **learn, then never pool**: that failure, or a connection dropped before any response byte
+- **known or learned, then never pool**: a backend of kind ``llamacpp`` is known to close
+  (``closes_connections``); otherwise that failure, or a connection dropped before any response byte
   (:class:`aiohttp.ServerDisconnectedError`), marks the backend as one that closes; from then on
   every request to it goes on a connection of its own (a ``force_close`` connector), so no
   request is ever written to a connection the backend may be closing.
@@ -37,6 +38,10 @@ from gateway.retry import connect_retrying
 from gateway.settings import UpstreamSettings
 
 log = logging.getLogger(__name__)
+
+# Backend kinds whose servers close the connection after every streamed response, unannounced
+# (llama.cpp's): their clients never pool.
+CLOSING_KINDS = frozenset({"llamacpp"})
 
 
 def never_sent(exc: BaseException) -> bool:
@@ -67,7 +72,15 @@ class UpstreamTarget:
 class UpstreamClient:
     """A named upstream with its own pool. Create with :meth:`create`, close with :meth:`close`."""
 
-    def __init__(self, target: UpstreamTarget, settings: UpstreamSettings) -> None:
+    def __init__(
+        self,
+        target: UpstreamTarget,
+        settings: UpstreamSettings,
+        *,
+        closes_connections: bool = False,
+    ) -> None:
+        """``closes_connections``: the backend is known to close after each response (a
+        ``llamacpp`` backend): never pooled, from the first request on."""
         self.target = target
         self.settings = settings
         connector = aiohttp.TCPConnector(
@@ -99,7 +112,7 @@ class UpstreamClient:
         # The session without a pool (force_close), made when first needed: the one resend of an
         # unsent request, and every request once the backend was seen closing connections.
         self._unpooled: aiohttp.ClientSession | None = None
-        self.closes_connections = False  # learned: the backend closes after a response
+        self.closes_connections = closes_connections  # known, or learned (module doc)
         self.resent = 0  # requests sent again because the first try provably never left
 
     def _fresh_session(self) -> aiohttp.ClientSession:

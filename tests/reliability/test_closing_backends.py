@@ -167,6 +167,22 @@ async def test_a_request_that_may_have_been_read_is_never_resent_and_learning_sa
     assert backend.requests == REQUESTS - 1
 
 
+async def test_a_backend_known_to_close_is_never_pooled_and_loses_nothing():
+    """A ``llamacpp`` backend is known to close (``closes_connections``): no request is ever sent
+    on a reused connection, so even the unprovable case never happens."""
+    backend = ClosingBackend("after")
+    url = await backend.start()
+    client = UpstreamClient(UpstreamTarget("llama", url), SETTINGS, closes_connections=True)
+    try:
+        got = await _through_client(client)
+    finally:
+        await client.close()
+        await backend.stop()
+    assert got == {"ok": REQUESTS}
+    assert client.resent == 0
+    assert backend.requests == len(backend.peers) == REQUESTS
+
+
 async def test_the_gateway_loses_no_leg_and_no_answer_to_a_closing_primary_and_candidate(
     gateway, write_policy
 ):
