@@ -229,3 +229,23 @@ async def test_the_probe_reads_props_slots_and_metrics_and_asks_again_until_it_k
         4,
     )
     assert not _learning(probe._targets["llama"])
+
+
+def test_a_policy_states_kind_llamacpp_and_its_metrics_are_scraped_by_default() -> None:
+    from policies.compile import parse_policy
+
+    policy = parse_policy(
+        {
+            "version": 1,
+            "backends": {
+                "prim": {"url": "http://127.0.0.1:1", "kind": "llamacpp"},
+                "cand": {"url": "http://127.0.0.1:2", "kind": "llamacpp"},
+            },
+            "primary": "prim",
+            "default": {"ratio": 1.0, "legs": [{"backend": "cand", "role": "candidate"}]},
+        },
+        source="test",
+    )
+    cand = policy.backends["cand"]
+    assert cand.kind == "llamacpp"
+    assert cand.metrics_url == "http://127.0.0.1:2/metrics"
