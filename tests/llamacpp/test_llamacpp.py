@@ -88,7 +88,10 @@ async def mirrored_run(args: list[str], shadows: int, store: str) -> list[str]:
     """Every prompt through ``specshadow serve ARGS`` (a process), every other one streamed; waits
     for every shadow leg, stops the gateway (records flushed) and returns what the SDK got."""
     got: list[str] = []
-    async with spawn_gateway([*args, "--shadow-ratio", "1", "--store", store]) as gp:
+    # Scraped every 0.1 s: a fast machine answers the 24 prompts in a second or two, and the
+    # backend window needs two scrapes.
+    extra = ["--shadow-ratio", "1", "--store", store, "--scrape-interval", "0.1"]
+    async with spawn_gateway([*args, *extra]) as gp:
         client = openai.AsyncOpenAI(base_url=f"{gp.url}/v1", api_key="x")  # the SDK's defaults
         for i, body in enumerate(PROMPTS):
             got.append(await ask(client, body, stream=i % 2 == 1))
@@ -160,8 +163,9 @@ async def test_policy_free_serve_finds_llamacpp_and_every_count_adds_up(
         draft.spec.draft_max,
     )
     # The backend window: the scraper's view of the same counters, per position included.
-    window = legs[-1]["acceptance"]["backend_window"]
-    assert window is not None and len(window["per_position"]) == draft.spec.draft_max
+    windows = [leg["acceptance"]["backend_window"] for leg in legs]
+    assert windows[-1] is not None, windows
+    assert all(len(w["per_position"]) == draft.spec.draft_max for w in windows if w is not None)
 
     # The report judges it: greedy and identical outputs → equivalent.
     verdict = analyze(records).candidates["shadow-1"].equivalence["all"]
