@@ -249,3 +249,19 @@ def test_a_policy_states_kind_llamacpp_and_its_metrics_are_scraped_by_default() 
     cand = policy.backends["cand"]
     assert cand.kind == "llamacpp"
     assert cand.metrics_url == "http://127.0.0.1:2/metrics"
+
+
+def test_synthetic_acceptance_declared_lossy_is_recorded_lossy_never_lossless() -> None:
+    """llama.cpp shows no verification mode (synthetic acceptance only in its log): the record
+    takes the policy's word, and without one says nothing — never ``lossless`` on its own."""
+    from core.exchange import SpeculativeSpec
+    from evidence.serverinfo import resolve
+
+    reported = spec_from_llamacpp(SLOTS_SERVED, 4)
+    declared = SpeculativeSpec(verification="lossy")
+    out = resolve(declared, reported)
+    assert out is not None
+    assert (out["verification"], out["verification_source"]) == ("lossy", "policy")
+    assert (out["method"], out["num_speculative_tokens"]) == ("draft-simple", 4)
+    alone = resolve(None, reported)
+    assert alone is not None and alone["verification"] is None
