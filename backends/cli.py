@@ -1,9 +1,13 @@
-"""``specshadow vllm setup | serve | up``: the real-vLLM backends from the command line.
+"""``specshadow vllm setup | serve | up`` and ``specshadow llamacpp setup | up``: the real
+engines' backends from the command line.
 
 - ``setup``: create vLLM's environment and the tiny models (cached; instant when done).
 - ``serve --config plain|ngram|draft --port P``: one server in the foreground; Ctrl-C stops it.
 - ``up [--base-port P]``: plain, n-gram and draft-model servers on P, P+1, P+2 for a demo.
 ``specshadow vllm agreement`` (which needs the gateway) is added by :mod:`specshadow.agreement`.
+
+- ``llamacpp setup``: llama.cpp's environment (PyPI ``xllamacpp``) and GGUFs of the tiny models.
+- ``llamacpp up [--base-port P]``: plain, draft-model, ngram-mod and ngram-map-k servers on P..P+3.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from backends import llamacpp
 from backends.server import (
     SERVED_MODEL_NAME,
     SpecConfig,
@@ -61,6 +66,61 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> argparse._SubParser
     p_up.set_defaults(func=_cmd_up)
 
     return sub
+
+
+def register_llamacpp(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``llamacpp`` and its actions."""
+    parser = subparsers.add_parser("llamacpp", help="real llama.cpp CPU backends (setup, up)")
+    sub = parser.add_subparsers(dest="llamacpp_command", required=True, metavar="ACTION")
+    p_setup = sub.add_parser("setup", help="llama.cpp's venv and GGUFs of the tiny models (cached)")
+    p_setup.add_argument("--cache", type=Path)
+    p_setup.set_defaults(func=_cmd_llamacpp_setup)
+    p_up = sub.add_parser(
+        "up", help="run plain, draft, ngram-mod and ngram-map-k servers on consecutive ports"
+    )
+    p_up.add_argument("--base-port", type=int, default=8201)
+    p_up.add_argument("--draft-max", type=int, default=4, help="draft-simple's depth (n_max)")
+    p_up.add_argument("--cache", type=Path)
+    p_up.set_defaults(func=_cmd_llamacpp_up)
+
+
+def _cmd_llamacpp_setup(args: argparse.Namespace) -> int:
+    env = llamacpp.setup(args.cache)
+    print(f"venv:   {env.venv}\ntarget: {env.target}\ndraft:  {env.draft}")
+    return 0
+
+
+def _cmd_llamacpp_up(args: argparse.Namespace) -> int:
+    env = llamacpp.setup(args.cache)
+    specs = [
+        llamacpp.LlamaServerSpec(
+            name=config, config=config, port=args.base_port + i, draft_max=args.draft_max
+        )
+        for i, config in enumerate(llamacpp.CONFIGS)
+    ]
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _raise_interrupt)
+    servers: list[llamacpp.LlamaServer] = []
+    try:
+        servers = llamacpp.start_servers(specs, env)
+        for s in servers:
+            print(
+                f"{s.spec.name:12} {s.base_url}/v1  model={llamacpp.SERVED_MODEL_NAME}  "
+                f"metrics={s.base_url}/metrics  log={s.log_path}",
+                flush=True,
+            )
+        print("Ctrl-C stops the servers.", flush=True)
+        while True:
+            for s in servers:
+                if s.returncode is not None:
+                    log.error("llama.cpp %s exited:\n%s", s.spec.name, s.log_tail())
+                    return 1
+            time.sleep(2)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        llamacpp.stop_servers(servers)
+        sys.stdout.flush()
 
 
 def add_common(p: argparse.ArgumentParser) -> None:

@@ -130,7 +130,8 @@ class Assembler:
         self.logprob_tokens = 0
         self.metrics: Mapping[str, Any] | None = None  # vLLM's per-request ``metrics``, verbatim
         # Other engines' per-request speculative stats, verbatim, by where they were found:
-        # "choice_stats" (vLLM's earlier per-choice form, TensorRT-LLM's), "meta_info" (SGLang).
+        # "choice_stats" (vLLM's earlier per-choice form, TensorRT-LLM's), "meta_info" (SGLang),
+        # "timings" (llama.cpp's top-level ``timings``: ``draft_n``, ``draft_n_accepted``).
         self.engine_stats: dict[str, Any] = {}
         self.model: str | None = None
         self.response_id: str | None = None
@@ -162,6 +163,9 @@ class Assembler:
         metrics = obj.get("metrics")
         if isinstance(metrics, dict):
             self.metrics = metrics
+        timings = obj.get("timings")  # llama.cpp: the body, or a stream's last chunk
+        if isinstance(timings, dict):
+            self.engine_stats["timings"] = timings
         error = obj.get("error")
         if error is None and obj.get("object") == "error":
             error = obj  # vLLM's older flat ErrorResponse

@@ -21,9 +21,14 @@ AcceptanceSource = Literal["vllm_metrics", "stream_shape", "prometheus"]
 # Which engine report the per-request counts were read from (evidence.acceptance):
 # vLLM's top-level ``metrics.speculative_decoding``; the per-choice stats vLLM shipped before it
 # (and TensorRT-LLM's serve sends in the same place); SGLang's ``meta_info``; or the OpenAI-style
-# ``usage.completion_tokens_details.{accepted,rejected}_prediction_tokens``.
+# ``usage.completion_tokens_details.{accepted,rejected}_prediction_tokens``; llama.cpp's
+# ``timings.draft_n`` / ``timings.draft_n_accepted``.
 EngineAcceptanceSource = Literal[
-    "vllm_metrics", "choice_stats", "sglang_meta_info", "usage_prediction_tokens"
+    "vllm_metrics",
+    "choice_stats",
+    "sglang_meta_info",
+    "usage_prediction_tokens",
+    "llamacpp_timings",
 ]
 
 

@@ -7,7 +7,10 @@ Three sources, never conflated (docs/concepts.md, "Acceptance, three ways"); eac
   ``response.completed``), ``choice_stats`` (the per-choice stats of earlier vLLM builds and
   TensorRT-LLM's serve), ``sglang_meta_info`` (SGLang's ``choices[].meta_info`` with
   ``return_meta_info``: ``spec_verify_ct``, ``spec_accept_token_num``, …) and
-  ``usage_prediction_tokens`` (``accepted``/``rejected_prediction_tokens``: a rate, no length).
+  ``usage_prediction_tokens`` (``accepted``/``rejected_prediction_tokens``: a rate, no length)
+  and ``llamacpp_timings`` (llama.cpp's top-level ``timings.draft_n`` / ``draft_n_accepted``, on
+  the body or a stream's last chunk: drafted and accepted tokens, no step count — a rate, no
+  length; absent when the request drafted nothing).
   ``mean_acceptance_length`` is 1 + accepted drafts per *drafting* step,
   ``draft_acceptance_rate`` accepted / drafted tokens, with the raw counts for pooling.
 - ``stream_shape`` — ``tokens_per_pass``: output tokens per output-bearing event of a streamed
@@ -110,7 +113,23 @@ def engine_counts(rec: Recording) -> EngineCounts | None:
     meta = stats.get("meta_info")
     if isinstance(meta, Mapping) and (found := EngineCounts.read("sglang_meta_info", meta)):
         return found
+    timings = stats.get("timings")
+    if isinstance(timings, Mapping) and (found := _llamacpp_timings(timings)):
+        return found
     return _prediction_tokens(rec.usage)
+
+
+def _llamacpp_timings(timings: Mapping[str, Any]) -> EngineCounts | None:
+    """llama.cpp's ``timings``: ``draft_n`` tokens drafted, ``draft_n_accepted`` accepted. The
+    server counts drafting steps only in ``/metrics`` (``llamacpp:spec_decode_num_drafts_total``),
+    so a request has a rate and counts but no acceptance length. Absent (a plain server, or a
+    request that drafted nothing): None."""
+    drafted = as_int(timings.get("draft_n"))
+    accepted = as_int(timings.get("draft_n_accepted"))
+    if drafted is None or accepted is None or accepted > drafted or accepted < 0:
+        return None
+    rate = accepted / drafted if drafted else None
+    return EngineCounts("llamacpp_timings", None, drafted, accepted, None, rate)
 
 
 def _prediction_tokens(usage: Mapping[str, Any] | None) -> EngineCounts | None:
@@ -193,14 +212,19 @@ K = TypeVar("K")
 
 def summarize(items: Iterable[tuple[K, LegAcceptance]]) -> dict[K, AcceptanceSummary]:
     """Pool per-request evidence by key (category, bucket, … — any hashable)."""
+    # [requests, drafts, draft tokens, accepted, Σtokens per pass, n, accepted where drafts known]
     sums: dict[K, list[float]] = {}
     for key, acc in items:
-        s = sums.setdefault(key, [0, 0, 0, 0, 0.0, 0])
+        s = sums.setdefault(key, [0, 0, 0, 0, 0.0, 0, 0])
         s[0] += 1
-        if acc.num_drafts is not None and acc.num_draft_tokens is not None:
-            s[1] += acc.num_drafts
+        if acc.num_draft_tokens is not None:
+            # llama.cpp reports drafted and accepted tokens but no step count: such a leg joins
+            # the rate's sums, never the length's.
             s[2] += acc.num_draft_tokens
             s[3] += acc.num_accepted_tokens or 0
+            if acc.num_drafts is not None:
+                s[1] += acc.num_drafts
+                s[6] += acc.num_accepted_tokens or 0
         if acc.tokens_per_pass is not None:
             s[4] += acc.tokens_per_pass
             s[5] += 1
@@ -211,7 +235,7 @@ def summarize(items: Iterable[tuple[K, LegAcceptance]]) -> dict[K, AcceptanceSum
             num_draft_tokens=int(s[2]),
             num_accepted_tokens=int(s[3]),
             draft_acceptance_rate=s[3] / s[2] if s[2] else None,
-            mean_acceptance_length=1.0 + s[3] / s[1] if s[1] else None,
+            mean_acceptance_length=1.0 + s[6] / s[1] if s[1] else None,
             tokens_per_pass_mean=s[4] / s[5] if s[5] else None,
         )
         for key, s in sums.items()

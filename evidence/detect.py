@@ -1,5 +1,5 @@
-"""What kind of server a backend is — ``vllm``, ``sglang``, ``sim`` or ``openai`` — from what it
-serves, asked once at startup.
+"""What kind of server a backend is — ``vllm``, ``sglang``, ``llamacpp``, ``sim`` or ``openai`` —
+from what it serves, asked once at startup.
 
 ``specshadow serve --primary/--shadow/--baseline URL`` without a policy file has no ``kind:`` to
 read, and the kind decides what the gateway gets out of a backend: vLLM's extra request fields,
@@ -14,6 +14,8 @@ runs). :func:`detect_kinds` asks each URL, all at once and within ``timeout_s``:
 - ``GET /server_info`` answering a ``vllm_config`` (vLLM in dev mode), ``GET /v1/models`` with a
   model ``owned_by`` ``vllm``, or ``GET /version`` answering ``{"version": …}`` alone while
   ``/v1/models`` names no other owner → ``vllm``;
+- ``GET /props`` answering llama.cpp's ``model_path`` with ``build_info`` and ``total_slots``, or
+  ``GET /v1/models`` with a model ``owned_by`` ``llamacpp`` → ``llamacpp``;
 - anything else that answers → ``openai`` (standard fields only, no ``/metrics``).
 
 A backend that cannot be reached (down, refused, timed out) is ``openai`` with ``reachable``
@@ -30,8 +32,8 @@ from typing import Any, Final, Literal
 
 import aiohttp
 
-Kind = Literal["vllm", "sglang", "sim", "openai"]
-KINDS: Final[tuple[Kind, ...]] = ("vllm", "sglang", "sim", "openai")
+Kind = Literal["vllm", "sglang", "llamacpp", "sim", "openai"]
+KINDS: Final[tuple[Kind, ...]] = ("vllm", "sglang", "llamacpp", "sim", "openai")
 DEFAULT_TIMEOUT_S: Final = 2.0
 
 _PATHS: Final = (
@@ -41,6 +43,7 @@ _PATHS: Final = (
     "/server_info?config_format=json",
     "/v1/models",
     "/version",
+    "/props",
 )
 
 
@@ -87,7 +90,12 @@ def classify(answers: Mapping[str, Any]) -> Detection:
     info = answers.get("/server_info?config_format=json")
     if isinstance(info, Mapping) and isinstance(info.get("vllm_config"), Mapping):
         return Detection("vllm", "/server_info has a vllm_config")
+    props = answers.get("/props")
+    if isinstance(props, Mapping) and {"model_path", "build_info", "total_slots"} <= props.keys():
+        return Detection("llamacpp", "serves llama.cpp's /props")
     owners = _owners(answers.get("/v1/models"))
+    if "llamacpp" in owners:
+        return Detection("llamacpp", "/v1/models: owned_by llamacpp")
     if "sglang" in owners:
         return Detection("sglang", "/v1/models: owned_by sglang")
     if "vllm" in owners:
@@ -101,8 +109,10 @@ def classify(answers: Mapping[str, Any]) -> Detection:
     ):
         return Detection("vllm", "/version answers like vLLM's")
     if not answers:
-        return Detection("openai", "none of vLLM's, SGLang's or the simulator's routes answered")
-    return Detection("openai", "no vLLM, SGLang or simulator route answered like one")
+        return Detection(
+            "openai", "none of vLLM's, SGLang's, llama.cpp's or the simulator's routes answered"
+        )
+    return Detection("openai", "no vLLM, SGLang, llama.cpp or simulator route answered like one")
 
 
 async def _get(session: aiohttp.ClientSession, url: str) -> tuple[Any, BaseException | None]:

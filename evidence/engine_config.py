@@ -13,7 +13,12 @@ gate that diffed every field would call every clean candidate confounded. So the
   releases; the same ``vllm_config`` object), ``GET /version`` (``/server_info`` carries none),
   and the ``vllm:cache_config_info`` labels of ``/metrics`` (served without dev mode: the KV-cache
   dtype and prefix caching);
-- SGLang: ``GET /server_info`` (``/get_server_info``): flat server arguments and ``version``.
+- SGLang: ``GET /server_info`` (``/get_server_info``): flat server arguments and ``version``;
+- llama.cpp: ``GET /props`` (build, model file, its quantization type, context per slot, slots)
+  and ``GET /slots`` (whether the slots speculate, and — once a slot has served a request — the
+  speculative type, ``speculative.types``); its draft limits are not served, so the depth is the
+  number of positions of ``llamacpp:spec_decode_num_accepted_tokens_per_pos_total`` once the first
+  speculative request finished, else the policy's declaration (:func:`from_llamacpp`).
 
 What no endpoint says is taken from the policy's declaration (``backends.<name>.engine``) and
 marked ``declared`` in :attr:`EngineConfig.sources`; what the engine reports wins.
@@ -45,8 +50,11 @@ __all__ = [
     "cache_config_info",
     "diff",
     "fingerprint_of",
+    "from_llamacpp",
     "from_sglang",
     "from_vllm",
+    "llamacpp_speculative_type",
+    "per_position_width",
     "resolve_engine",
     "version_of",
 ]
@@ -224,6 +232,65 @@ def from_sglang(info: Mapping[str, Any]) -> dict[str, Value] | None:
         else None,
     }
     return out
+
+
+def llamacpp_speculative_type(slots: object) -> tuple[bool | None, str | None]:
+    """(whether any slot speculates, the speculative type a slot reports) from llama.cpp's
+    ``GET /slots``; (None, None) when it is not that shape. A slot shows its ``params`` (with
+    ``speculative.types``, e.g. ``draft-simple``, ``ngram-mod``) only once it served a request."""
+    if not isinstance(slots, list) or not slots:
+        return None, None
+    flags = [s.get("speculative") for s in slots if isinstance(s, Mapping)]
+    if not flags or not all(isinstance(f, bool) for f in flags):
+        return None, None
+    kinds = {
+        s["params"]["speculative.types"]
+        for s in slots
+        if isinstance(s, Mapping)
+        and isinstance(s.get("params"), Mapping)
+        and isinstance(s["params"].get("speculative.types"), str)
+        and s["params"]["speculative.types"] != "none"
+    }
+    return any(flags), ",".join(sorted(kinds)) or None
+
+
+def from_llamacpp(
+    props: Mapping[str, Any], slots: object = None, positions: int | None = None
+) -> dict[str, Value] | None:
+    """llama.cpp's ``/props`` (+ ``/slots`` and the per-position counter's width) → reduced values
+    (None: not that shape). The speculative block — ``method`` (the speculative type) and
+    ``num_speculative_tokens`` (the width of the per-position counter: the server's draft maximum,
+    ``n_max``) — is left out until the server has said both (a slot served a request, a request
+    drafted): unknown, not changed, so the fingerprint does not move when it becomes known. A
+    server whose slots do not speculate has none (``None``)."""
+    if not isinstance(props.get("model_path"), str) or "build_info" not in props:
+        return None
+    gen = props.get("default_generation_settings")
+    n_ctx = as_int(gen.get("n_ctx")) if isinstance(gen, Mapping) else None
+    out: dict[str, Value] = {
+        "engine": "llamacpp",
+        "version": _scalar(props.get("build_info")),
+        "model": _scalar(props.get("model_path")),
+        "quantization": _scalar(props.get("model_ftype")),
+        "max_num_seqs": as_int(props.get("total_slots")),
+        "max_model_len": n_ctx,
+    }
+    speculates, kind = llamacpp_speculative_type(slots)
+    if speculates is False:
+        out[SPECULATIVE] = None
+    elif speculates and kind is not None and positions:
+        out[SPECULATIVE] = {"method": kind, "num_speculative_tokens": positions}
+    return out
+
+
+def per_position_width(metrics_text: object) -> int | None:
+    """How many positions llama.cpp's per-position acceptance counter has (its draft maximum);
+    None before the first speculative request finished."""
+    if not isinstance(metrics_text, str):
+        return None
+    name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total{"
+    width = sum(1 for line in metrics_text.splitlines() if line.startswith(name))
+    return width or None
 
 
 def version_of(body: object) -> str | None:

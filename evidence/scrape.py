@@ -7,6 +7,10 @@ touches a request path.
 
 Window arithmetic (docs/concepts.md, "Acceptance, three ways"), over the samples of the last ``window_s`` seconds:
 
+The counters under vLLM's names or llama.cpp's (``llamacpp:spec_decode_num_drafts_total``,
+``…_num_draft_tokens_total``, ``…_num_accepted_tokens_total``,
+``…_num_accepted_tokens_per_pos_total{position=i}``: the same meanings):
+
 - ``draft_acceptance_rate`` = Δ``vllm:spec_decode_num_accepted_tokens_total`` /
   Δ``vllm:spec_decode_num_draft_tokens_total``;
 - ``mean_acceptance_length`` = 1 + Δaccepted / Δ``vllm:spec_decode_num_drafts_total``;
@@ -15,7 +19,9 @@ Window arithmetic (docs/concepts.md, "Acceptance, three ways"), over the samples
 Load gauges, read every poll (≤ 1 s apart by default, often enough to follow load): requests
 running and waiting and KV-cache usage, under vLLM's names (``vllm:num_requests_running``,
 ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``, formerly ``vllm:gpu_cache_usage_perc``)
-or SGLang's (``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``).
+or SGLang's (``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``)
+or llama.cpp's (``llamacpp:requests_processing``, ``llamacpp:requests_deferred``; it serves no
+KV-cache usage).
 Every sample is kept for ``window_s`` (bounded), so :meth:`MetricsScraper.nearest` answers "what
 was this backend's load when that leg was dispatched?" for records built seconds later. The
 numbers are one replica's: a metrics URL behind a load balancer answers for one server at a time.
@@ -57,6 +63,13 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+# llama.cpp's server names the same counters with its own prefix.
+LLAMACPP = {
+    "llamacpp:spec_decode_num_drafts_total": DRAFTS,
+    "llamacpp:spec_decode_num_draft_tokens_total": DRAFT_TOKENS,
+    "llamacpp:spec_decode_num_accepted_tokens_total": ACCEPTED,
+    "llamacpp:spec_decode_num_accepted_tokens_per_pos_total": PER_POS,
+}
 KV_USAGE = "vllm:kv_cache_usage_perc"
 RUNNING = "vllm:num_requests_running"
 # Load gauges by engine: (running, waiting, KV usage 0..1) names; the first found wins.
@@ -67,6 +80,7 @@ LOAD_GAUGES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]
         (KV_USAGE, "vllm:gpu_cache_usage_perc"),
     ),
     "sglang": (("sglang:num_running_reqs",), ("sglang:num_queue_reqs",), ("sglang:token_usage",)),
+    "llamacpp": (("llamacpp:requests_processing",), ("llamacpp:requests_deferred",), ()),
 }
 _RUNNING = {name for names in LOAD_GAUGES.values() for name in names[0]}
 _WAITING = {name for names in LOAD_GAUGES.values() for name in names[1]}
@@ -108,14 +122,15 @@ def parse_sample(text: str, *, t_ns: int, unix_ns: int) -> MetricsSample:
     per_pos: dict[int, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name == PER_POS:
+            name = LLAMACPP.get(s.name, s.name)
+            if name == PER_POS:
                 try:
                     pos = int(s.labels.get("position", ""))
                 except ValueError:
                     continue
                 per_pos[pos] = per_pos.get(pos, 0.0) + s.value
-            elif s.name in (DRAFTS, DRAFT_TOKENS, ACCEPTED):
-                sums[s.name] = sums.get(s.name, 0.0) + s.value
+            elif name in (DRAFTS, DRAFT_TOKENS, ACCEPTED):
+                sums[name] = sums.get(name, 0.0) + s.value
             elif s.name in _RUNNING:
                 sums["running"] = sums.get("running", 0.0) + s.value
             elif s.name in _WAITING:

@@ -11,9 +11,11 @@ path is not served): ``speculative_algorithm``, ``speculative_num_steps``, and
 ``speculative_accept_threshold_single`` / ``_acc`` — below 1.0 SGLang accepts drafts the target
 would not have sampled (lossy). :func:`resolve` merges the policy's declaration with the report:
 the backend's answer wins for what it reports; ``lossy`` from either side wins over
-``lossless``; every disagreement is listed.
+``lossless``; every disagreement is listed. :func:`from_llamacpp` reads llama.cpp's ``GET /slots``
+(``speculative``, and ``speculative.types`` once a slot served a request) and the width of its
+per-position acceptance counter (the draft maximum); llama.cpp reports no verification mode.
 
-I/O shell: :class:`ServerInfoProbe` asks every ``vllm``/``sglang``/``sim`` backend once at
+I/O shell: :class:`ServerInfoProbe` asks every ``vllm``/``sglang``/``llamacpp``/``sim`` backend once at
 start and every ``refresh_s`` after (a restart may change the config), logs each new
 disagreement with the policy once, and answers :meth:`ServerInfoProbe.reported` for records.
 An endpoint that is not served (vLLM without dev mode: 404) is not an error: the backend simply
@@ -24,6 +26,10 @@ output (:mod:`evidence.engine_config`): from the server-info answer, and for vLL
 also ``/version`` and the ``vllm:cache_config_info`` labels of ``/metrics`` (``/inference/v1/config``
 when ``/server_info`` is not served); :meth:`ServerInfoProbe.engine` answers it for records, the
 policy's ``engine`` declaration filling what no endpoint said.
+
+Size: one engine's account of its speculation is read, probed and merged with the policy's in one
+vocabulary (:class:`ReportedSpec`): the readers of vLLM, SGLang and llama.cpp are a few lines each
+and change with the probe that asks for them.
 """
 
 from __future__ import annotations
@@ -42,16 +48,19 @@ from core.wire import BACKEND_KEEPALIVE_S
 from evidence.engine_config import (
     EngineConfig,
     cache_config_info,
+    from_llamacpp as engine_from_llamacpp,
     from_sglang as engine_from_sglang,
     from_vllm as engine_from_vllm,
+    llamacpp_speculative_type,
+    per_position_width,
     resolve_engine,
     version_of,
 )
 
 log = logging.getLogger(__name__)
 
-InfoSource = Literal["vllm_server_info", "sglang_server_info"]
-VerificationSource = Literal["policy", "vllm_server_info", "sglang_server_info"]
+InfoSource = Literal["vllm_server_info", "sglang_server_info", "llamacpp_props"]
+VerificationSource = Literal["policy", "vllm_server_info", "sglang_server_info", "llamacpp_props"]
 ProbeStatus = Literal["pending", "reported", "not_served", "unreachable"]
 
 # Paths by backend kind; the simulator answers vLLM's.
@@ -59,6 +68,7 @@ INFO_PATHS: Mapping[str, tuple[str, InfoSource]] = {
     "vllm": ("/server_info?config_format=json", "vllm_server_info"),
     "sim": ("/server_info?config_format=json", "vllm_server_info"),
     "sglang": ("/get_server_info", "sglang_server_info"),
+    "llamacpp": ("/props", "llamacpp_props"),
 }
 # Where a kind's newer releases moved the endpoint: asked when the first path is not served
 # (SGLang renamed /get_server_info to /server_info, keeping the old name for a while).
@@ -179,9 +189,27 @@ def from_sglang(info: Mapping[str, Any]) -> ReportedSpec | None:
     )
 
 
+def from_llamacpp(slots: object, positions: int | None) -> ReportedSpec | None:
+    """llama.cpp's ``/slots`` (+ the per-position counter's width, its draft maximum) → what it
+    speculates with. Its verification is not reported: a draft is accepted where it equals the
+    token the target samples (lossless), unless the server was started with synthetic acceptance
+    (``--spec-synth-len`` / ``--spec-synth-rates``: lossy), which no endpoint shows — declare
+    ``verification: lossy`` in the policy for such a server."""
+    speculates, kind = llamacpp_speculative_type(slots)
+    if speculates is None:
+        return None
+    if not speculates:
+        return ReportedSpec("llamacpp_props", speculative=False)
+    return ReportedSpec(
+        "llamacpp_props", speculative=True, method=kind, num_speculative_tokens=positions
+    )
+
+
 def parse_info(source: InfoSource, info: object) -> ReportedSpec | None:
     if not isinstance(info, Mapping):
         return None
+    if source == "llamacpp_props":
+        return None  # llama.cpp's speculation is read from /slots (ServerInfoProbe)
     return from_vllm(info) if source == "vllm_server_info" else from_sglang(info)
 
 
@@ -300,6 +328,19 @@ class _InfoTarget:
     base: str = ""  # the backend's base URL (``/version``, ``/metrics``)
     declared_engine: Mapping[str, Any] | None = None
     engine: EngineConfig | None = None
+    polled: ReportedSpec | None = None  # llama.cpp: what /slots said at the last poll
+
+
+def _learning(target: _InfoTarget) -> bool:
+    """A llama.cpp server that speculates but has not yet said how (its type shows once a slot
+    served a request, its depth once a request drafted): asked again soon, not in a minute."""
+    spec = target.polled
+    return (
+        target.source == "llamacpp_props"
+        and spec is not None
+        and spec.speculative
+        and (spec.method is None or spec.num_speculative_tokens is None)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,12 +411,15 @@ class ServerInfoProbe:
         return target.status if target is not None else None
 
     async def run(self) -> None:
-        """Ask until cancelled: soon again while a backend is unreachable, else every refresh."""
+        """Ask until cancelled: soon again while a backend is unreachable (or a llama.cpp server
+        has not yet said how it speculates), else every refresh."""
         connector = aiohttp.TCPConnector(keepalive_timeout=self._keepalive_s)
         async with aiohttp.ClientSession(timeout=self._timeout, connector=connector) as session:
             while True:
                 await self.poll_once(session)
-                waiting = any(t.status == "unreachable" for t in self._targets.values())
+                waiting = any(
+                    t.status == "unreachable" or _learning(t) for t in self._targets.values()
+                )
                 await asyncio.sleep(self.retry_s if waiting else self.refresh_s)
 
     async def poll_once(self, session: aiohttp.ClientSession) -> None:
@@ -399,7 +443,10 @@ class ServerInfoProbe:
             target.status, target.last_error = "unreachable", f"{type(exc).__name__}: {exc}"
             return
         await self._poll_engine(session, target, info)
-        reported = parse_info(target.source, info)
+        if target.source == "llamacpp_props":
+            reported = target.polled
+        else:
+            reported = parse_info(target.source, info)
         if reported is None:
             target.status, target.last_error = "not_served", "unrecognised server info"
             return
@@ -415,7 +462,16 @@ class ServerInfoProbe:
         """The backend's engine configuration from ``info`` and, vLLM-shaped, the other endpoints
         (each optional: one not served just says nothing)."""
         parts: dict[str, tuple[str, Mapping[str, Any]]] = {}
-        if target.source == "sglang_server_info":
+        if target.source == "llamacpp_props":
+            slots = await self._get(session, target.base + "/slots", json=True)
+            width = per_position_width(
+                await self._get(session, target.base + "/metrics", json=False)
+            )
+            target.polled = from_llamacpp(slots, width)
+            got = engine_from_llamacpp(info, slots, width) if isinstance(info, Mapping) else None
+            if got is not None:
+                parts["props"] = ("llamacpp_props", got)
+        elif target.source == "sglang_server_info":
             got = engine_from_sglang(info) if isinstance(info, Mapping) else None
             if got is not None:
                 parts["server_info"] = ("sglang_server_info", got)

@@ -27,7 +27,7 @@ from gateway.load import LoadBook
 from gateway.settings import Settings
 from gateway.shadow import ShadowDispatcher
 from gateway.state import GATEWAY, Gateway, ReadyProbe
-from gateway.upstream import UpstreamClient, UpstreamTarget
+from gateway.upstream import CLOSING_KINDS, UpstreamClient, UpstreamTarget
 from otel.settings import TelemetrySettings
 from otel.setup import build_telemetry
 from otel.telemetry import Telemetry
@@ -123,7 +123,12 @@ def create_app(
             tasks = TaskSet()
             # Named as the policy names it, so its scraped /metrics and its legs share one name.
             name = store.current.primary.name if store.current.primary is not None else "primary"
-            primary = UpstreamClient(UpstreamTarget(name, primary_url), settings.upstream)
+            closing = (
+                store.current.primary is not None and store.current.primary.kind in CLOSING_KINDS
+            )
+            primary = UpstreamClient(
+                UpstreamTarget(name, primary_url), settings.upstream, closes_connections=closing
+            )
             stack.push_async_callback(primary.close)
             loads = LoadBook(settings.load_window_s)
             shadows = ShadowDispatcher(tasks, settings.upstream, tel, loads)

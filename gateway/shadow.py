@@ -46,7 +46,7 @@ from gateway.forward import drain
 from gateway.legs import LegRun
 from gateway.load import LoadBook
 from gateway.settings import UpstreamSettings
-from gateway.upstream import UpstreamClient, UpstreamTarget
+from gateway.upstream import CLOSING_KINDS, UpstreamClient, UpstreamTarget
 from otel.telemetry import Telemetry
 from policies.compiled import BackendSpec, BreakerSpec, Budgets, CompiledPolicy, LegPlan
 from policies.shape import shadow_headers, shape_shadow_body
@@ -367,7 +367,9 @@ class ShadowDispatcher:
                 retry_attempts=1,  # a shadow is never retried: it would skew its own timing
             )
             client = self.clients[key] = UpstreamClient(
-                UpstreamTarget(backend.name, backend.url), settings
+                UpstreamTarget(backend.name, backend.url),
+                settings,
+                closes_connections=backend.kind in CLOSING_KINDS,
             )
         return client
 

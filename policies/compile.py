@@ -276,7 +276,7 @@ def _counterfactual(
 
 def _backend(name: str, b: Backend, connect_s: float, idle_s: float) -> BackendSpec:
     metrics_url = b.metrics_url
-    if metrics_url is None and b.kind in ("vllm", "sglang", "sim"):
+    if metrics_url is None and b.kind in ("vllm", "sglang", "llamacpp", "sim"):
         metrics_url = b.url + "/metrics"
     return BackendSpec(
         name=name,

@@ -21,7 +21,7 @@ from core.quality import DEFAULT_ALPHA, DEFAULT_MARGINS
 from core.wire import WORKFLOW_HEADER
 from policies.sample import sample_unit
 
-BackendKind = Literal["vllm", "sglang", "openai", "sim"]
+BackendKind = Literal["vllm", "sglang", "llamacpp", "openai", "sim"]
 SkipReason = Literal["kill_switch", "not_sampled", "no_rule", "retry", "body_size", "no_legs"]
 
 # Bound on the (route, model) → candidate-rules cache: model names come from clients.

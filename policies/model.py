@@ -240,9 +240,11 @@ class Backend(_Strict):
     """What speaks at ``url``: ``vllm`` (a vLLM server: shadow requests get vLLM-only fields such as
     ``include_metrics`` and ``stream_options.continuous_usage_stats``; its ``/metrics`` are read
     with vLLM's names), ``sglang`` (an SGLang server: its ``/metrics`` are read with SGLang's names,
-    ``sglang:num_running_reqs`` …; only standard request fields are sent), ``sim`` (the specshadow
-    simulator: vLLM's fields and names) or ``openai`` (any other OpenAI-compatible API: only
-    standard fields, and no ``/metrics``)."""
+    ``sglang:num_running_reqs`` …; only standard request fields are sent), ``llamacpp`` (llama.cpp's
+    server: per-request acceptance from its ``timings``, ``/metrics`` with ``llamacpp:`` names, its
+    configuration from ``/props`` and ``/slots``; only standard request fields are sent), ``sim``
+    (the specshadow simulator: vLLM's fields and names) or ``openai`` (any other OpenAI-compatible
+    API: only standard fields, and no ``/metrics``)."""
     replicas: int = Field(default=1, ge=1, le=100_000)
     """How many servers stand behind ``url`` (a load balancer or a Kubernetes Service). A shadow
     sees only the mirrored share of traffic; what must match production is the per-replica arrival
@@ -256,7 +258,7 @@ class Backend(_Strict):
     is rejected (and not echoed in the error)."""
     metrics_url: Annotated[str, AfterValidator(_check_http_url)] | None = None
     """Prometheus endpoint scraped for speculative-decoding counters. Default: ``url + /metrics``
-    for ``vllm`` and ``sim``; none for ``openai``."""
+    for ``vllm``, ``sglang``, ``llamacpp`` and ``sim``; none for ``openai``."""
     timeout: BackendTimeouts = BackendTimeouts()
     """Connect/idle timeouts for this backend; unset fields inherit the top-level ``timeouts``."""
     max_connections: int = Field(default=64, ge=1, le=10_000)

@@ -114,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.register(sub)
     demo.register(sub)
     agreement.register(vllm_cli.register(sub))
+    vllm_cli.register_llamacpp(sub)
     simulator_cli.register(sub)
     policy_cli.register(sub)
     records_cli.register(sub, labels=export_labels.labeller)  # rows labelled by a replay

@@ -8,7 +8,7 @@ policy backend whose ``api_key_env`` variable is not set — each ends the comma
 rejects keeps argparse's message and status).
 
 The policy-free start (``--primary URL --shadow URL [--baseline URL]``) needs each backend's kind
-(``vllm``, ``sglang``, ``sim``, ``openai``): it decides vLLM's request fields, whether ``/metrics``
+(``vllm``, ``sglang``, ``llamacpp``, ``sim``, ``openai``): it decides vLLM's request fields, whether ``/metrics``
 are scraped (acceptance, KV cache) and whether the backend is asked what it runs. A kind stated
 with ``--primary-kind`` / ``--shadow-kind`` / ``--baseline-kind`` is used as is; otherwise each
 backend is asked at startup (:mod:`evidence.detect`, a couple of seconds at most), and one that

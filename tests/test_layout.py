@@ -14,6 +14,7 @@ TIERS = {
     "e2e": "the product as subprocesses (slower)",
     "reliability": "faults, security and load across the whole gateway",
     "vllm": "against a real vLLM (CPU build)",
+    "llamacpp": "against a real llama.cpp server (PyPI xllamacpp)",
     "bench": "the benchmark scripts in bench/ run small",
     "deploy": "the Dockerfile and the deployment manifests in deploy/",
     "fakes": "test doubles with known ground truth (scripted upstreams)",

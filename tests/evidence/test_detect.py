@@ -62,7 +62,7 @@ OPENAI = {"/v1/models": (200, {"data": [{"id": "gpt", "owned_by": "system"}]})}
         (VLLM_API_KEY, "vllm", "/version answers like vLLM's"),
         (SGLANG, "sglang", "serves SGLang's /get_model_info"),
         (SGLANG_NEW, "sglang", "/server_info has SGLang's server arguments"),
-        (OPENAI, "openai", "no vLLM, SGLang or simulator route answered like one"),
+        (OPENAI, "openai", "no vLLM, SGLang, llama.cpp or simulator route answered like one"),
     ],
 )
 async def test_servers_are_told_apart_by_what_they_serve(servers, routes, kind, evidence):

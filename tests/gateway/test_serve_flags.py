@@ -29,7 +29,7 @@ def test_kinds_come_from_flags_or_variables_and_bad_ones_name_their_source():
     with pytest.raises(SettingsError) as bad:
         settings_from_args(parse(), {**env, "SPECSHADOW_BASELINE_KIND": "tgi"})
     assert bad.value.problems == [
-        "SPECSHADOW_BASELINE_KIND: must be one of vllm, sglang, openai, sim, got 'tgi'"
+        "SPECSHADOW_BASELINE_KIND: must be one of vllm, sglang, llamacpp, openai, sim, got 'tgi'"
     ]
     with pytest.raises(SettingsError) as count:
         settings_from_args(

@@ -131,7 +131,7 @@ def test_base_policy_is_valid() -> None:
         (
             "backends.cand.kind",
             "tgi",
-            "backends.cand.kind: must be one of 'vllm', 'sglang', 'openai' or 'sim', got 'tgi'",
+            "backends.cand.kind: must be one of 'vllm', 'sglang', 'llamacpp', 'openai' or 'sim', got 'tgi'",
         ),
         (
             "backends.cand.url",

@@ -81,8 +81,8 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
         "vLLM's and SGLang's server info (speculative_config)",
     ),
     "evidence/engine_config.py": (
-        frozenset({"prompt_lookup_max", "prompt_lookup_min"}),
-        "vLLM's and SGLang's server info (the whole engine configuration)",
+        frozenset({"prompt_lookup_max", "prompt_lookup_min", "speculative"}),
+        "vLLM's and SGLang's server info (the whole engine configuration); llama.cpp's /slots",
     ),
     "evidence/tokens.py": (frozenset({"prompt", "tokens"}), "vLLM's /tokenize answer"),
     "gateway/admin.py": (frozenset({"reason", "rule", "stage"}), ROLLOUT),
