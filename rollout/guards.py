@@ -782,7 +782,7 @@ class _SpeculationOff(_Guard):
         )
 
     def update(self, o: Observation) -> None:
-        if o.drafted is None or o.acceptance is None or not o.acceptance_exact:
+        if o.drafted is None:  # the engine's own counts only: a stream's shape never trips it
             return
         if o.output_tokens is not None and o.output_tokens < SPECULATION_OFF_TOKENS:
             return
@@ -997,7 +997,9 @@ def observe(evidence: Evidence, candidate_backend: str) -> Observation | None:
     if acc is not None and cand_rec is not None and evidence.speculation_skip is None:
         if acc.source is not None and acc.mean_acceptance_length is not None:
             acceptance, exact = acc.mean_acceptance_length, True
-        elif acc.tokens_per_pass is not None:
+        elif acc.source is None and acc.tokens_per_pass is not None:
+            # (an engine that counts its drafts but not its passes — llama.cpp — streams one
+            # token per event whatever it accepted: its stream's shape is not its passes)
             acceptance, exact = acc.tokens_per_pass, False
         if acc.source is not None:
             drafted, accepted = acc.num_draft_tokens, acc.num_accepted_tokens
