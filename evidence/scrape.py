@@ -331,6 +331,22 @@ class MetricsScraper:
         """The latest per-backend state (name → snapshot), as of the last completed poll."""
         return self._snapshot
 
+    def recent_acceptance(self, name: str) -> list[tuple[int, float]]:
+        """Backend ``name``'s mean acceptance length over each interval between consecutive
+        scrapes that drafted: ``(t_ns of the later scrape, 1 + Δaccepted / Δdrafts)``, oldest
+        first (a counter reset skips its interval)."""
+        target = self._targets.get(name)
+        if target is None:
+            return []
+        out = []
+        for a, b in pairwise(list(target.samples)):
+            if a.drafts is None or b.drafts is None or a.accepted is None or b.accepted is None:
+                continue
+            drafts, accepted = b.drafts - a.drafts, b.accepted - a.accepted
+            if drafts > 0 and accepted >= 0:
+                out.append((b.t_ns, 1.0 + accepted / drafts))
+        return out
+
     def recent_kv(self, name: str, n: int = 3) -> list[float]:
         """Backend ``name``'s last ``n`` scraped KV-cache usages (0..1), oldest first."""
         target = self._targets.get(name)

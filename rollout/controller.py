@@ -66,7 +66,14 @@ from policies.compiled import (
 )
 from policies.sample import sample_unit
 from rollout.fleet import Fleet
-from rollout.guards import DRIFT_GUARDS, GuardBank, GuardState, Observation, observe
+from rollout.guards import (
+    DRIFT_GUARDS,
+    GuardBank,
+    GuardState,
+    Observation,
+    observe,
+    window_reading,
+)
 from rollout.state import (
     Actor,
     RuleState,
@@ -155,6 +162,9 @@ class RolloutController:
         )
         self.telemetry = telemetry
         self.kv_recent = kv_recent
+        # The candidate's /metrics acceptance per scrape interval (evidence.scrape), if scraped.
+        self.acceptance_recent: Callable[[str], Sequence[tuple[int, float]]] | None = None
+        self._window_seen: dict[str, int | None] = {}
         self.clock = clock
         self._lock = threading.Lock()
         # The state file is written outside ``_lock`` (the event loop takes it): a change takes
@@ -314,6 +324,8 @@ class RolloutController:
         if observation is None:
             self._persist()
             return
+        if self.fleet is None and self.acceptance_recent is not None:
+            observation = self._with_window(rule.name, spec, observation)
         with self._lock:
             state = self._states.get(rule.name)
             dispatched_in = exchange.rollout_episode
@@ -442,6 +454,18 @@ class RolloutController:
     def _store_health(self, up: bool) -> None:
         if self.telemetry is not None and self.fleet is not None:
             self.telemetry.rollout_store(self.fleet.store.name, up)
+
+    def _with_window(self, name: str, spec: RolloutSpec, o: Observation) -> Observation:
+        """Attach the candidate's newest ``/metrics`` acceptance readings (the mean of those not
+        yet attached) — what watches a ``live`` candidate whose answers carry no counts (vLLM
+        returns them only on request, and at ``live`` nothing is mirrored to it). One gateway
+        only: a fleet's replicas scrape the same candidate, and their readings would repeat one
+        another in the pooled test."""
+        assert self.acceptance_recent is not None
+        seen = self._window_seen.get(name)
+        readings = self.acceptance_recent(spec.candidate.backend.name)
+        self._window_seen[name], value = window_reading(seen, readings)
+        return o if value is None else replace(o, acceptance_window=value)
 
     def _drift(self, rule: RuleSpec, spec: RolloutSpec, state: RuleState, breach: GuardState,
                cause: Cause | None) -> None:  # fmt: skip

@@ -176,6 +176,14 @@ class Observation:
     accepted: int | None = None
     output_tokens: int | None = None
     category: str | None = None
+    # Where ``acceptance`` came from when the answer carried none: the candidate's own
+    # ``/metrics`` over the scrape interval that ended since the last such reading (its whole
+    # traffic, pass-weighted — judged against a level of its own, never a category's).
+    acceptance_window: float | None = None
+
+
+# The reference level's key for the candidate's /metrics readings (a unit apart: pass-weighted).
+BACKEND_LEVEL = "@metrics"
 
 
 @dataclass(frozen=True, slots=True)
@@ -674,6 +682,10 @@ class _AcceptanceDrop(_Guard):
         return level
 
     def update(self, o: Observation) -> None:
+        w = o.acceptance_window
+        if w is not None and math.isfinite(w) and w >= 1.0:
+            self._category(BACKEND_LEVEL).add(w)
+            self.tested += 1
         a = o.acceptance
         if a is None or not math.isfinite(a) or a < 1.0:
             return
@@ -703,7 +715,11 @@ class _AcceptanceDrop(_Guard):
                 lv.tested = 0
 
     def summary(self, window: Sequence[Observation]) -> tuple[float | None, int, int | None]:
-        lv = self.overall
+        lv = (
+            self.overall
+            if self.overall.readings or self.overall.level is not None
+            else (self.categories.get(BACKEND_LEVEL, self.overall))
+        )
         worst: tuple[float, str, float, float] | None = None
         for name, level in self._levels():
             if level.level is None or not level.recent:
@@ -711,7 +727,8 @@ class _AcceptanceDrop(_Guard):
             mean = math.fsum(level.recent) / len(level.recent)
             fall = 1.0 - mean / level.level
             if worst is None or fall > worst[0] or (level.test is not None and level.test.rejected):
-                worst = (fall, name or "all traffic", mean, level.level)
+                where = "the candidate's /metrics" if name == BACKEND_LEVEL else name
+                worst = (fall, where or "all traffic", mean, level.level)
                 if level.test is not None and level.test.rejected:
                     break
         n = len(lv.recent)
@@ -921,6 +938,21 @@ def evaluate(
     for o in observations:
         bank.update(o)
     return bank.states(kv_recent, needs=True)
+
+
+def window_reading(
+    seen: int | None, readings: Sequence[tuple[int, float]]
+) -> tuple[int | None, float | None]:
+    """The candidate's ``/metrics`` acceptance readings (``(t_ns, value)``, oldest first) not yet
+    attached to an observation: ``(the newest t_ns now seen, their mean)``. The first look
+    (``seen`` None) only marks where the rule's evidence starts: intervals before it are not its."""
+    fresh = [(t, a) for t, a in readings if seen is None or t > seen]
+    if not fresh:
+        return seen, None
+    newest = fresh[-1][0]
+    if seen is None:
+        return newest, None
+    return newest, math.fsum(a for _, a in fresh) / len(fresh)
 
 
 def _leg(exchange: Exchange, role: str, backend: str | None = None) -> int | None:

@@ -197,6 +197,7 @@ def build_app(
     worker = evidence_worker(settings, store, tel, consumers=[rollout, *consumers])
     if worker.scraper is not None:
         rollout.kv_recent = worker.scraper.recent_kv
+        rollout.acceptance_recent = worker.scraper.recent_acceptance
     # The token tap hands every exchange on to the worker (a sampled share after tokenizing,
     # another after scoring the shadow legs' likelihoods under the target).
     plans = _PlanOf(store)

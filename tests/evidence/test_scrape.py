@@ -166,3 +166,24 @@ async def test_nearest_finds_the_scrape_closest_to_a_dispatch_time():
     assert abs(after.unix_ns - (marked + 200_000_000)) < 60_000_000  # within about one poll
     assert scraper.nearest("sim", marked + 60 * 10**9) is None  # nothing that close
     assert scraper.nearest("other", marked) is None
+
+
+async def test_recent_acceptance_is_each_scrape_intervals_mean_acceptance_length():
+    """What the acceptance guard reads at ``live``: per interval between two scrapes that
+    drafted, 1 + accepted ÷ drafts — against the steps the test itself fed the counters; an
+    interval with no drafts gives nothing."""
+    config = SimConfig(mode="speculative", num_speculative_tokens=3)
+    async with run_simulator(config) as sim, aiohttp.ClientSession() as session:
+        scraper = MetricsScraper({"sim": f"{sim.base_url}/metrics"}, 60.0)
+        await scraper.poll_once(session)
+        for step in (Step(3, 3), Step(3, 1)):  # 2 drafts, 4 accepted
+            sim.metrics.step(step, first=False, elapsed_s=0.001)
+        await scraper.poll_once(session)
+        await scraper.poll_once(session)  # nothing drafted in between: no reading
+        for step in (Step(3, 0), Step(3, 0), Step(2, 1)):  # 3 drafts, 1 accepted
+            sim.metrics.step(step, first=False, elapsed_s=0.001)
+        await scraper.poll_once(session)
+    readings = scraper.recent_acceptance("sim")
+    assert [a for _, a in readings] == pytest.approx([1 + 4 / 2, 1 + 1 / 3])
+    assert readings[0][0] < readings[1][0]
+    assert scraper.recent_acceptance("other") == []

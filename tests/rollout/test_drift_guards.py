@@ -253,3 +253,41 @@ def table(seeds: int) -> str:
 
 if __name__ == "__main__":
     print(table(int(sys.argv[1]) if len(sys.argv) > 1 else 20))
+
+
+def test_a_window_reading_is_each_new_scrape_interval_once() -> None:
+    from rollout.guards import window_reading
+
+    assert window_reading(None, []) == (None, None)
+    assert window_reading(None, [(1, 2.0), (2, 2.2)]) == (2, None)  # the first look only marks
+    assert window_reading(2, [(1, 2.0), (2, 2.2)]) == (2, None)
+    seen, value = window_reading(2, [(1, 2.0), (2, 2.2), (3, 1.4), (4, 1.6)])
+    assert seen == 4 and value == pytest.approx(1.5)
+
+
+def test_a_live_candidate_whose_answers_carry_no_counts_is_watched_through_its_metrics() -> None:
+    """At live, vLLM answers without per-request counts unless asked: only the candidate's
+    /metrics readings watch it. They get a level of their own (pass-weighted, all traffic), and a
+    fall 2.5 → 1.3 breaches; a steady run does not."""
+    from rollout.guards import BACKEND_LEVEL
+
+    rng = np.random.default_rng(9)
+
+    def windows(level: float, n: int) -> list[Observation]:
+        # each scrape interval: the pooled mean over ~20 requests' passes
+        return [
+            replace(
+                obs(2.0),
+                acceptance=None,
+                drafted=None,
+                acceptance_window=float(np.mean(readings(rng, level, 20))),
+            )
+            for _ in range(n)
+        ]
+
+    steady = windows(2.5, 2_000)
+    bank = GuardBank(SPEC)
+    assert first_breach(steady, "acceptance_drop", bank=bank) is None
+    assert set(bank.references()) == {BACKEND_LEVEL}
+    t = first_breach(windows(2.5, 200) + windows(1.3, 200), "acceptance_drop")
+    assert t is not None and 200 <= t < 260, t
