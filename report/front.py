@@ -62,12 +62,11 @@ def rests_on(a: Analysis, c: CandidateAnalysis, v: Verdict) -> str:
             parts.append("no primary/candidate pairs")
         eq = c.equivalence.get(v.category)
         if eq is not None:
-            over = [f"{eq.n} sampled"] if eq.n else []
-            over += [f"{eq.greedy_n} greedy"] if eq.greedy_n else []
-            parts.append(
-                f"quality {eq.verdict.replace('_', ' ')}"
-                + (f" over {' and '.join(over)} exchanges" if over else "")
-            )
+            # greedy_n counts the comparable exchanges checked by exact match (sampled ones
+            # too), not greedy requests: said as what it is, never added to the sampled count.
+            over = f" over {eq.n} sampled exchanges" if eq.n else ""
+            exact = f"; {eq.greedy_n} compared by exact match" if eq.greedy_n else ""
+            parts.append(f"quality {eq.verdict.replace('_', ' ')}{over}{exact}")
     if v.rollback is not None:
         source = (
             "the records' rollout stages"

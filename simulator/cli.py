@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import signal
 from collections.abc import Callable
 from typing import Any
 
+from core.faults import BadInput
 from simulator.app import run_simulator
 from simulator.config import SAMPLING_DEFECTS, Acceptance, SimConfig, parse_faults
 
@@ -111,8 +113,23 @@ def _run(args: argparse.Namespace) -> int:
     except ImportError:  # uvloop is a runtime dependency except on Windows
         factory = asyncio.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(_serve(config, args.host, args.port))
+        try:
+            runner.run(_serve(config, args.host, args.port))
+        except OSError as exc:
+            if exc.errno not in _LISTEN_ERRORS:
+                raise
+            where = f"{args.host}:{args.port}"
+            raise BadInput(f"cannot listen on {where}: {_LISTEN_ERRORS[exc.errno]}") from None
     return 0
+
+
+# The bind faults a user can fix, worded as ``specshadow serve`` words them.
+_LISTEN_ERRORS = {
+    errno.EADDRINUSE: "the port is already in use (another server?): give --port another one, "
+    "or 0 for a free one",
+    errno.EADDRNOTAVAIL: "the host is not an address of this machine",
+    errno.EACCES: "permission denied (ports below 1024 need privileges)",
+}
 
 
 def register(subparsers: Any) -> None:
