@@ -799,6 +799,9 @@ def _counterfactual_section(a: Analysis, figs: Mapping[str, str | None]) -> list
             "(exact per request: a gap there means the engine does not run what it declares).</p>",
             _table(["backend", "configuration", "predicted", "measured", "replayed on its own output", ""], live, wrap=(5,)),
         ]  # fmt: skip
+    skipped = "; ".join(f"{escape(b)}: {escape(why)}" for b, why in sorted(m.live_skipped.items()))
+    if skipped:  # an empty check is said, with its reason
+        parts.append(f'<p class="muted">No live check against the prediction for {skipped}.</p>')
     return parts + _counterfactual_detail(m)
 
 

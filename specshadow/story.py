@@ -437,6 +437,8 @@ def print_counterfactual(
             f"  live {live['backend']} ({live['label']}): predicted {p['estimate']:.2f}, "
             f"its engine reported {me['estimate']:.2f} — {'⚠ ' if live['flag'] else ''}{live['note']}"
         )
+    for backend, why in sorted(m.live_skipped.items()):
+        print(f"  live {backend}: not checked against the prediction — {why}")
     print(f"  {'matrix':<18}{out / 'counterfactual.json'}")
 
 
