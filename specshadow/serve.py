@@ -580,6 +580,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for line in summary(settings, store.current, kinds):
         log.info("%s", line)
+
+    async def stopping(_app: object) -> None:  # SIGINT or SIGTERM: say so, as --workers does
+        log.info(
+            "stopping: no new connections; requests, streams and shadow legs in flight drain "
+            "for up to %g s",
+            settings.shutdown_timeout_s,
+        )
+
+    app.on_shutdown.insert(0, stopping)
     try:
         serve_app(app, settings, print_=lambda msg: log.info("%s", msg))
     except OSError as exc:
@@ -589,4 +598,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"specshadow serve: {listen_problem(settings.host, settings.port, exc)}",
               file=sys.stderr)  # fmt: skip
         return 2
+    log.info("stopped")
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from core import jsonx
+from core.procs import free_port
 from records.sqlite_store import RecordStore
 from rollout.state import RuleState, Transition
 from rollout.store import SqliteStateStore
@@ -280,3 +282,27 @@ def test_simulate_on_a_busy_port_says_so_and_exits_2() -> None:
         port = busy.getsockname()[1]
         result = specshadow("simulate", "--port", str(port))
     one_line(result, 2, f"cannot listen on 127.0.0.1:{port}", "already in use")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_single_gateway_says_it_is_stopping_on_sigint_and_sigterm(sig: signal.Signals) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specshadow", "serve", "--port", str(port),
+         "--primary", "http://127.0.0.1:9", "--primary-kind", "openai"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    log = []
+    for line in proc.stderr:  # up once it says where it serves
+        log.append(line)
+        if "Running on" in line:
+            break
+    proc.send_signal(sig)
+    log += proc.stderr.readlines()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == 0
+    text = "".join(log)
+    assert "stopping: no new connections" in text and text.rstrip().endswith("stopped"), text
+    assert "Traceback" not in text
