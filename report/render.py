@@ -172,9 +172,14 @@ def _load_section(
             f"(<code>num_speculative_tokens_per_batch_size</code>): <code>{escape(str(c.schedule))}</code>.</div>"
         )
     elif c.load_points:
+        # All traffic paid at every load; a category that did not is said here, not under green.
+        losing = [f"{v.category} ({v.at_load.e2e.estimate:.2f}×)" for v in c.verdicts
+                  if v.category != ALL and v.at_load is not None and v.at_load.e2e is not None
+                  and v.at_load.e2e.estimate < 1.0]  # fmt: skip
+        but = f" — but not for {escape(', '.join(losing))}" if losing else ""
         parts.append(
-            f'<div class="callout ok">No crossover up to {c.load_points[-1].load:.3g} requests/s per replica: '
-            f"speculation paid at every load measured. Schedule: <code>{escape(str(c.schedule))}</code>.</div>"
+            f'<div class="callout {"warn" if losing else "ok"}">No crossover up to {c.load_points[-1].load:.3g} requests/s per replica: '
+            f"speculation paid at every load measured, all traffic{but}. Schedule: <code>{escape(str(c.schedule))}</code>.</div>"
         )
     problems = cap.problems(c.backend)
     parts.append("<h3>Capacity</h3>")

@@ -256,7 +256,7 @@ window.addEventListener("load", function () {
     CHROMIUM is None and os.environ.get("CI", "").lower() not in {"1", "true", "yes"},
     reason="Debian's chromium is not installed",
 )
-@pytest.mark.parametrize("width", [1400, 720])
+@pytest.mark.parametrize("width", [1400, 800, 720])
 @pytest.mark.parametrize("candidates", ["one", "two, with a rollout"])
 def test_every_table_fits_its_card_at_1400px_and_scrolls_inside_it_when_narrow(
     tmp_path, width, candidates
