@@ -62,7 +62,7 @@ def test_the_demo_shadows_picks_canaries_and_rolls_back_on_its_own(tmp_path):
     assert "dynamic lookahead: ngram lookup" in stdout
     assert re.search(r"drafts rejected most at \w+: \d+% of rejections", stdout)
     # Act 3: the bad deploy is rolled back by a guard, and nobody saw an error.
-    assert "a bad deploy: eagle3-k3 is now 10× slower" in stdout
+    assert "a bad deploy: eagle3-k3's steps are now 10× slower" in stdout
     assert re.search(r"rolled back on its own, \d+ exchanges after the deploy: guard ", stdout)
     assert re.search(r"eagle3-k3 rule answered by the primary [1-9]\d*, by the candidate 0", stdout)
     assert "ngram-k4 is still in canary" in stdout
