@@ -560,7 +560,8 @@ def _bottom_line(a: Analysis) -> list[str]:
     else:
         main = a.main
         assert main is not None
-        parts += ['<div class="cards">', *(_card(v) for v in main.verdicts), "</div>"]
+        # One block: a gloss for a term a card names goes after the row, never inside the grid.
+        parts.append('<div class="cards">' + "".join(_card(v) for v in main.verdicts) + "</div>")
     parts += [
         "<h3>Recommendation</h3>",
         f'<p class="muted">{escape(RULE)}</p>',

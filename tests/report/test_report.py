@@ -243,6 +243,8 @@ window.addEventListener("load", function () {
   Array.prototype.forEach.call(main.querySelectorAll("pre.code"), function (p) {
     if (p.scrollHeight > p.clientHeight + 1) bad.push("cut-code");
   });
+  // A glossary note belongs after a row of cards, not in the grid as one more card.
+  if (main.querySelector(".cards > p.gloss")) bad.push("gloss-in-cards");
   var marker = document.createElement("div");
   marker.id = "layout-check";
   marker.textContent = bad.length ? bad.slice(0, 6).join(" | ") : "layout ok";
@@ -280,6 +282,16 @@ def test_every_table_fits_its_card_at_1400px_and_scrolls_inside_it_when_narrow(
     )
     found = re.search(r'id="layout-check">([^<]*)<', dom)
     assert found is not None and "overflows:" in found.group(1)
+    if '<div class="cards">' in paths.html.read_text():  # the check sees a gloss in the row
+        glossed = paths.html.read_text().replace(
+            '<div class="cards">', '<div class="cards"><p class="gloss">x</p>', 1
+        )
+        page.write_text(with_harness(glossed, LAYOUT))
+        dom = chromium(
+            "--dump-dom", f"--window-size={width},2400", page.as_uri(), profile=tmp_path / "profile"
+        )
+        found = re.search(r'id="layout-check">([^<]*)<', dom)
+        assert found is not None and "gloss-in-cards" in found.group(1), found and found.group(1)
     if 'class="code"' in paths.html.read_text():  # a recommendation's policy fragment
         # a fragment longer than the generic 160 px cap on code boxes: shown whole, and the
         # check sees it cut once the page's own rule for copyable code is taken away
