@@ -145,10 +145,17 @@ def front(a: Analysis) -> list[Line]:
         speed = _speed(v).removeprefix(" · ")
         if lead.startswith("e2e speed-up at production load"):  # the lead says it already
             speed = ""
+        # Not adopted for all traffic yet shipped for a category: the head says which holds where.
+        shipped = [k for k, r in a.recommendations.items() if k != ALL and r.backend == c.backend]
+        where = (
+            f" for all traffic (shipped for {', '.join(shipped)})"
+            if shipped and v.decision != "adopt"
+            else ""
+        )
         out.append(
             Line(
                 "verdict",
-                f"{c.label}: {v.label}",
+                f"{c.label}: {v.label}{where}",
                 f"{speed}{'; ' if speed and lead else ''}{lead}. Rests on: {rests_on(a, c, v)}.",
             )
         )

@@ -51,7 +51,7 @@ figure img{max-width:100%;height:auto}figcaption{color:var(--muted);font-size:13
 div.scroll{overflow-x:auto;margin:8px 0;background:#fff;border:1px solid var(--line);border-radius:8px}
 table{border-collapse:collapse;width:100%;font-size:12.5px;font-variant-numeric:tabular-nums}
 th,td{padding:4px 7px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap}tr:last-child td{border-bottom:0}
-th:first-child,td:first-child,th.l,td.l,td.wrap{text-align:left}td.wrap{white-space:normal;min-width:14em}th{background:#eef1f5;font-weight:600;white-space:normal;vertical-align:bottom;line-height:1.25}
+th:first-child,td:first-child,th.l,td.l,td.wrap{text-align:left}td.wrap{white-space:normal;min-width:14em;overflow-wrap:anywhere}@media (max-width:1000px){td.wrap{min-width:9em}td{white-space:normal}}th{background:#eef1f5;font-weight:600;white-space:normal;vertical-align:bottom;line-height:1.25}
 ol.check li{margin:4px 0}.muted{color:var(--muted)}code{background:#eef1f5;padding:0 4px;border-radius:3px}
 .callout.bad{border-left:6px solid var(--no)}.glance{margin:6px 0 4px}.glance ul{margin:6px 0;padding-left:20px}.glance li{margin:3px 0}
 nav.toc{background:#fff;border:1px solid var(--line);border-radius:8px;padding:8px 16px;margin:14px 0;font-size:13.5px;columns:2 22em}

@@ -218,7 +218,8 @@ def test_the_report_renders_every_plot_without_errors_in_headless_chromium(tmp_p
 LAYOUT = """<script>
 window.addEventListener("load", function () {
   // Every element must stay inside the page's column, unless it sits in a scrolling card; at
-  // wide=1 every table must also fit its card without scrolling.
+  // wide=1 every table must also fit its card without scrolling; narrower, a table of
+  // numbers may scroll inside its card, but from 800 px on its prose columns (td.wrap) must show whole.
   var main = document.querySelector("main");
   var limit = main.getBoundingClientRect().right + 1;
   var wide = document.documentElement.clientWidth >= 1400;
@@ -237,11 +238,16 @@ window.addEventListener("load", function () {
   Array.prototype.forEach.call(main.querySelectorAll("table"), function (t) {
     var card = t.parentElement;
     if (card.className !== "scroll") bad.push("table-outside-a-card");
-    else if (wide && card.scrollWidth > card.clientWidth + 1) bad.push("scrolls-at-1400:" + t.rows[0].textContent.slice(0, 40));
+    else if (wide && card.scrollWidth > card.clientWidth + 1) bad.push("scrolls-at-" + document.documentElement.clientWidth + ":" + t.rows[0].textContent.slice(0, 40));
   });
   // A code box meant to be copied (the policy fragment) shows all of it: never cut.
   Array.prototype.forEach.call(main.querySelectorAll("pre.code"), function (p) {
     if (p.scrollHeight > p.clientHeight + 1) bad.push("cut-code");
+  });
+  if (document.documentElement.clientWidth >= 800) Array.prototype.forEach.call(main.querySelectorAll("td.wrap"), function (td) {
+    var card = td.closest("div.scroll");
+    if (card && td.getBoundingClientRect().right > card.getBoundingClientRect().right + 1)
+      bad.push("prose-cut:" + td.textContent.slice(0, 30));
   });
   // A glossary note belongs after a row of cards, not in the grid as one more card.
   if (main.querySelector(".cards > p.gloss")) bad.push("gloss-in-cards");
