@@ -311,3 +311,16 @@ def test_every_table_fits_its_card_at_1400px_and_scrolls_inside_it_when_narrow(
             )
             found = re.search(r'id="layout-check">([^<]*)<', dom)
             assert found is not None and expected in found.group(1), found and found.group(1)
+
+
+def test_no_green_paid_at_every_load_over_a_category_that_lost(tmp_path):
+    """multi_turn runs at 0.85× (the synthetic truth): the no-crossover note is a warning that
+    names it, not a green 'paid at every load'; without a losing category it stays green."""
+    html = build_report(sample_records(), None, tmp_path / "a").html.read_text()
+    note = re.search(r'<div class="callout (\w+)">No crossover[^<]*', html)
+    assert note is not None and note.group(1) == "warn", note and note.group(0)
+    assert re.search(r"all traffic — but not for multi_turn \(0\.8\d×\)", note.group(0))
+    winning = records(speedups={"chat": 1.5, "code": 1.3}, n=50)
+    html = build_report(winning, None, tmp_path / "b").html.read_text()
+    note = re.search(r'<div class="callout (\w+)">No crossover[^<]*', html)
+    assert note is not None and note.group(1) == "ok" and "but not for" not in note.group(0)
