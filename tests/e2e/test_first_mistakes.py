@@ -6,6 +6,7 @@ on files: no server where a file will do (``serve`` fails before anything listen
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -272,6 +274,38 @@ def test_piping_records_into_head_prints_no_traceback(tmp_path: Path, args: list
         result = specshadow(*argv, stdout=write_end)
     finally:
         os.close(write_end)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def test_rollout_status_json_into_a_closed_pipe_does_not_blame_the_gateway() -> None:
+    """``rollout status --json | head``: the reader left, the gateway answered — no "cannot
+    reach" line, no traceback, status 0. The gateway here is a stdlib server with its answer."""
+    body = json.dumps({"rules": {f"rule-{i}": {"stage": "shadow"} for i in range(2000)}}).encode()
+
+    class Admin(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Admin)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = specshadow("rollout", "status", "--json", "--gateway", url, stdout=write_end)
+    finally:
+        os.close(write_end)
+        server.shutdown()
+        server.server_close()
+        thread.join()
     assert result.returncode == 0 and result.stderr == "", result.stderr
 
 
