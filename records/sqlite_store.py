@@ -97,7 +97,13 @@ class RecordStore:
         self.max_age_s = max_age_s
         if self.path.is_dir():
             raise store_file_error(self.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file where a folder of the path should be, no permission
+            raise StoreFileError(
+                f"{self.path}: cannot make its folder {self.path.parent} ({exc.strerror}); "
+                "give a path in a folder you can write"
+            ) from exc
         # threaded: opened on one thread, used (only) by another — the evidence worker's.
         try:
             self._db = sqlite3.connect(
