@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from core import jsonx
+from core.faults import NothingToDo
 from counterfactual.grid import DEFAULT_DEPTHS, DEFAULT_WINDOWS, parse_depths, parse_windows
 from counterfactual.matrix import Matrix
 from counterfactual.rules import DEFAULT_RULES, Rule, parse_rule
@@ -94,6 +95,11 @@ def _run(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         sources: list[str | Path] = list(args.store)
+        if next(iter_records(sources), None) is None:  # before any word about token texts
+            raise NothingToDo(
+                f"0 records in {', '.join(map(str, sources))} (window: all time): nothing to "
+                "replay; check that serve --store wrote there"
+            )
         # A store recorded without the token tap: its captured text through /tokenize, once.
         if any(needs_tokens(r) for r in iter_records(sources)):
             url = args.tokenizer or find_tokenizer(iter_records(sources))
@@ -148,7 +154,9 @@ def _run(args: argparse.Namespace) -> int:
                 pieces=pieces,
                 drafter_vocabulary=vocabulary,
             )
-    except (OSError, ValueError, SourceError, TokenizerError) as exc:
+    except (SourceError, NothingToDo):
+        raise  # worded once, by the console script
+    except (OSError, ValueError, TokenizerError) as exc:
         print(f"specshadow counterfactual: {exc}", file=sys.stderr)
         return 2
     if matrix.scored == 0:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from core.classify import ALL
@@ -74,6 +74,8 @@ class Matrix:
     # declared drafter vocabulary (None: none declared).
     output_classes: dict[str, dict[str, int]] | None = None
     out_of_vocabulary: dict[str, Any] | None = None
+    # Candidates with no live check, and why (never an empty ``live`` without a word).
+    live_skipped: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         """The summary (``counterfactual_summary.json``); the rows are ``counterfactual.json``."""
@@ -85,6 +87,9 @@ class Matrix:
             "picks": self.picks,
             "deploy": [config_json(c) for c in self.deploy],
             "live": self.live,
+            "live_skipped": [
+                {"backend": b, "reason": r} for b, r in sorted(self.live_skipped.items())
+            ],
             "rules": _rules_json(self.configs),
             "output_classes": None
             if self.output_classes is None
@@ -152,6 +157,24 @@ def live_config(leg: Leg | Mapping[str, Any]) -> Config | None:
     if method in ("ngram", "promptlookup") and lo is not None and hi is not None:
         return Config("ngram", k, lo, hi)
     return None
+
+
+def skip_reason(
+    leg: Leg, config: Config | None, drafts: float | None, accepted: float | None
+) -> str:
+    """Why a candidate leg gets no live check: the replay checks an n-gram candidate whose
+    configuration and per-request draft counts its engine reports."""
+    if config is None:
+        spec = leg.speculative
+        if spec is None:
+            return "its engine reports no speculative configuration (/server_info)"
+        method = spec.method or "unknown"
+        if method.lower().replace("-", "").replace("_", "") not in ("ngram", "promptlookup"):
+            return f"it runs {method}: only n-gram candidates are replayed exactly"
+        return "its n-gram configuration lacks prompt_lookup_min/max or num_speculative_tokens"
+    if drafts is None or accepted is None:
+        return "its engine reports no per-request draft counts (acceptance.num_drafts)"
+    return "its configuration was not scored on these records"
 
 
 def _tokens(record: Record) -> tuple[list[int], list[int], Mapping[str, list[int]]] | None:
@@ -248,6 +271,7 @@ def build_matrix(
 
     cells: dict[tuple[Config, str, str], Cell] = {}
     checks: dict[tuple[str, Config], LiveCheck] = {}
+    skipped: dict[str, str] = {}  # candidate backend → why it has no live check (first reason)
     points: list[tuple[float, float, float]] = []
     primary_batches: list[float] = []
     output_classes: dict[str, dict[str, int]] | None = None if pieces is None else {}
@@ -315,6 +339,7 @@ def build_matrix(
             drafts = leg.acceptance.num_drafts
             accepted = leg.acceptance.num_accepted_tokens
             if c is None or c not in results or drafts is None or accepted is None:
+                skipped.setdefault(leg.backend, skip_reason(leg, c, drafts, accepted))
                 continue
             check = checks.setdefault((leg.backend, c), LiveCheck(leg.backend, c))
             own = own_ids.get(check.backend) or None  # the reader's {backend: generated ids}
@@ -351,6 +376,7 @@ def build_matrix(
         picks=picks,
         deploy=deploy,
         live=[live_json(ch) for ch in checks.values()],
+        live_skipped={b: why for b, why in skipped.items() if b not in {k[0] for k in checks}},
         model=model,
         records=records,
         scored=scored,

@@ -95,6 +95,8 @@ def render_markdown(m: Matrix, *, top: int = 8) -> str:
                 f"{_f((live['relative_gap'] or 0) * 100, 1)} % | "
                 f"{'⚠ ' + live['note'] if live['flag'] else 'ok'} |"
             )
+    for backend, why in sorted(m.live_skipped.items()):
+        lines += ["", f"No live check against the prediction for {backend}: {why}."]
     overall = [r for r in m.rows if r["category"] == ALL and r["output_length_bucket"] == ALL]
     overall.sort(key=lambda r: -(r["predicted_tpot_speedup"] or 0.0))
     lines += ["", f"## The best {min(top, len(overall))} configurations, all traffic", "",

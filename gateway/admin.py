@@ -49,7 +49,17 @@ def authorize(request: web.Request) -> None:
             return
     if _is_loopback(request.remote):
         return
-    raise AdminForbidden("admin endpoints are served to loopback or with the admin bearer token")
+    raise AdminForbidden(_refusal(request, "admin endpoints are served to loopback or with"))
+
+
+def _refusal(request: web.Request, head: str) -> str:
+    """A wrong token and a missing one are told apart (never echoing what was sent)."""
+    presented = request.headers.get("authorization", "")
+    if not presented:
+        return f"{head} the admin bearer token: no Authorization header was sent"
+    if not presented.startswith("Bearer "):
+        return f"{head} the admin bearer token: the Authorization header is not 'Bearer <token>'"
+    return f"{head} the admin bearer token: the token sent is not the admin token"
 
 
 def _json(body: object) -> web.Response:
@@ -86,7 +96,7 @@ def authorize_change(request: web.Request) -> None:
     if token and hmac.compare_digest(presented.encode(), f"Bearer {token}".encode()):
         return
     raise AdminForbidden(
-        "rollout changes need the admin bearer token (SPECSHADOW_ADMIN_TOKEN)"
+        _refusal(request, "rollout changes need")
         if token
         else "rollout changes are disabled: start the gateway with SPECSHADOW_ADMIN_TOKEN set"
     )

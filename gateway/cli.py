@@ -85,6 +85,8 @@ def _reachable(fn: Any) -> Any:
     def run(args: argparse.Namespace) -> int:
         try:
             result: int = fn(args)
+        except BrokenPipeError:  # `rollout status --json | head`: the reader left, not the gateway
+            raise
         except (urllib.error.URLError, OSError) as exc:
             print(f"specshadow rollout: cannot reach {args.gateway}: {exc}", file=sys.stderr)
             return 2

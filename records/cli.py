@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from core import jsonx
+from core.faults import Fault
 from records.clickhouse import ClickHouseError
 from records.export import FORMATS, LabellerFactory
 from records.readback import JSON_SUFFIXES, SourceError, read_records
 from records.sqlite_store import query_records
-from records.stores import StoreURLError, copy_records, is_url, parse_store
+from records.stores import copy_records, is_url, parse_store
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -141,9 +142,16 @@ def register(subparsers: Any, labels: LabellerFactory | None = None) -> None:
         "copy", help="copy records from one store (or records/collector files) into another"
     )
     c.add_argument("--from", dest="source", required=True, metavar="STORE")
-    c.add_argument("--to", dest="target", required=True, metavar="STORE")
-    c.add_argument("--since", type=parse_time_unix_ns, default=None, help="ISO 8601 time")
-    c.add_argument("--until", type=parse_time_unix_ns, default=None, help="ISO 8601 time")
+    c.add_argument(
+        "--to",
+        dest="target",
+        required=True,
+        metavar="STORE",
+        help="where to: a SQLite path (.sqlite, .db), JSON Lines (.jsonl) or a store URL; "
+        "exchanges it holds already are skipped",
+    )
+    add_window_arguments(c)
+    shared(c)
     c.set_defaults(func=run_copy)
     q: argparse.ArgumentParser = actions.add_parser(
         "sql",
@@ -166,6 +174,7 @@ def register(subparsers: Any, labels: LabellerFactory | None = None) -> None:
     )
     add_store_argument(e)
     add_window_arguments(e)
+    shared(e)
     e.add_argument("--format", choices=FORMATS, required=True, help="the rows' shape")
     e.add_argument("--out", required=True, metavar="FILE", help="the JSON lines file to write")
     e.add_argument("--category", default=None, help="only this category")
@@ -227,6 +236,18 @@ def register(subparsers: Any, labels: LabellerFactory | None = None) -> None:
     e.set_defaults(func=run_export, labels=labels)
 
 
+SHARED = ("store", "since", "last", "until")
+
+
+def shared(subparser: argparse.ArgumentParser) -> None:
+    """The options ``records`` and its subcommand share (``--store``, the window) are read
+    before and after the subcommand's name alike: without a default of its own, the subcommand
+    keeps what was given before it (argparse would otherwise overwrite it with its default)."""
+    for action in subparser._actions:
+        if action.dest in SHARED:
+            action.default = argparse.SUPPRESS
+
+
 def run_sql(args: argparse.Namespace) -> int:
     from records import wide
 
@@ -239,14 +260,20 @@ def run_sql(args: argparse.Namespace) -> int:
 
 
 def run_copy(args: argparse.Namespace) -> int:
+    # A store that is not one, a destination named for no format we write: BadInput, worded
+    # once by the console script. A ClickHouse server that fails mid-copy is not the user's input.
     try:
         n = copy_records(
-            args.source, args.target, since_unix_ns=args.since, until_unix_ns=args.until
+            args.source, args.target, since_unix_ns=window_since(args), until_unix_ns=args.until
         )
-    except (SourceError, StoreURLError, ClickHouseError, OSError) as exc:
+    except ClickHouseError as exc:
         print(f"specshadow records copy: {exc}", file=sys.stderr)
         return 1
-    print(f"copied {n} records to {parse_store(args.target).label()}", file=sys.stderr)
+    print(
+        f"copied {n} new records to {parse_store(args.target).label()} "
+        "(exchanges it held already are not added twice)",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -257,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     since = window_since(args)
-    try:
+    try:  # a bad store is BadInput and a closed pipe normal use: the console script words both
         if (
             len(args.store) == 1
             and not is_url(args.store[0])
@@ -283,13 +310,7 @@ def run(args: argparse.Namespace) -> int:
             out.write(jsonx.dumps(record) + b"\n")
         out.flush()
     except FileNotFoundError as exc:
-        print(f"{exc.filename or exc}: no such record store", file=sys.stderr)
-        return 1
-    except SourceError as exc:
-        print(f"specshadow records: {exc}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:  # `specshadow records … | head` is normal use
-        return 0
+        raise SourceError(f"{exc.filename or exc}: no such record store") from None
     return 0
 
 
@@ -359,7 +380,10 @@ def run_export(args: argparse.Namespace) -> int:
                 f,
             )  # fmt: skip
         partial.replace(out)
-    except (SourceError, OSError, ValueError) as exc:
+    except Fault:  # a bad store: worded once, by the console script
+        partial.unlink(missing_ok=True)
+        raise
+    except (OSError, ValueError) as exc:
         partial.unlink(missing_ok=True)
         print(f"specshadow records export: {exc}", file=sys.stderr)
         return 1

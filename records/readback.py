@@ -24,15 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from core import jsonx
+from core.faults import BadInput
 from records.rules import canonical_key
-from records.sqlite_store import query_records
+from records.sqlite_store import StoreFileError, query_records
 from records.stores import StoreURLError, is_url, parse_store, read_store
 
 RECORD_EVENT = "specshadow.record"  # the event name of a record's log record (otel.semconv)
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 
 
-class SourceError(ValueError):
+class SourceError(BadInput, ValueError):
     """A source that is not a store, a records file or a collector file (message names it)."""
 
 
@@ -128,6 +129,8 @@ def records_in(
         yield from query_records(
             path, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns, exchange_ids=wanted
         )
+    except StoreFileError as exc:
+        raise SourceError(str(exc)) from exc
     except sqlite3.DatabaseError as exc:
         raise SourceError(f"{path}: not a record store ({exc}), nor a .jsonl file") from exc
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from core import jsonx
 from core.evidence import Evidence
+from core.faults import BadInput
 
 log = logging.getLogger(__name__)
 
@@ -41,19 +42,42 @@ _DDL = (
     "CREATE INDEX IF NOT EXISTS records_category ON records (category, time_unix_ns)",
     "CREATE INDEX IF NOT EXISTS records_exchange ON records (exchange_id)",
 )
+# Idempotent on the exchange id (through its index): the same exchange written twice — a copy
+# run again, a resend — is kept once, the first time, as the column stores' ReplacingMergeTree
+# keeps one row per exchange.
 _INSERT = (
     "INSERT INTO records (time_unix_ns, category, exchange_id, schema, record)"
-    " VALUES (?, ?, ?, ?, ?)"
+    " SELECT ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM records WHERE exchange_id = ?)"
 )
 
 
-def _row(record: Mapping[str, Any]) -> tuple[int, str | None, str, str, str]:
+class StoreFileError(BadInput):
+    """A SQLite store path that cannot be used: a folder, a file that is not SQLite, a file
+    that cannot be opened (the message names it and what to give instead)."""
+
+
+def store_file_error(path: Path, exc: sqlite3.Error | None = None) -> StoreFileError:
+    """The one line for a SQLite store ``path`` that cannot be used."""
+    if path.is_dir():
+        return StoreFileError(
+            f"{path}: is a folder, not a SQLite record store file "
+            f"(give a file path, or chdb://{path.resolve()} for a chDB store)"
+        )
+    why = str(exc) if exc is not None else "cannot be opened"
+    return StoreFileError(
+        f"{path}: not a SQLite record store ({why}); give a new path or the store serve wrote"
+    )
+
+
+def _row(record: Mapping[str, Any]) -> tuple[int, str | None, str, str, str, str]:
+    exchange_id = str(record["exchange_id"])
     return (
         int(record["started_unix_ns"]),
         record.get("category"),
-        str(record["exchange_id"]),
+        exchange_id,
         str(record["schema"]),
         jsonx.dumps(record).decode(),
+        exchange_id,
     )
 
 
@@ -71,15 +95,30 @@ class RecordStore:
         self.path = Path(path)
         self.max_rows = max_rows
         self.max_age_s = max_age_s
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_dir():
+            raise store_file_error(self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file where a folder of the path should be, no permission
+            raise StoreFileError(
+                f"{self.path}: cannot make its folder {self.path.parent} ({exc.strerror}); "
+                "give a path in a folder you can write"
+            ) from exc
         # threaded: opened on one thread, used (only) by another — the evidence worker's.
-        self._db = sqlite3.connect(
-            self.path, isolation_level=None, timeout=30.0, check_same_thread=not threaded
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        for statement in _DDL:
-            self._db.execute(statement)
+        try:
+            self._db = sqlite3.connect(
+                self.path, isolation_level=None, timeout=30.0, check_same_thread=not threaded
+            )
+        except sqlite3.Error as exc:
+            raise store_file_error(self.path, exc) from exc
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            for statement in _DDL:
+                self._db.execute(statement)
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise store_file_error(self.path, exc) from exc
 
     def append(self, records: Sequence[Mapping[str, Any]]) -> None:
         """Write ``records`` in one transaction: after return they survive a killed process."""
@@ -143,11 +182,14 @@ def query_records(
     """Records matching the filters, oldest first; ``limit`` keeps the newest ``limit`` of them;
     ``exchange_ids`` keeps only those exchanges (looked up through the id index).
 
-    Raises FileNotFoundError when ``path`` does not exist (a read never creates a store).
+    Raises FileNotFoundError when ``path`` does not exist (a read never creates a store),
+    :class:`StoreFileError` when it is a folder or not a SQLite store.
     """
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(str(p))
+    if p.is_dir():
+        raise store_file_error(p)
     where: list[str] = []
     args: list[Any] = []
     if since_unix_ns is not None:
@@ -173,13 +215,17 @@ def query_records(
     # Not ``mode=ro``: a read-only connection cannot create the WAL index of a store whose
     # writer has exited; queries here never write.
     with closing(sqlite3.connect(p, timeout=30.0)) as db:
-        if exchange_ids is not None:
-            # A temporary table, not one ``?`` per id: any number of ids, one ordered scan.
-            db.execute("CREATE TEMP TABLE wanted (id TEXT PRIMARY KEY)")
-            db.executemany(
-                "INSERT OR IGNORE INTO temp.wanted VALUES (?)", ((i,) for i in exchange_ids)
-            )
-        for (text,) in db.execute(sql, args):
+        try:
+            if exchange_ids is not None:
+                # A temporary table, not one ``?`` per id: any number of ids, one ordered scan.
+                db.execute("CREATE TEMP TABLE wanted (id TEXT PRIMARY KEY)")
+                db.executemany(
+                    "INSERT OR IGNORE INTO temp.wanted VALUES (?)", ((i,) for i in exchange_ids)
+                )
+            rows = db.execute(sql, args)
+        except sqlite3.DatabaseError as exc:
+            raise store_file_error(p, exc) from exc
+        for (text,) in rows:
             yield jsonx.loads(text)
 
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core import jsonx
+from core.faults import BadInput
 from records.clickhouse import (
     ChdbEngine,
     ClickHouseError,
@@ -36,6 +38,7 @@ from records.sqlite_store import RecordStore, RecordWriter, query_records
 __all__ = [
     "StoreURL",
     "StoreURLError",
+    "check_store",
     "copy_records",
     "is_url",
     "open_column_store",
@@ -48,7 +51,7 @@ SCHEMES = ("sqlite", "chdb", "clickhouse")
 PASSWORD_ENV = "SPECSHADOW_CLICKHOUSE_PASSWORD"
 
 
-class StoreURLError(ValueError):
+class StoreURLError(BadInput, ValueError):
     """A store URL that cannot be used (the message says which part and why)."""
 
 
@@ -191,6 +194,23 @@ def open_writer(text: str) -> RecordWriter | ClickHouseWriter:
     )
 
 
+def check_store(text: str) -> None:
+    """Open ``serve --store``'s store and close it again, so that one that cannot be used fails
+    the start once, in the parent, before ``--workers`` fork (N workers would each fail alike).
+    A chDB folder is checked by path only: chDB serves one folder per process."""
+    url = parse_store(text)
+    if url.kind == "sqlite":
+        RecordStore(url.path).close()
+    elif url.kind == "chdb":
+        if Path(url.path).exists() and not Path(url.path).is_dir():
+            raise StoreURLError(f"{url.label()}: is a file; chdb:/// names a folder")
+    else:
+        try:
+            _column_store(url, max_age_s=None).close()
+        except ClickHouseError as exc:
+            raise StoreURLError(f"{url.label()}: {exc}") from exc
+
+
 def read_store(
     text: str,
     *,
@@ -217,6 +237,9 @@ def read_store(
         store.close()
 
 
+SQLITE_SUFFIXES = ("", ".sqlite", ".sqlite3", ".db")
+
+
 def copy_records(
     source: str,
     target: str,
@@ -226,10 +249,30 @@ def copy_records(
     batch: int = 5000,
 ) -> int:
     """Copy ``source``'s records (a store, records JSONL or collector files) into ``target``;
-    returns how many were written. Streams in batches: memory stays one batch."""
-    from records.readback import records_in  # sources imports this module
+    returns how many it added. Streams in batches: memory stays one batch.
+
+    The target's name says its format: a URL, a SQLite path (``.sqlite``, ``.db``, no suffix)
+    or a JSON Lines file (``.jsonl``, ``.ndjson``, ``.json``: one record per line, appended);
+    any other suffix is refused (:class:`StoreURLError`). Copying the same records twice adds
+    nothing: SQLite and JSON Lines targets skip exchange ids they hold (the count says so); the
+    column stores keep one row per exchange id themselves (``ReplacingMergeTree``, read with
+    ``FINAL``), so for them the count is the records sent.
+    """
+    from records.readback import JSON_SUFFIXES, records_in  # readback imports this module
 
     src, dst = parse_store(source) if is_url(source) else None, parse_store(target)
+    if dst.kind == "sqlite":
+        suffix = Path(dst.path).suffix.lower()
+        if suffix in JSON_SUFFIXES and not is_url(target):
+            return _copy_to_json_lines(
+                records_in(source, since_unix_ns=since_unix_ns, until_unix_ns=until_unix_ns),
+                Path(dst.path),
+            )
+        if suffix not in SQLITE_SUFFIXES:
+            raise StoreURLError(
+                f"--to {target}: records copy writes a SQLite store (.sqlite, .db), JSON Lines "
+                "(.jsonl) or a chdb:/// or clickhouse:// URL; name the destination by its format"
+            )
     if src is not None and src.kind == dst.kind == "chdb" and src.path != dst.path:
         # chDB serves one folder per process: go through a temporary SQLite store.
         with tempfile.TemporaryDirectory() as tmp:
@@ -245,6 +288,7 @@ def copy_records(
             writer = _column_store(dst, max_age_s=None)
         except ClickHouseError as exc:
             raise StoreURLError(f"{dst.label()}: {exc}") from exc
+    before = writer.count() if isinstance(writer, RecordStore) else 0
     n = 0
     pending: list[dict[str, Any]] = []
     try:
@@ -256,6 +300,29 @@ def copy_records(
                 pending = []
         writer.append(pending)
         n += len(pending)
+        if isinstance(writer, RecordStore):
+            n = writer.count() - before  # an exchange already there is not added again
     finally:
         writer.close()
+    return n
+
+
+def _copy_to_json_lines(records: Iterator[dict[str, Any]], path: Path) -> int:
+    """Append ``records`` to a JSON Lines file, one per line, skipping the exchange ids it
+    holds already; returns how many were added."""
+    from records.readback import records_in
+
+    if path.is_dir():
+        raise StoreURLError(f"--to {path}: is a folder; name a .jsonl file")
+    held = {str(r.get("exchange_id")) for r in records_in(path)} if path.exists() else set()
+    n = 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("ab") as f:
+        for record in records:
+            exchange_id = str(record.get("exchange_id", ""))
+            if exchange_id in held:
+                continue
+            held.add(exchange_id)
+            f.write(jsonx.dumps(record) + b"\n")
+            n += 1
     return n

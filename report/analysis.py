@@ -371,9 +371,16 @@ def _fix(at: lt.LoadTrue, share: float | None, replicas: int | None) -> str:
     parity = at.parity_p50
     if parity is None or parity <= 0:
         return "give the candidate the per-replica arrival rate of a production replica"
-    parts = ["ratio: load_matched (share = candidate replicas / primary replicas)"]
     if share is not None and share / parity <= 1.0:
-        parts.append(f"a share of {share / parity:.2g} instead of {share:.2g}")
+        # One number to paste first; load_matched computes a share from the policy's replica
+        # counts, which the records cannot check, so it comes second, said as what it does.
+        x = f"{share / parity:.2g}"
+        parts = [
+            f"mirror a share of {x} instead of {share:.2g} (--shadow-ratio {x}, or ratio: {x} "
+            "in a policy; ratio: load_matched mirrors candidate replicas / primary replicas)"
+        ]
+    else:
+        parts = ["ratio: load_matched (share = candidate replicas / primary replicas)"]
     # Fewer candidate replicas can only fix a low parity down to one replica; below that the
     # share is the only lever, and advice of "0.07 replicas" would be noise.
     needed = round(replicas * parity) if replicas is not None else None

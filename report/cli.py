@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from core.extras import require
+from core.faults import BadInput, NothingToDo
 from records.cli import add_store_argument, add_window_arguments, window_since
 
 __all__ = ["register"]
@@ -49,9 +53,18 @@ def _run(args: argparse.Namespace) -> int:
             else (None, [])
         )
         results = [r for path in args.results for r in read_results(path)]
-    except (OSError, ValueError, SourceError, StoreURLError) as exc:
+    except (SourceError, StoreURLError):
+        raise  # a bad store: worded once, by the console script (BadInput, exit 2)
+    except (OSError, ValueError) as exc:
         print(f"specshadow report: {exc}", file=sys.stderr)
         return 2
+    if args.store and not records:
+        raise NothingToDo(
+            f"0 records in {', '.join(args.store)} ({window_text(args)}): nothing to report on; "
+            "widen the window, or check that serve --store wrote there"
+        )
+    # Read before anything is written: a --state that names nothing is refused, not ignored.
+    transitions = args.read_state(args.state) if args.state else []
     margins, alpha = None, None
     if args.policy:
         from policies.compile import load_policy
@@ -93,7 +106,7 @@ def _run(args: argparse.Namespace) -> int:
         margins=margins,
         alpha=alpha,
         population=population,
-        rollout_state=args.state,
+        transitions=transitions,
         token_texts=texts,
         spans=spans,
     )
@@ -117,8 +130,40 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: Any) -> None:
-    """Add ``report`` to the ``specshadow`` parser."""
+def window_text(args: argparse.Namespace) -> str:
+    """The window ``--since``/``--last``/``--until`` chose, in words: ``window 2026-01-01 12:00
+    UTC to now``, or ``window: all time``."""
+    since, until = window_since(args), args.until
+    if since is None and until is None:
+        return "window: all time"
+
+    def at(ns: int) -> str:
+        return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    return (
+        f"window {at(since) if since is not None else 'the first record'} to "
+        f"{at(until) if until is not None else 'now'}"
+    )
+
+
+def _state_file(text: str) -> list[dict[str, Any]]:
+    """``--state`` without the console script's reader (this package alone): the JSON file
+    only; one that does not exist is refused."""
+    from report.rollbacks import load_transitions
+
+    if not Path(text).is_file():
+        raise BadInput(f"--state {text}: no such rollout state file")
+    return load_transitions(text)
+
+
+StateReader = Callable[[str], list[dict[str, Any]]]
+
+
+def register(subparsers: Any, read_state: StateReader | None = None) -> None:
+    """Add ``report`` to the ``specshadow`` parser. ``read_state``: the rollout transitions a
+    ``--state`` holds, every kind ``serve --state`` writes (the console script passes
+    :func:`rollout.store.read_transitions`, which this package does not import); without it,
+    only the JSON file is read."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "report",
         help="build the adoption report (HTML + Markdown) from records and/or matrix results",
@@ -140,10 +185,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--state",
-        metavar="FILE",
+        metavar="STATE",
         default=None,
-        help="the gateway's rollout state file (serve --state): which guard rolled a candidate "
-        "back inside the window, on which reading (default: the records' rollout stages only)",
+        help="the gateway's rollout state (serve --state: the JSON file, sqlite:///PATH or "
+        "clickhouse://HOST:PORT/DB): who rolled a candidate back inside the window, when, and "
+        "why (default: the records' rollout stages only)",
     )
     p.add_argument(
         "--policy",
@@ -151,4 +197,4 @@ def register(subparsers: Any) -> None:
         help="the gateway's policy file: its quality section's margins and alpha judge "
         "equivalence (default: the built-in margins, docs/quality.md)",
     )
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, read_state=read_state or _state_file)

@@ -75,12 +75,11 @@ def rests_on(a: Analysis, c: CandidateAnalysis, v: Verdict) -> str:
             parts.append("no primary/candidate pairs")
         eq = c.equivalence.get(v.category)
         if eq is not None:
-            over = [f"{eq.n} sampled"] if eq.n else []
-            over += [f"{eq.greedy_n} greedy"] if eq.greedy_n else []
-            parts.append(
-                f"quality {eq.verdict.replace('_', ' ')}"
-                + (f" over {' and '.join(over)} exchanges" if over else "")
-            )
+            # greedy_n counts the comparable exchanges checked by exact match (sampled ones
+            # too), not greedy requests: said as what it is, never added to the sampled count.
+            over = f" over {eq.n} sampled exchanges" if eq.n else ""
+            exact = f"; {eq.greedy_n} compared by exact match" if eq.greedy_n else ""
+            parts.append(f"quality {eq.verdict.replace('_', ' ')}{over}{exact}")
     if v.rollback is not None:
         source = (
             "the records' rollout stages"
@@ -175,10 +174,17 @@ def front(a: Analysis) -> list[Line]:
         speed = _speed(v).removeprefix(" · ")
         if lead.startswith("e2e speed-up at production load"):  # the lead says it already
             speed = ""
+        # Not adopted for all traffic yet shipped for a category: the head says which holds where.
+        shipped = [k for k, r in a.recommendations.items() if k != ALL and r.backend == c.backend]
+        where = (
+            f" for all traffic (shipped for {', '.join(shipped)})"
+            if shipped and v.decision != "adopt"
+            else ""
+        )
         out.append(
             Line(
                 "verdict",
-                f"{c.label}: {v.label}",
+                f"{c.label}: {v.label}{where}",
                 f"{speed}{'; ' if speed and lead else ''}{lead}. Rests on: {rests_on(a, c, v)}.",
             )
         )

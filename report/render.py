@@ -51,7 +51,7 @@ figure img{max-width:100%;height:auto}figcaption{color:var(--muted);font-size:13
 div.scroll{overflow-x:auto;margin:8px 0;background:#fff;border:1px solid var(--line);border-radius:8px}
 table{border-collapse:collapse;width:100%;font-size:12.5px;font-variant-numeric:tabular-nums}
 th,td{padding:4px 7px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap}tr:last-child td{border-bottom:0}
-th:first-child,td:first-child,th.l,td.l,td.wrap{text-align:left}td.wrap{white-space:normal;min-width:14em}th{background:#eef1f5;font-weight:600;white-space:normal;vertical-align:bottom;line-height:1.25}
+th:first-child,td:first-child,th.l,td.l,td.wrap{text-align:left}td.wrap{white-space:normal;min-width:14em;overflow-wrap:anywhere}@media (max-width:1000px){td.wrap{min-width:9em}td{white-space:normal}}th{background:#eef1f5;font-weight:600;white-space:normal;vertical-align:bottom;line-height:1.25}
 ol.check li{margin:4px 0}.muted{color:var(--muted)}code{background:#eef1f5;padding:0 4px;border-radius:3px}
 .callout.bad{border-left:6px solid var(--no)}.glance{margin:6px 0 4px}.glance ul{margin:6px 0;padding-left:20px}.glance li{margin:3px 0}
 nav.toc{background:#fff;border:1px solid var(--line);border-radius:8px;padding:8px 16px;margin:14px 0;font-size:13.5px;columns:2 22em}
@@ -107,6 +107,13 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], *, wrap: Sequence
         for row in rows
     )
     return f'<div class="scroll"><table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _e2e_point(v: Verdict) -> float | None:
+    """The category's e2e speed-up: at production's load where known, else the raw one."""
+    if v.at_load is not None and v.at_load.e2e is not None:
+        return v.at_load.e2e.estimate
+    return v.e2e.point if v.e2e is not None else None
 
 
 def _card(v: Verdict) -> str:
@@ -172,9 +179,13 @@ def _load_section(
             f"(<code>num_speculative_tokens_per_batch_size</code>): <code>{escape(str(c.schedule))}</code>.</div>"
         )
     elif c.load_points:
+        # All traffic paid at every load; a category that did not is said here, not under green.
+        losing = [f"{v.category} ({x:.2f}×)" for v in c.verdicts
+                  if v.category != ALL and (x := _e2e_point(v)) is not None and x < 1.0]  # fmt: skip
+        but = f" — but not for {escape(', '.join(losing))}" if losing else ""
         parts.append(
-            f'<div class="callout ok">No crossover up to {c.load_points[-1].load:.3g} requests/s per replica: '
-            f"speculation paid at every load measured. Schedule: <code>{escape(str(c.schedule))}</code>.</div>"
+            f'<div class="callout {"warn" if losing else "ok"}">No crossover up to {c.load_points[-1].load:.3g} requests/s per replica: '
+            f"speculation paid at every load measured, all traffic{but}. Schedule: <code>{escape(str(c.schedule))}</code>.</div>"
         )
     problems = cap.problems(c.backend)
     parts.append("<h3>Capacity</h3>")
@@ -555,7 +566,8 @@ def _bottom_line(a: Analysis) -> list[str]:
     else:
         main = a.main
         assert main is not None
-        parts += ['<div class="cards">', *(_card(v) for v in main.verdicts), "</div>"]
+        # One block: a gloss for a term a card names goes after the row, never inside the grid.
+        parts.append('<div class="cards">' + "".join(_card(v) for v in main.verdicts) + "</div>")
     parts += [
         "<h3>Recommendation</h3>",
         f'<p class="muted">{escape(RULE)}</p>',
@@ -800,6 +812,9 @@ def _counterfactual_section(a: Analysis, figs: Mapping[str, str | None]) -> list
             "(exact per request: a gap there means the engine does not run what it declares).</p>",
             _table(["backend", "configuration", "predicted", "measured", "replayed on its own output", ""], live, wrap=(5,)),
         ]  # fmt: skip
+    skipped = "; ".join(f"{escape(b)}: {escape(why)}" for b, why in sorted(m.live_skipped.items()))
+    if skipped:  # an empty check is said, with its reason
+        parts.append(f'<p class="muted">No live check against the prediction for {skipped}.</p>')
     return parts + _counterfactual_detail(m)
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from core import jsonx
+from core.faults import BadInput
 from rollout.state import RuleState
 
 ROLLBACK_PRIORITY = 2
@@ -53,8 +54,8 @@ LOG_COLUMNS = "rule, version, row_id, parent_id, priority, writer, at, fingerpri
 LOG_COLUMN_NAMES = tuple(c.strip() for c in LOG_COLUMNS.split(","))
 
 
-class StoreError(RuntimeError):
-    """The shared store could not be read or written."""
+class StoreError(BadInput, RuntimeError):
+    """The shared store could not be read or written (at start, a bad ``--state``: exit 2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +227,10 @@ class SqliteStateStore:
                 " replica TEXT NOT NULL, at REAL NOT NULL);"
             )
         except sqlite3.Error as exc:
-            raise StoreError(f"{self.name}: {exc}") from exc
+            what = "is a folder" if Path(path).is_dir() else f"not a rollout state store ({exc})"
+            raise StoreError(
+                f"{self.name}: {what}; give a new path or the one serve wrote"
+            ) from exc
 
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         try:
@@ -327,6 +331,51 @@ class SqliteStateStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def read_transitions(text: str) -> list[dict[str, Any]]:
+    """The rollout transitions a ``serve --state`` holds, as JSON (:meth:`Transition.to_json`),
+    for ``specshadow report --state``: the JSON file's last transition of each rule; a shared
+    store's (``sqlite:///``, ``clickhouse://``) every transition of each rule's chain, so a
+    rollback followed by a later change is still there. Nothing is created: a store that does
+    not exist, or cannot be read, is a :class:`StoreError` naming it."""
+    try:
+        url = parse_state_url(text)
+    except ValueError as exc:
+        raise StoreError(f"--state {exc}") from None
+    where = f"--state {url.describe()}"
+    if url.kind in ("file", "sqlite"):
+        path = Path(str(url.path))
+        if not path.exists():
+            raise StoreError(f"{where}: no such file; give the state serve --state wrote")
+        if path.is_dir():
+            raise StoreError(f"{where}: is a folder; give the state serve --state wrote")
+    if url.kind == "file":
+        try:
+            data = jsonx.loads(Path(str(url.path)).read_bytes())
+            rules = data["rules"] if isinstance(data, dict) else None
+            if not isinstance(rules, dict):
+                raise ValueError("no rules")
+            states = [RuleState.from_json(s) for s in rules.values()]
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise StoreError(f"{where}: not a rollout state file ({exc})") from exc
+        return [s.last.to_json() for s in states if s.last is not None]
+    store = open_store(url)
+    try:
+        out: list[dict[str, Any]] = []
+        for rule in sorted(store.current()):
+            seen: set[tuple[Any, ...]] = set()
+            for row in resolve(store.history(rule)):
+                last = row.state.last
+                if last is None:
+                    continue
+                key = (last.at_unix, last.from_stage, last.to_stage)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(last.to_json())
+        return out
+    finally:
+        store.close()
 
 
 def open_store(url: StateURL) -> SharedStore:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import signal
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
+from core.faults import BadInput
 from simulator.app import run_simulator
 from simulator.config import SAMPLING_DEFECTS, Acceptance, SimConfig, parse_faults
 
@@ -41,20 +43,37 @@ def _setting(text: str) -> object:
         return text
 
 
+DEFAULT_ACCEPTANCE = "0.7"
+# The flags that describe drawn (probabilistic) drafting: given, they choose it under auto.
+DRAWN = ("acceptance", "category_acceptance", "coverage", "category_coverage")
+
+
+def drafting_of(args: argparse.Namespace) -> Literal["probabilistic", "replay"]:
+    """``--drafting``; ``auto`` (the default): ``replay`` — vLLM's n-gram rule (or a drafter)
+    over the real token ids, so what the candidate measures is what the counterfactual's replay
+    of the same outputs predicts, and the live check can check it — unless a flag of drawn
+    drafting (``--acceptance``, ``--coverage``, per category) or a proposer the replay does not
+    run asks for ``probabilistic``."""
+    if args.drafting != "auto":
+        return "replay" if args.drafting == "replay" else "probabilistic"
+    drawn = any(getattr(args, name) not in (None, []) for name in DRAWN)
+    return "replay" if not drawn and args.proposer in ("ngram", "draft_model") else "probabilistic"
+
+
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     return SimConfig(
         model=args.model,
         aliases=tuple(args.alias),
         mode=args.mode,
         num_speculative_tokens=args.k,
-        acceptance=_acceptance(args.acceptance),
+        acceptance=_acceptance(args.acceptance or DEFAULT_ACCEPTANCE),
         category_acceptance=_category_pairs(args.category_acceptance, _acceptance),
-        coverage=args.coverage,
+        coverage=1.0 if args.coverage is None else args.coverage,
         category_coverage=_category_pairs(args.category_coverage, float),
         seed=args.seed,
         divergence_at=args.divergence_at,
         proposer=args.proposer,
-        drafting=args.drafting,
+        drafting=drafting_of(args),
         prompt_lookup_min=args.prompt_lookup_min,
         prompt_lookup_max=args.prompt_lookup_max,
         drafter_match=args.drafter_match,
@@ -111,8 +130,23 @@ def _run(args: argparse.Namespace) -> int:
     except ImportError:  # uvloop is a runtime dependency except on Windows
         factory = asyncio.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(_serve(config, args.host, args.port))
+        try:
+            runner.run(_serve(config, args.host, args.port))
+        except OSError as exc:
+            if exc.errno not in _LISTEN_ERRORS:
+                raise
+            where = f"{args.host}:{args.port}"
+            raise BadInput(f"cannot listen on {where}: {_LISTEN_ERRORS[exc.errno]}") from None
     return 0
+
+
+# The bind faults a user can fix, worded as ``specshadow serve`` words them.
+_LISTEN_ERRORS = {
+    errno.EADDRINUSE: "the port is already in use (another server?): give --port another one, "
+    "or 0 for a free one",
+    errno.EADDRNOTAVAIL: "the host is not an address of this machine",
+    errno.EACCES: "permission denied (ports below 1024 need privileges)",
+}
 
 
 def register(subparsers: Any) -> None:
@@ -132,7 +166,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", default="sim-model", help="served model name")
     p.add_argument("--alias", action="append", default=[], help="extra served name (repeatable)")
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
-    p.add_argument("--acceptance", default="0.7", help="p, or p0,p1,...,p(k-1)")
+    p.add_argument(
+        "--acceptance",
+        default=None,
+        help=f"p, or p0,p1,...,p(k-1): drawn drafting (default {DEFAULT_ACCEPTANCE})",
+    )
     p.add_argument(
         "--category-acceptance",
         action="append",
@@ -140,7 +178,12 @@ def register(subparsers: Any) -> None:
         metavar="CATEGORY=P",
         help="per-category acceptance, e.g. code=0.8 or json=0.9,0.8,0.7,0.6 (repeatable)",
     )
-    p.add_argument("--coverage", type=float, default=1.0, help="P(proposer drafts on a step)")
+    p.add_argument(
+        "--coverage",
+        type=float,
+        default=None,
+        help="drawn drafting: P(proposer drafts on a step) (default 1.0)",
+    )
     p.add_argument("--category-coverage", action="append", default=[], metavar="CATEGORY=C")
     p.add_argument("--prefill-ms", type=float, default=20.0)
     p.add_argument("--prefill-per-token-ms", type=float, default=0.0)
@@ -151,9 +194,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--proposer", default="ngram", help="method named by /server_info")
     p.add_argument(
         "--drafting",
-        choices=["probabilistic", "replay"],
-        default="probabilistic",
-        help="replay: drafts from a real proposer over the token ids (ngram or draft_model)",
+        choices=["auto", "probabilistic", "replay"],
+        default="auto",
+        help="replay: drafts from a real proposer over the token ids (ngram: vLLM's rule; "
+        "draft_model), which the counterfactual's replay can check; probabilistic: steps drawn "
+        "from --acceptance and --coverage; auto: probabilistic when one of those is given, "
+        "else replay",
     )
     p.add_argument("--prompt-lookup-min", type=int, default=2, help="ngram: shortest n-gram")
     p.add_argument("--prompt-lookup-max", type=int, default=4, help="ngram: longest n-gram")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import tomllib
 from collections.abc import Sequence
@@ -24,12 +25,14 @@ from typing import Any
 
 from backends import cli as vllm_cli
 from core.extras import MissingExtra
+from core.faults import Fault
 from counterfactual import cli as counterfactual_cli, labels as export_labels
 from gateway import cli as rollout_cli
 from loadgen import cli as loadgen_cli
 from policies import cli as policy_cli
 from records import cli as records_cli
 from report import cli as report_cli
+from rollout.store import read_transitions
 from simulator import cli as simulator_cli
 from specshadow import agreement, demo, serve
 
@@ -119,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     policy_cli.register(sub)
     records_cli.register(sub, labels=export_labels.labeller)  # rows labelled by a replay
     loadgen_cli.register(sub)
-    report_cli.register(sub)
+    report_cli.register(sub, read_state=read_transitions)  # every kind serve --state writes
     counterfactual_cli.register(sub)
     rollout_cli.register(sub)
     finish_help(parser)
@@ -134,9 +137,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command: the one place where a known fault becomes one line on stderr
+    and its exit status, for every subcommand alike (no traceback reaches the user).
+
+    - :class:`core.faults.Fault` (a bad store, path or URL: 2; 0 records to work on: 1): its
+      message, which names the thing and what to do;
+    - a missing extra: which one to install (2);
+    - a file the command was pointed at that cannot be opened (missing, a folder, no
+      permission): the path and why (2);
+    - a closed pipe (``specshadow records … | head``): normal use, status 0; stdout is pointed
+      at /dev/null so the interpreter's last flush cannot fail again (as the Python docs on
+      SIGPIPE advise).
+
+    Anything else is a bug, and keeps its traceback.
+    """
+    name = f"specshadow {args.command}" + (f" {a}" if (a := getattr(args, "action", None)) else "")
     try:
         result: int = args.func(args)
+        sys.stdout.flush()  # inside: a pipe closed on the last lines is caught here
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 0
     except MissingExtra as exc:
         print(exc, file=sys.stderr)
         return 2
+    except Fault as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return exc.status
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        if exc.filename is None:
+            raise
+        print(f"{name}: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
     return result
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: the reader is gone, and what is left unflushed goes nowhere."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no real file (a test's capture): nothing to do
+        pass
+    finally:
+        os.close(devnull)

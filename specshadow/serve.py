@@ -44,11 +44,13 @@ from gateway.serve import ListenError, check_listen, listen_problem, serve_app
 from gateway.settings import PREFIX, Settings, SettingsError, default_state_path
 from otel.settings import TelemetrySettings
 from otel.setup import build_telemetry
-from policies.compile import PRIMARY_NAME, policy_from_flags
+from policies.compile import FLAGS_RULE_NAME, PRIMARY_NAME, policy_from_flags
 from policies.compiled import BackendKind, CompiledPolicy
 from policies.errors import PolicyError
 from policies.store import PolicyStore
 from records.cli import add_store_argument
+from records.stores import check_store
+from rollout.store import open_store, parse_state_url
 from specshadow.app import build_app
 from specshadow.workers import run_workers, state_for_workers
 
@@ -446,7 +448,8 @@ def summary(
     primary_url = settings.primary_url or (p.url if p is not None else "?")
     pname = p.name if p is not None else PRIMARY_NAME
     pkind = kind_text(pname, p.kind) if p is not None else "openai"
-    lines.append(f"primary {pname} at {primary_url}: {pkind}")
+    named = "" if pname == PRIMARY_NAME else f" {pname}"  # not "primary primary"
+    lines.append(f"primary{named} at {primary_url}: {pkind}")
     roles: dict[str, set[str]] = {}
     shares: dict[str, list[str]] = {}
     for rule in policy.all_rules:
@@ -456,9 +459,13 @@ def summary(
             if leg.role == "primary":
                 continue
             roles.setdefault(leg.backend.name, set()).add(leg.role)
-            extra = ", ".join(x for x in (how, f"rollout {stage}" if stage else "") if x)
+            # The policy's stage: a rollback the state keeps is adopted after this line.
+            staged = f"rollout {stage} as the policy states, unless a rollback is kept"
+            extra = ", ".join(x for x in (how, staged if stage else "") if x)
+            # The policy-free start's one rule is every request, not a rule the user named.
+            of = "requests" if rule.name == FLAGS_RULE_NAME else f"rule {rule.name}"
             shares.setdefault(leg.backend.name, []).append(
-                f"{_pct(leg.share)} of rule {rule.name}" + (f" ({extra})" if extra else "")
+                f"{_pct(leg.share)} of {of}" + (f" ({extra})" if extra else "")
             )
     shadows = [n for n in policy.backends if p is None or n != p.name]
     for name in shadows:
@@ -550,6 +557,11 @@ def run(args: argparse.Namespace) -> int:
             log.warning("%s", warning)
         if workers > 1:
             # Forked after the checks and the detection: every worker runs this policy.
+            # Each store opened once here, not once per worker: one line, not one per worker.
+            if settings.store_path:
+                check_store(settings.store_path)
+            if settings.state_path and "://" in settings.state_path:
+                open_store(parse_state_url(settings.state_path)).close()
             for line in summary(settings, store.current, kinds):
                 log.info("%s", line)
             return run_workers(settings, store, count=workers)
@@ -568,6 +580,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for line in summary(settings, store.current, kinds):
         log.info("%s", line)
+
+    async def stopping(_app: object) -> None:  # SIGINT or SIGTERM: say so, as --workers does
+        log.info(
+            "stopping: no new connections; requests, streams and shadow legs in flight drain "
+            "for up to %g s",
+            settings.shutdown_timeout_s,
+        )
+
+    app.on_shutdown.insert(0, stopping)
     try:
         serve_app(app, settings, print_=lambda msg: log.info("%s", msg))
     except OSError as exc:
@@ -577,4 +598,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"specshadow serve: {listen_problem(settings.host, settings.port, exc)}",
               file=sys.stderr)  # fmt: skip
         return 2
+    log.info("stopped")
     return 0

@@ -310,7 +310,7 @@ async def run_story(args: argparse.Namespace, rows: Sequence[Any], out: Path) ->
 async def _regression(st: Stage, victim: str, rows: Sequence[Any], replay: Any) -> None:
     if "slow" not in st.switches[victim].targets:
         return
-    print(f"\n  a bad deploy: {victim} is now 10× slower")
+    print(f"\n  a bad deploy: {victim}'s steps are now 10× slower")
     st.switches[victim].current = "slow"
     since = len(st.sink.exchanges)
     for i in range(0, len(rows), 30):
@@ -325,6 +325,12 @@ async def _regression(st: Stage, victim: str, rows: Sequence[Any], replay: Any) 
     ids = [e.exchange_id for e in list(st.sink.exchanges)[since:]]
     n = ids.index(last["exchange_id"]) + 1 if last.get("exchange_id") in ids else len(ids)
     print(f"  rolled back on its own, {n} exchanges after the deploy: {last.get('reason')}")
+    print(
+        "  (the guard reads the candidate's TPOT p99 over the primary's on the same requests: "
+        "steps 10× slower on a candidate speculation had made faster read as less than 10; the "
+        "e-value is the evidence against 'the candidate is no worse', valid however often it "
+        "is looked at — the guard fires once it passes the threshold its α sets)"
+    )
     after = len(st.sink.exchanges)
     await replay(rows[:60])
     served = _served(list(st.sink.exchanges)[after:])
@@ -398,6 +404,7 @@ def print_counterfactual(
         f"{len(m.configs)} configurations, no server for any):"
     )
     print(f"  {'category':<18}{'best configuration':<26}{'MAL':<10}predicted TPOT speed-up")
+    print("  (MAL: mean acceptance length, the tokens one target step emits: accepted drafts + 1)")
     for cat, pick in sorted(m.picks.items(), key=lambda kv: (kv[0] == "all", kv[0])):
         if pick["config"] is None:
             print(f"  {cat:<18}none: {pick['reason']}")
@@ -437,6 +444,8 @@ def print_counterfactual(
             f"  live {live['backend']} ({live['label']}): predicted {p['estimate']:.2f}, "
             f"its engine reported {me['estimate']:.2f} — {'⚠ ' if live['flag'] else ''}{live['note']}"
         )
+    for backend, why in sorted(m.live_skipped.items()):
+        print(f"  live {backend}: not checked against the prediction — {why}")
     print(f"  {'matrix':<18}{out / 'counterfactual.json'}")
 
 

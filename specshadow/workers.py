@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from core.faults import Fault
 from gateway.serve import serve_app
 from gateway.settings import Settings
 from gateway.workers import (
@@ -40,6 +41,7 @@ from otel.settings import TelemetrySettings
 from otel.setup import build_telemetry
 from policies.errors import PolicyError
 from policies.store import PolicyStore
+from rollout.store import StoreError
 from specshadow.app import build_app
 
 log = logging.getLogger(__name__)
@@ -101,7 +103,7 @@ def run_workers(
                 process_attributes=identity.resource_attributes(),
             )
             app = build_app(settings, policy=policy, telemetry=telemetry)
-        except (PolicyError, OSError, ValueError) as exc:
+        except (PolicyError, Fault, StoreError, OSError, ValueError) as exc:
             # What one process would refuse to start on (an unusable --store, a state store that
             # cannot be opened): status 2 makes the parent stop at once instead of retrying.
             sys.stderr.write(f"specshadow serve: worker {identity.index}: {exc}\n")

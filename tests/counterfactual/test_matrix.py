@@ -163,6 +163,32 @@ def test_a_live_candidate_is_checked_against_its_prediction_and_flagged_when_it_
     )
 
 
+def test_a_candidate_without_a_live_check_is_named_with_the_reason() -> None:
+    """``live: []`` is never silent: each candidate the replay cannot check says why."""
+    rng = random.Random(6)
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
+             "prompt_lookup_max": 3}  # fmt: skip
+    cases = {
+        "eagle": ({"method": "eagle3", "num_speculative_tokens": 3}, {"num_drafts": 5}, "eagle3"),
+        "bare": (None, {}, "no speculative configuration"),
+        "quiet": (ngram, {}, "no per-request draft counts"),
+    }
+    records = []
+    for i in range(20):
+        prompt, output = structured_request(rng, repeat=0.7)
+        legs = [
+            leg("candidate", 0.01, 1, len(output), backend=name, speculative=spec, acceptance=acc)
+            for name, (spec, acc, _) in cases.items()
+        ]
+        records.append(record(i, prompt, output, "code", legs))
+    m = build_matrix(lambda: iter(records))
+    assert m.live == []
+    assert set(m.live_skipped) == set(cases)
+    for name, (_, _, why) in cases.items():
+        assert why in m.live_skipped[name], m.live_skipped[name]
+    assert m.as_json()["live_skipped"][0] == {"backend": "bare", "reason": m.live_skipped["bare"]}
+
+
 def test_the_step_model_recovers_known_parameters_and_predicts_from_them() -> None:
     base, slot = 0.004, 0.0005
     rng = random.Random(9)

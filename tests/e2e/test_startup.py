@@ -132,12 +132,12 @@ async def test_kinds_are_detected_or_stated_and_the_records_show_the_difference(
             await asyncio.sleep(0.2)
         log = gw.stderr()
     lines = {re.sub(r"^\S+ \S+ ", "", line) for line in log.splitlines()}
-    assert f"INFO specshadow.serve: primary primary at {primary.base_url}: sim (detected: " \
+    assert f"INFO specshadow.serve: primary at {primary.base_url}: sim (detected: " \
         "serves the simulator's /sim/requests)" in lines, log  # fmt: skip
     assert any(
         line.startswith("INFO specshadow.serve: shadow shadow-1 (candidate) at "
                         f"{candidate.base_url}: sim (detected")
-        and line.endswith("mirrored 100 % of rule flags")
+        and line.endswith("mirrored 100 % of requests")
         for line in lines
     ), log  # fmt: skip
     assert any(
@@ -172,7 +172,7 @@ async def test_a_stated_kind_wins_over_detection(sims):
             "--shadow", candidate.base_url, "--shadow-kind", "vllm"]  # fmt: skip
     async with serve(args) as gw:
         log = gw.stderr()
-    assert f"primary primary at {primary.base_url}: openai (stated)" in log, log
+    assert f"primary at {primary.base_url}: openai (stated)" in log, log
     assert f"at {candidate.base_url}: vllm (stated)" in log, log
     assert "detected" not in log
 

@@ -313,3 +313,23 @@ async def wait_for_count(gw: Any, n: int) -> None:
 
     await wait_for_exchanges(gw.sink, n)
     await asyncio.sleep(0.2)  # the record writer thread commits when its queue runs empty
+
+
+async def test_a_wrong_admin_token_is_told_apart_from_a_missing_one(fake_upstream, gateway):
+    """The 403 says which: no header, a header not of the Bearer form, or a wrong token — and
+    never echoes what was sent."""
+    _fake, up = await fake_upstream(JSON_OK)
+    gw = await gateway(up, admin_token="s3cret-admin")
+    app = gw.server.app
+    messages = []
+    for headers in ({}, {"Authorization": "s3cret-admin"}, {"Authorization": "Bearer guess-1"}):
+        request = make_mocked_request(
+            "GET", "/admin/shadow", headers=headers, app=app, transport=_peer("203.0.113.7")
+        )
+        with pytest.raises(AdminForbidden) as info:
+            authorize(request)
+        messages.append(str(info.value))
+    assert "no Authorization header was sent" in messages[0]
+    assert "not 'Bearer <token>'" in messages[1]
+    assert "the token sent is not the admin token" in messages[2]
+    assert not any("guess-1" in m or "s3cret" in m for m in messages)

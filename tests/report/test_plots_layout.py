@@ -44,6 +44,16 @@ def problems(fig: Figure) -> list[str]:
             for t in texts
             if t.get_visible() and t.get_text() and _outside(t.get_window_extent(r), width, height)
         ]
+        # Where a panel stands to the right, a tick label that ends past this panel's right edge
+        # runs under the neighbour's labels (the demo's slanted ``structured_output``).
+        edge = ax.get_window_extent(r)
+        if any(o.get_window_extent(r).x0 >= edge.x1 for o in fig.axes if o is not ax):
+            out += [
+                f"label {t.get_text()!r} runs into the next panel"
+                for t in ax.get_xticklabels()
+                if x0 <= t.get_position()[0] <= x1 and t.get_visible() and t.get_text()
+                and t.get_window_extent(r).x1 > edge.x1 + 1
+            ]  # fmt: skip
         legend = ax.get_legend()
         if legend is None:
             continue
@@ -110,6 +120,26 @@ def test_the_check_catches_a_legend_over_data_and_a_cut_label() -> None:
     found = problems(fig)
     assert any(p.startswith("legend over") for p in found), found
     assert any(p.startswith("label cut off") for p in found), found
+
+
+def test_the_check_catches_a_tick_label_running_into_the_next_panel() -> None:
+    """The demo's acceptance panels: ``structured_output`` under the first, slanted 15° about
+    its centre, ran under the second panel's labels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    def panels(**slant: Any) -> Figure:
+        fig = Figure(figsize=(6.6, 3.2), dpi=100, layout="constrained")
+        FigureCanvasAgg(fig)
+        left, right = fig.subplots(1, 2)
+        left.set_xticks([1, 2, 3], ["chat", "multi_turn", "structured_output"], **slant)
+        right.set_xticks([1, 2], ["<64", "64-256"], **slant)
+        left.set_xlim(0.5, 3.5)  # as a box plot sets them
+        right.set_xlim(0.5, 2.5)
+        return fig
+
+    found = problems(panels(rotation=15))
+    assert any("'structured_output' runs into the next panel" in p for p in found), found
+    assert not problems(panels(rotation=25, ha="right", rotation_mode="anchor"))
 
 
 def test_no_chart_of_zeros() -> None:

@@ -218,7 +218,8 @@ def test_the_report_renders_every_plot_without_errors_in_headless_chromium(tmp_p
 LAYOUT = """<script>
 window.addEventListener("load", function () {
   // Every element must stay inside the page's column, unless it sits in a scrolling card; at
-  // wide=1 every table must also fit its card without scrolling.
+  // wide=1 every table must also fit its card without scrolling; narrower, a table of
+  // numbers may scroll inside its card, but from 800 px on its prose columns (td.wrap) must show whole.
   var main = document.querySelector("main");
   var limit = main.getBoundingClientRect().right + 1;
   var wide = document.documentElement.clientWidth >= 1400;
@@ -237,12 +238,19 @@ window.addEventListener("load", function () {
   Array.prototype.forEach.call(main.querySelectorAll("table"), function (t) {
     var card = t.parentElement;
     if (card.className !== "scroll") bad.push("table-outside-a-card");
-    else if (wide && card.scrollWidth > card.clientWidth + 1) bad.push("scrolls-at-1400:" + t.rows[0].textContent.slice(0, 40));
+    else if (wide && card.scrollWidth > card.clientWidth + 1) bad.push("scrolls-at-" + document.documentElement.clientWidth + ":" + t.rows[0].textContent.slice(0, 40));
   });
   // A code box meant to be copied (the policy fragment) shows all of it: never cut.
   Array.prototype.forEach.call(main.querySelectorAll("pre.code"), function (p) {
     if (p.scrollHeight > p.clientHeight + 1) bad.push("cut-code");
   });
+  if (document.documentElement.clientWidth >= 800) Array.prototype.forEach.call(main.querySelectorAll("td.wrap"), function (td) {
+    var card = td.closest("div.scroll");
+    if (card && td.getBoundingClientRect().right > card.getBoundingClientRect().right + 1)
+      bad.push("prose-cut:" + td.textContent.slice(0, 30));
+  });
+  // A glossary note belongs after a row of cards, not in the grid as one more card.
+  if (main.querySelector(".cards > p.gloss")) bad.push("gloss-in-cards");
   var marker = document.createElement("div");
   marker.id = "layout-check";
   marker.textContent = bad.length ? bad.slice(0, 6).join(" | ") : "layout ok";
@@ -256,7 +264,7 @@ window.addEventListener("load", function () {
     CHROMIUM is None and os.environ.get("CI", "").lower() not in {"1", "true", "yes"},
     reason="Debian's chromium is not installed",
 )
-@pytest.mark.parametrize("width", [1400, 720])
+@pytest.mark.parametrize("width", [1400, 800, 720])
 @pytest.mark.parametrize("candidates", ["one", "two, with a rollout"])
 def test_every_table_fits_its_card_at_1400px_and_scrolls_inside_it_when_narrow(
     tmp_path, width, candidates
@@ -280,6 +288,16 @@ def test_every_table_fits_its_card_at_1400px_and_scrolls_inside_it_when_narrow(
     )
     found = re.search(r'id="layout-check">([^<]*)<', dom)
     assert found is not None and "overflows:" in found.group(1)
+    if '<div class="cards">' in paths.html.read_text():  # the check sees a gloss in the row
+        glossed = paths.html.read_text().replace(
+            '<div class="cards">', '<div class="cards"><p class="gloss">x</p>', 1
+        )
+        page.write_text(with_harness(glossed, LAYOUT))
+        dom = chromium(
+            "--dump-dom", f"--window-size={width},2400", page.as_uri(), profile=tmp_path / "profile"
+        )
+        found = re.search(r'id="layout-check">([^<]*)<', dom)
+        assert found is not None and "gloss-in-cards" in found.group(1), found and found.group(1)
     if 'class="code"' in paths.html.read_text():  # a recommendation's policy fragment
         # a fragment longer than the generic 160 px cap on code boxes: shown whole, and the
         # check sees it cut once the page's own rule for copyable code is taken away
@@ -293,3 +311,16 @@ def test_every_table_fits_its_card_at_1400px_and_scrolls_inside_it_when_narrow(
             )
             found = re.search(r'id="layout-check">([^<]*)<', dom)
             assert found is not None and expected in found.group(1), found and found.group(1)
+
+
+def test_no_green_paid_at_every_load_over_a_category_that_lost(tmp_path):
+    """multi_turn runs at 0.85× (the synthetic truth): the no-crossover note is a warning that
+    names it, not a green 'paid at every load'; without a losing category it stays green."""
+    html = build_report(sample_records(), None, tmp_path / "a").html.read_text()
+    note = re.search(r'<div class="callout (\w+)">No crossover[^<]*', html)
+    assert note is not None and note.group(1) == "warn", note and note.group(0)
+    assert re.search(r"all traffic — but not for multi_turn \(0\.8\d×\)", note.group(0))
+    winning = records(speedups={"chat": 1.5, "code": 1.3}, n=50)
+    html = build_report(winning, None, tmp_path / "b").html.read_text()
+    note = re.search(r'<div class="callout (\w+)">No crossover[^<]*', html)
+    assert note is not None and note.group(1) == "ok" and "but not for" not in note.group(0)

@@ -43,3 +43,29 @@ async def test_simulate_command_serves_on_the_printed_url_and_stops_on_sigterm()
     finally:
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 10) == 0
+
+
+def test_the_default_speculative_simulator_replays_real_drafts_unless_drawn_ones_are_asked():
+    """Its n-gram drafts follow vLLM's rule over the real token ids (what the counterfactual
+    replays), so the live check can check it; a flag of drawn drafting keeps drawn drafting."""
+    import argparse
+
+    from simulator.cli import config_from_args, register
+    from simulator.config import SimConfig
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+
+    def config(*flags: str) -> SimConfig:
+        return config_from_args(parser.parse_args(["simulate", "--mode", "speculative", *flags]))
+
+    default = config()
+    assert (default.drafting, default.proposer) == ("replay", "ngram")
+    assert (default.prompt_lookup_min, default.prompt_lookup_max) == (2, 4)
+    for flags in (["--acceptance", "0.8"], ["--coverage", "0.5"],
+                  ["--category-acceptance", "code=0.9"], ["--proposer", "eagle3"],
+                  ["--drafting", "probabilistic"]):  # fmt: skip
+        assert config(*flags).drafting == "probabilistic", flags
+    drawn = config("--drafting", "probabilistic")
+    assert (drawn.acceptance, drawn.coverage) == (0.7, 1.0)  # the documented defaults
+    assert config("--drafting", "replay", "--acceptance", "0.8").drafting == "replay"
