@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from core import jsonx
-from policies.compiled import STAGES, Stage
+from policies.compiled import STAGES, RolloutSpec, Stage
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,18 @@ class RuleState:
             episode=str(data.get("episode") or ""),
             engine=str(data["engine"]) if data.get("engine") else None,
         )
+
+
+def serve_ratio(spec: RolloutSpec, state: RuleState) -> float:
+    """The share of the rule's traffic the candidate answers in ``state``: every request in
+    ``live``, the operator's ratio or the policy's (step's) ratio in ``canary``, none in
+    ``shadow``. Written once: the controller's plan, its transitions and status, and the fleet's
+    policy writes all read it here."""
+    if state.stage == "live":
+        return 1.0
+    if state.stage == "canary":
+        return state.ratio if state.ratio is not None else spec.ratio_at(state.step)
+    return 0.0
 
 
 def new_episode() -> str:
