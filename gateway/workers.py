@@ -204,13 +204,13 @@ class _Slot:
     index: int
     sockets: list[socket.socket]
     pid: int | None = None
-    started: float = 0.0  # monotonic
+    started: float = 0.0  # the supervisor's clock
     started_unix: float = 0.0
     ready: bool = False
     ready_fd: int | None = None
     restarts: int = 0
     failed_starts: int = 0  # in a row, before ready
-    crashes: list[float] = field(default_factory=list)  # monotonic times, recent
+    crashes: list[float] = field(default_factory=list)  # the supervisor's clock, recent
     restart_at: float | None = None
     last_exit: dict[str, Any] | None = None
 
@@ -237,8 +237,10 @@ class Supervisor:
         shutdown_timeout_s: float,
         gateway_id: str | None = None,
         where: str = "",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.slots = [_Slot(i, list(socks)) for i, socks in enumerate(sockets)]
+        self.clock = clock  # seconds: a worker's age, crash window and back-off
         self.main = main
         self.run_dir = run_dir
         self.gateway_id = gateway_id or uuid.uuid4().hex[:12]
@@ -250,6 +252,7 @@ class Supervisor:
         self._fatal: int | None = None
         self._stopping = False  # the set is being stopped: an exit is not restarted
         self._announced = False
+        self._wake: tuple[int, ...] = ()  # the signal wake-up pipe, while run() runs
 
     # --- the parent's loop ------------------------------------------------------------------
 
@@ -267,10 +270,9 @@ class Supervisor:
         signal.signal(signal.SIGCHLD, lambda _s, _f: None)  # wakes the selector
         self._wake = (wake_r, wake_w)
         try:
-            for slot in self.slots:
-                self._spawn(slot)
+            self.start()
             while not self._stop_signals and self._fatal is None:
-                self._tick(0.5)
+                self.step(0.5)
             return self._stop()
         finally:
             signal.set_wakeup_fd(old_wakeup)
@@ -293,7 +295,21 @@ class Supervisor:
     def _on_hup(self, _sig: int, _frame: FrameType | None) -> None:
         self._hup = True
 
-    def _tick(self, timeout_s: float) -> None:
+    def start(self) -> None:
+        """Fork every worker (:meth:`run` does, after installing its signal handlers)."""
+        for slot in self.slots:
+            self._spawn(slot)
+
+    @property
+    def fatal(self) -> int | None:
+        """The exit status the supervisor gives up with (a worker that cannot start), if any."""
+        return self._fatal
+
+    def step(self, timeout_s: float) -> None:
+        """One turn of the supervisor: wait up to ``timeout_s`` for a ready pipe or a signal,
+        reap the workers that exited (a restart is scheduled on :attr:`clock`), forward a
+        SIGHUP, fork the workers whose restart is due by :attr:`clock`. :meth:`run` repeats it
+        with the monotonic clock; a test calls it under a fake one."""
         for key, _mask in self._sel.select(timeout_s):
             if key.data is None:
                 with contextlib.suppress(BlockingIOError):
@@ -306,7 +322,7 @@ class Supervisor:
             self._hup = False
             log.info("SIGHUP: the policy is reloaded in every worker")
             self._signal_all(signal.SIGHUP, ready_only=True)
-        now = time.monotonic()
+        now = self.clock()
         for slot in self.slots:
             due = slot.restart_at is not None and now >= slot.restart_at
             if slot.pid is None and due and not self._stopping:
@@ -353,7 +369,7 @@ class Supervisor:
     def _exited(self, slot: _Slot, status: int) -> None:
         pid = slot.pid
         assert pid is not None
-        lived = time.monotonic() - slot.started
+        lived = self.clock() - slot.started
         text, detail = _exit_text(status)
         slot.last_exit = {**detail, "pid": pid, "at_unix": time.time(), "after_s": round(lived, 3)}
         was_ready, slot.pid, slot.ready = slot.ready, None, False
@@ -363,7 +379,7 @@ class Supervisor:
         if self._stopping or self._stop_signals:
             self._write_status()
             return
-        now = time.monotonic()
+        now = self.clock()
         if not was_ready:
             slot.failed_starts += 1
             if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 2:
@@ -413,7 +429,7 @@ class Supervisor:
                 os._exit(code)
         os.close(write_fd)
         slot.pid, slot.ready, slot.restart_at = pid, False, None
-        slot.started, slot.started_unix = time.monotonic(), time.time()
+        slot.started, slot.started_unix = self.clock(), time.time()
         slot.ready_fd = read_fd
         self._sel.register(read_fd, selectors.EVENT_READ, slot)
         self._write_status()
@@ -465,7 +481,7 @@ class Supervisor:
                           self.shutdown_timeout_s + KILL_AFTER_S)  # fmt: skip
                 self._signal_all(signal.SIGKILL)
                 deadline = time.monotonic() + 5.0
-            self._tick(0.1)
+            self.step(0.1)
         failed = [
             s for s in self.slots if s.last_exit and s.last_exit.get("status") not in (0, None)
         ]

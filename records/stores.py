@@ -8,6 +8,8 @@
   8123 by default); the password may instead come from ``SPECSHADOW_CLICKHOUSE_PASSWORD``, and
   no log line or record ever carries it.
 
+The URL itself is parsed by :mod:`records.urls`, the one parser ``--state`` shares.
+
 Query parameters tune the writer: ``batch`` (records per insert, 1000), ``queue`` (batches
 waiting, 64), ``retention_days`` (TTL; 30). :func:`open_writer` builds the evidence consumer,
 :func:`read_store` streams a store's records back, :func:`copy_records` moves them between any
@@ -18,14 +20,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from core import jsonx
-from core.faults import BadInput
 from records.clickhouse import (
     ChdbEngine,
     ClickHouseError,
@@ -34,6 +34,7 @@ from records.clickhouse import (
     HttpEngine,
 )
 from records.sqlite_store import RecordStore, RecordWriter, query_records
+from records.urls import StoreURL, StoreURLError, parse_url
 
 __all__ = [
     "StoreURL",
@@ -51,88 +52,22 @@ SCHEMES = ("sqlite", "chdb", "clickhouse")
 PASSWORD_ENV = "SPECSHADOW_CLICKHOUSE_PASSWORD"
 
 
-class StoreURLError(BadInput, ValueError):
-    """A store URL that cannot be used (the message says which part and why)."""
-
-
-@dataclass(frozen=True)
-class StoreURL:
-    kind: str  # "sqlite" | "chdb" | "clickhouse"
-    path: str = ""  # sqlite file, chdb folder
-    host: str = ""
-    port: int = 8123
-    database: str = "default"
-    user: str | None = None
-    password: str | None = field(default=None, repr=False)
-    options: dict[str, str] = field(default_factory=dict)
-
-    def label(self) -> str:
-        """The URL without its password: what logs and errors print."""
-        if self.kind == "clickhouse":
-            who = f"{self.user}@" if self.user else ""
-            return f"clickhouse://{who}{self.host}:{self.port}/{self.database}"
-        if self.kind == "chdb":
-            return f"chdb://{self.path}"
-        return self.path
-
-    def option(self, name: str, default: float) -> float:
-        text = self.options.get(name)
-        if text is None:
-            return default
-        try:
-            value = float(text)
-        except ValueError:
-            raise StoreURLError(
-                f"{self.label()}: ?{name}= must be a number, got {text!r}"
-            ) from None
-        if value <= 0:
-            raise StoreURLError(f"{self.label()}: ?{name}= must be positive, got {text!r}")
-        return value
-
-
 def is_url(text: str) -> bool:
     return text.split("://", 1)[0] in SCHEMES and "://" in text
 
 
 def parse_store(text: str) -> StoreURL:
-    """Parse a store name; a plain path is SQLite."""
+    """Parse a store name (:func:`records.urls.parse_url`); a plain path is SQLite. The
+    password may come from ``SPECSHADOW_CLICKHOUSE_PASSWORD`` instead of the URL."""
     if not is_url(text):
         return StoreURL("sqlite", path=text)
-    parts = urllib.parse.urlsplit(text)
-    options = dict(urllib.parse.parse_qsl(parts.query))
-    unknown = sorted(set(options) - {"batch", "queue", "retention_days"})
-    if unknown:
-        raise StoreURLError(f"{text.split('?')[0]}: unknown option(s) {', '.join(unknown)}")
-    if parts.scheme == "sqlite":
-        path = parts.netloc + parts.path
-        if not path:
-            raise StoreURLError(f"{text}: no file path (sqlite:///path/to/records.sqlite)")
-        return StoreURL("sqlite", path=path, options=options)
-    if parts.scheme == "chdb":
-        if parts.netloc:
-            raise StoreURLError(f"{text}: chdb URLs name a folder: chdb:///path/to/dir")
-        if not parts.path:
-            raise StoreURLError(f"{text}: no folder (chdb:///path/to/dir)")
-        return StoreURL("chdb", path=parts.path, options=options)
-    if not parts.hostname:
-        raise StoreURLError(f"{text}: no host (clickhouse://host:8123/db)")
-    try:
-        port = parts.port or 8123
-    except ValueError:
-        raise StoreURLError(f"{text.split('?')[0]}: the port is not a number") from None
-    database = parts.path.strip("/") or "default"
-    if not database.replace("_", "").isalnum():
-        raise StoreURLError(f"{text}: database name {database!r} is not a plain identifier")
-    password = urllib.parse.unquote(parts.password) if parts.password else None
-    return StoreURL(
-        "clickhouse",
-        host=parts.hostname,
-        port=port,
-        database=database,
-        user=urllib.parse.unquote(parts.username) if parts.username else None,
-        password=password if password is not None else os.environ.get(PASSWORD_ENV),
-        options=options,
-    )
+    url = parse_url(
+        text, schemes=SCHEMES, options=("batch", "queue", "retention_days"),
+        sqlite_example="records.sqlite",
+    )  # fmt: skip
+    if url.kind == "clickhouse" and url.password is None:
+        return replace(url, password=os.environ.get(PASSWORD_ENV))
+    return url
 
 
 def _column_store(

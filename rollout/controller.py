@@ -81,6 +81,7 @@ from rollout.state import (
     load_state,
     new_episode,
     save_state,
+    serve_ratio,
 )
 from rollout.store import StoreError, open_store, parse_state_url
 
@@ -127,14 +128,6 @@ class RolloutConflict(RuntimeError):
 _Snapshot = tuple[int, dict[str, RuleState]]  # (generation, every rule's state)
 
 
-def serve_ratio(spec: RolloutSpec, state: RuleState) -> float:
-    if state.stage == "live":
-        return 1.0
-    if state.stage == "canary":
-        return state.ratio if state.ratio is not None else spec.ratio_at(state.step)
-    return 0.0
-
-
 class RolloutController:
     """See the module doc. ``telemetry`` gets the metrics and events (any object with the
     ``rollout_*`` methods of :class:`otel.telemetry.Telemetry`); ``kv_recent(backend)`` gives the
@@ -142,7 +135,12 @@ class RolloutController:
 
     ``guarded``: something feeds :meth:`handle` (the evidence worker does, in the product as
     ``specshadow.app.build_app`` assembles it). An unguarded controller never lets a candidate
-    answer: every rule is held in shadow — a canary must never run with guards nothing feeds."""
+    answer: every rule is held in shadow — a canary must never run with guards nothing feeds.
+
+    ``clock`` (seconds, wall-clock by default) times every state and transition, the held step's
+    ``hold.min_s`` and a shared store's health. ``sync_thread`` False: a shared store is followed
+    only by :meth:`sync_once` calls (a test drives a fleet of replicas step by step under a
+    fake clock); the product follows it on a thread."""
 
     def __init__(
         self,
@@ -152,8 +150,10 @@ class RolloutController:
         kv_recent: Callable[[str], Sequence[float]] | None = None,
         clock: Callable[[], float] = time.time,
         guarded: bool = True,
+        sync_thread: bool = True,
     ) -> None:
         self.guarded = guarded
+        self.sync_thread = sync_thread
         self._warned_unguarded = False
         url = parse_state_url(os.fspath(state_path)) if state_path is not None else None
         self.state_url = url
@@ -254,7 +254,8 @@ class RolloutController:
             self._specs = specs
             self._policy = policy
             self._generation = policy.generation
-        self.fleet.start()  # the first time: one synchronous read, then the sync thread
+        # The first time: one synchronous read, then the sync thread (unless the owner steps it).
+        self.fleet.start(thread=self.sync_thread)
         self.fleet._wake.set()
 
     # -- the request path ----------------------------------------------------------------------
@@ -718,7 +719,7 @@ class RolloutController:
                     if t is not None:
                         return t
                 if self.fleet is not None:
-                    self.fleet.sync()
+                    self.fleet.sync_once()
             raise RolloutConflict(f"rule {name!r}: the fleet's state kept moving; try again")
         finally:
             self._persist()
@@ -785,6 +786,15 @@ class RolloutController:
         if guards and not any(g.status == "ok" for g in guards if g.name not in DRIFT_GUARDS):
             why.append("no guard has judged the candidate yet")
         return "; ".join(why) or None
+
+    def sync_once(self) -> None:
+        """A shared store: one step of following it (:meth:`rollout.fleet.Fleet.sync_once`) —
+        publish this replica's observations, adopt the fleet's state, judge the pooled evidence,
+        publish a decision kept while the store was down. The sync thread repeats it; a
+        controller built with ``sync_thread=False`` moves only when its owner calls it. Nothing
+        for a file."""
+        if self.fleet is not None:
+            self.fleet.sync_once()
 
     def store_health(self) -> tuple[bool, str] | None:
         """A shared store's reachability, for ``/readyz`` (None: a file or memory)."""

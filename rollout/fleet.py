@@ -48,7 +48,7 @@ from core import jsonx
 from core.evidence import LegQuality
 from policies.compiled import GuardSpec, RolloutSpec
 from rollout.guards import GuardBank, Observation
-from rollout.state import RuleState, Transition, new_episode
+from rollout.state import RuleState, Transition, new_episode, serve_ratio
 from rollout.store import Cursor, SharedStore, StoredState, StoreError
 
 if TYPE_CHECKING:
@@ -110,7 +110,8 @@ class StoreHealth:
 @dataclass(slots=True)
 class Fleet:
     """See the module doc. The controller calls :meth:`observe` (evidence thread) and
-    :meth:`commit` (under its lock); the sync thread calls back into the controller."""
+    :meth:`commit` (under its lock); :meth:`sync_once` — one step, run by the sync thread or
+    called directly — calls back into the controller."""
 
     controller: RolloutController
     store: SharedStore
@@ -133,18 +134,23 @@ class Fleet:
     _wake: threading.Event = field(default_factory=threading.Event)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _started: bool = False
     _warned: set[str] = field(default_factory=set)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, thread: bool = True) -> None:
         """Read the store once (a restarted replica serves the fleet's state from its first
-        request), then follow it on a thread."""
-        if self._thread is not None:
+        request), then follow it: on a thread that repeats :meth:`sync_once`, or — ``thread``
+        False — only when the owner calls :meth:`sync_once` (a test steps replicas in an order
+        it chooses, under the controller's clock)."""
+        if self._started:
             return
-        self.sync()
-        self._thread = threading.Thread(target=self._run, name="rollout-fleet", daemon=True)
-        self._thread.start()
+        self._started = True
+        self.sync_once()
+        if thread:
+            self._thread = threading.Thread(target=self._run, name="rollout-fleet", daemon=True)
+            self._thread.start()
 
     def close(self) -> None:
         self._stop.set()
@@ -156,12 +162,14 @@ class Fleet:
         self.store.close()
 
     def _run(self) -> None:
+        """The sync thread: :meth:`sync_once` every ``poll_s``, or at once when new observations
+        or a lost compare-and-set wake it (at most once per ``MIN_GAP_S``)."""
         while not self._stop.is_set():
             self._wake.wait(self.poll_s)
             self._wake.clear()
             started = time.monotonic()
             try:
-                self.sync()
+                self.sync_once()
             except Exception:  # the thread must outlive any surprise; the next sync retries
                 log.exception("rollout fleet sync failed")
             self._stop.wait(max(0.0, MIN_GAP_S - (time.monotonic() - started)))
@@ -204,12 +212,14 @@ class Fleet:
                 self.outbox.popleft()
             self.published += len(batch)
 
-    def sync(self) -> None:
-        """Publish what is queued, read the fleet's state and pooled evidence, decide."""
+    def sync_once(self) -> None:
+        """One step of following the store: publish what is queued, read the fleet's state and
+        pooled evidence, decide (a rollback or a held step: a compare-and-set), and note whether
+        the store answered. Times are the controller's clock."""
         c = self.controller
         try:
             if self.k is None:
-                self.k = self.store.register(self.replica, time.time())
+                self.k = self.store.register(self.replica, c.clock())
             self._flush()
             heads = self.store.current()
             with c._lock:
@@ -272,7 +282,7 @@ class Fleet:
         new = RuleState(spec.stage, spec.fingerprint, step, False, now, episode=new_episode())
         reason = "policy rollout block changed" if head is not None else "policy"
         t = Transition(name, head.state.stage if head else "shadow", spec.stage,
-                       _ratio(spec, new), now, "policy", reason)  # fmt: skip
+                       serve_ratio(spec, new), now, "policy", reason)  # fmt: skip
         written = self.store.cas(name, head, replace(new, last=t), self.replica)
         if written is not None:
             self.adopt(name, written, announce=True)
@@ -335,14 +345,14 @@ class Fleet:
             log.error("rollout store %s unreachable (%s): every rule keeps its last state; local "
                       "guards protect this replica's traffic", self.store.name, error)  # fmt: skip
             self.health = StoreHealth(
-                False, time.time(), error, self.health.syncs, self.health.last_sync_unix
+                False, self.controller.clock(), error, self.health.syncs, self.health.last_sync_unix
             )
             self.controller._store_health(False)
         else:
             self.health.error = error
 
     def _up(self) -> None:
-        now = time.time()
+        now = self.controller.clock()
         if not self.health.up:
             if self.health.syncs:
                 log.warning("rollout store %s reachable again", self.store.name)
@@ -369,11 +379,3 @@ class Fleet:
             "pending_decisions": sorted(self.pending),
             "versions": {n: h.version for n, h in self.heads.items()},
         }
-
-
-def _ratio(spec: RolloutSpec, state: RuleState) -> float:
-    if state.stage == "live":
-        return 1.0
-    if state.stage == "canary":
-        return state.ratio if state.ratio is not None else spec.ratio_at(state.step)
-    return 0.0

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from core import jsonx
-from policies.compiled import STAGES, Stage
+from policies.compiled import STAGES, RolloutSpec, Stage
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,18 @@ def _levels(value: object) -> dict[str, float] | None:
         return None
     out = {str(k): float(v) for k, v in value.items() if isinstance(v, int | float) and v >= 1}
     return out or None
+
+
+def serve_ratio(spec: RolloutSpec, state: RuleState) -> float:
+    """The share of the rule's traffic the candidate answers in ``state``: every request in
+    ``live``, the operator's ratio or the policy's (step's) ratio in ``canary``, none in
+    ``shadow``. Written once: the controller's plan, its transitions and status, and the fleet's
+    policy writes all read it here."""
+    if state.stage == "live":
+        return 1.0
+    if state.stage == "canary":
+        return state.ratio if state.ratio is not None else spec.ratio_at(state.step)
+    return 0.0
 
 
 def new_episode() -> str:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import urllib.parse
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,11 +40,13 @@ from typing import Any, Protocol
 
 from core import jsonx
 from core.faults import BadInput
+from records.urls import parse_url
 from rollout.state import RuleState
 
 ROLLBACK_PRIORITY = 2
 CHANGE_PRIORITY = 1
 DEFAULT_POLL_S = 0.5
+MAX_POLL_S = 60.0
 DEFAULT_SETTLE_S = 2.0  # ClickHouse: evidence rows are read once this old (server clock)
 Cursor = tuple[int, str, int]  # where a reader stands in the evidence log
 
@@ -83,45 +84,19 @@ class StateURL:
 
 
 def parse_state_url(text: str) -> StateURL:
-    """``--state`` parsed; ValueError naming what is wrong."""
+    """``--state`` parsed (the URL by :func:`records.urls.parse_url`, the one parser ``--store``
+    shares); ValueError naming what is wrong."""
     if "://" not in text:
         return StateURL("file", path=text)
-    parts = urllib.parse.urlsplit(text)
-    options = dict(urllib.parse.parse_qsl(parts.query))
-    unknown = sorted(set(options) - {"poll_s"})
-    if unknown:
-        raise ValueError(f"{text}: unknown option(s) {', '.join(unknown)} (known: poll_s)")
-    poll_s = DEFAULT_POLL_S
-    if "poll_s" in options:
-        try:
-            poll_s = float(options["poll_s"])
-        except ValueError:
-            raise ValueError(f"{text}: poll_s must be a number") from None
-        if not 0 < poll_s <= 60:
-            raise ValueError(f"{text}: poll_s must be in (0, 60], got {poll_s:g}")
-    if parts.scheme == "sqlite":
-        path = parts.netloc + parts.path
-        if not path:
-            raise ValueError(f"{text}: no file path (sqlite:///path/to/rollout.db)")
-        return StateURL("sqlite", path=path, poll_s=poll_s)
-    if parts.scheme != "clickhouse":
-        raise ValueError(
-            f"{text}: unknown scheme {parts.scheme!r} (a path, sqlite:// or clickhouse://)"
-        )
-    if not parts.hostname:
-        raise ValueError(f"{text}: no host (clickhouse://host:8123/db)")
-    try:
-        port = parts.port or 8123
-    except ValueError:
-        raise ValueError(f"{text}: the port is not a number") from None
-    database = parts.path.strip("/") or "default"
-    if not database.replace("_", "").isalnum():
-        raise ValueError(f"{text}: database name {database!r} is not a plain identifier")
+    url = parse_url(
+        text, schemes=("sqlite", "clickhouse"), options=("poll_s",), sqlite_example="rollout.db"
+    )
+    poll_s = url.option("poll_s", DEFAULT_POLL_S, most=MAX_POLL_S)
+    if url.kind == "sqlite":
+        return StateURL("sqlite", path=url.path, poll_s=poll_s)
     return StateURL(
-        "clickhouse", host=parts.hostname, port=port, database=database,
-        user=urllib.parse.unquote(parts.username) if parts.username else None,
-        password=urllib.parse.unquote(parts.password) if parts.password else None,
-        poll_s=poll_s,
+        "clickhouse", host=url.host, port=url.port, database=url.database, user=url.user,
+        password=url.password, poll_s=poll_s,
     )  # fmt: skip
 
 

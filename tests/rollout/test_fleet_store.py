@@ -14,6 +14,7 @@ import pytest
 
 from core.procs import ChildProcess, free_port, wait_http_ready
 from policies.compiled import GuardSpec
+from records.stores import parse_store
 from rollout.fleet import decode, encode, local_spec, pooled_spec
 from rollout.guards import Observation
 from rollout.state import RuleState, Transition
@@ -153,10 +154,34 @@ def test_a_state_url_names_a_file_sqlite_or_clickhouse_and_a_bad_one_says_why() 
         ("clickhouse://ch/db;drop", "plain identifier"),
         ("redis://r/0", "unknown scheme"),
         ("sqlite:///x.db?poll=1", "unknown option"),
-        ("sqlite:///x.db?poll_s=0", "poll_s must be in"),
+        ("sqlite:///x.db?poll_s=0", r"\?poll_s= must be in \(0, 60\]"),
+        ("sqlite:///x.db?poll_s=often", r"\?poll_s= must be a number"),
     ]:
         with pytest.raises(ValueError, match=why):
             parse_state_url(bad)
+
+
+def test_state_and_record_store_urls_are_read_by_one_parser() -> None:
+    """``--state`` and ``--store`` name a ClickHouse server or a SQLite file alike: the same URL
+    gives the same server, and the same mistake the same line."""
+    text = "clickhouse://ops:pw@ch.internal:8124/fleet"
+    state, store = parse_state_url(text), parse_store(text)
+    assert (state.host, state.port, state.database, state.user, state.password) == (
+        store.host, store.port, store.database, store.user, store.password,
+    )  # fmt: skip
+    assert parse_state_url("sqlite:///a/b.db").path == parse_store("sqlite:///a/b.db").path
+
+    def error(parse: Callable[[str], object], text: str) -> str:
+        with pytest.raises(ValueError, match=r"^\S+: ") as caught:
+            parse(text)
+        return str(caught.value)
+
+    for bad in ("clickhouse:///db", "clickhouse://ch:port/db", "clickhouse://ch/db;drop"):
+        assert error(parse_state_url, bad) == error(parse_store, bad)
+    # The example path names what each store holds; the rest of the line is the same.
+    assert error(parse_state_url, "sqlite://").replace("rollout.db", "records.sqlite") == error(
+        parse_store, "sqlite://"
+    )
 
 
 def test_the_false_alarm_budget_sums_to_alpha_over_any_number_of_replicas() -> None:
