@@ -21,6 +21,33 @@ from tests.receivers.prometheus import prometheus_server
 # Fixtures defined in tests/receivers, made available to every test directory.
 __all__ = ["collector_file", "otlp_grpc_receiver", "otlp_http_receiver", "prometheus_server"]
 
+_SHARED_SCOPES = ("session", "package", "module", "class")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's ``--dist loadgroup`` (scripts/check), tests that share a wider-scoped
+    fixture of this suite (a ClickHouse server, a built wheel, vLLM servers) run on one worker, so
+    the fixture is built once per run, not once per worker. A test marked ``xdist_group`` keeps
+    its mark. Runs before xdist reads the marks (tryfirst)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = sorted(
+            f"{defs[-1].baseid or 'tests'}::{name}"
+            for name, defs in info.name2fixturedefs.items()
+            if defs
+            and defs[-1].scope in _SHARED_SCOPES
+            and (defs[-1].baseid or "").startswith("tests")
+        )
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+
 
 async def start_server(app: web.Application) -> TestServer:
     """A real listening server on 127.0.0.1 that cancels handlers on client disconnect."""

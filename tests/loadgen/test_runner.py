@@ -4,7 +4,6 @@ open-loop latency is measured from the scheduled send time, failures are results
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any
 
 import pytest
@@ -98,12 +97,10 @@ async def test_a_trace_timing_replay_keeps_the_traces_gaps_scaled():
         row["timestamp"] = 100.0 + i * 0.2
     config = SimConfig(prefill_base_s=0.0, step_s=0.0)
     async with run_simulator(config) as sim:
-        started = time.perf_counter()
         results = await run_loadgen(sim.base_url + "/v1", trace, replay_timing=True, time_scale=0.5)
-        wall = time.perf_counter() - started
     assert [r.scheduled_offset_s for r in results] == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    # None is sent before its scaled time (a late send is the machine's; an early one, a bug).
     assert all(r.sent_offset_s >= (r.scheduled_offset_s or 0) for r in results)
-    assert 0.3 <= wall < 2.0
 
 
 async def test_errors_are_recorded_per_request_and_never_raise():
@@ -137,9 +134,10 @@ async def test_non_streaming_requests_have_e2e_but_no_ttft():
 async def test_a_duration_limit_stops_a_closed_loop_run():
     config = SimConfig(prefill_base_s=0.02, step_s=0.0)
     async with run_simulator(config) as sim:
-        started = time.perf_counter()
         results = await run_loadgen(
             sim.base_url + "/v1", rows(3, max_tokens=1), duration_s=0.3, concurrency=2
         )
-        wall = time.perf_counter() - started
-    assert 4 <= len(results) <= 40 and wall < 1.5
+    # The run ended (the trace cycles: only the limit stops it) after going past the 3-row trace.
+    # Each request takes at least the simulator's 0.02 s prefill and no worker starts one after
+    # the limit, so two workers fit at most 2 × 16 in 0.3 s however slow the machine is.
+    assert 4 <= len(results) <= 32
