@@ -26,10 +26,15 @@ _SHARED_SCOPES = ("session", "package", "module", "class")
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's ``--dist loadgroup`` (scripts/check), tests that share a wider-scoped
+    """Timing tests run last in any one run (a tier that holds both kinds, such as vllm's, runs
+    its timing claims after its functional tests, on a machine its own tests no longer load);
+    the sort is stable, so a module stays in one block.
+
+    Under pytest-xdist's ``--dist loadgroup`` (scripts/check), tests that share a wider-scoped
     fixture of this suite (a ClickHouse server, a built wheel, vLLM servers) run on one worker, so
     the fixture is built once per run, not once per worker. A test marked ``xdist_group`` keeps
     its mark. Runs before xdist reads the marks (tryfirst)."""
+    items.sort(key=lambda item: item.get_closest_marker("timing") is not None)
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
