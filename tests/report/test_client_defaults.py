@@ -115,7 +115,9 @@ FAST = {"fast": ScriptedLLM(gap_s=0.016, tokens_per_event=2)}
 LONG = ANSWER * 2  # 96 tokens: a late event on a loaded machine weighs half as much
 
 
-async def default_and_usage_runs(gateway, servers, tmp_path):
+async def default_and_usage_runs(
+    gateway: Any, servers: Any, tmp_path: Any
+) -> tuple[dict[str, ScriptedLLM], list[Any], list[Any]]:
     """One run, the two client settings interleaved: a direct A/B at the same load."""
     fast = {"fast": dataclasses.replace(FAST["fast"], answer=LONG)}
     both = await traffic(
