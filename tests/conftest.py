@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +26,41 @@ from tests.receivers.prometheus import prometheus_server
 __all__ = ["collector_file", "otlp_grpc_receiver", "otlp_http_receiver", "prometheus_server"]
 
 _SHARED_SCOPES = ("session", "package", "module", "class")
+# The node id of the last test before the run's first timing test ("" when that one is first).
+_BEFORE_TIMING = pytest.StashKey[str]()
+
+
+def _wait_for_timing_gate() -> None:
+    """``SPECSHADOW_TIMING_GATE=PATH`` (set by scripts/check on the vllm tier, which runs beside
+    the other tiers): timing tests start only once PATH exists, when nothing else loads the
+    machine. Waited for between tests, outside any test's timeout."""
+    gate = os.environ.get("SPECSHADOW_TIMING_GATE")
+    if not gate:
+        return
+    path = Path(gate)
+    if not path.exists():
+        sys.stderr.write(f"\ntiming tests wait for {gate} (the other tiers to finish)\n")
+    while not path.exists():
+        time.sleep(1.0)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.stash.get(_BEFORE_TIMING, None) == "":
+        _wait_for_timing_gate()
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    # Called after a test's whole protocol (setup, call, teardown), outside its timeout.
+    config = _CONFIG[0] if _CONFIG else None
+    if config is not None and nodeid == config.stash.get(_BEFORE_TIMING, None):
+        _wait_for_timing_gate()
+
+
+_CONFIG: list[pytest.Config] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _CONFIG.append(config)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -35,6 +74,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the fixture is built once per run, not once per worker. A test marked ``xdist_group`` keeps
     its mark. Runs before xdist reads the marks (tryfirst)."""
     items.sort(key=lambda item: item.get_closest_marker("timing") is not None)
+    first_timing = next(
+        (i for i, item in enumerate(items) if item.get_closest_marker("timing") is not None), None
+    )
+    if first_timing is not None:
+        config.stash[_BEFORE_TIMING] = items[first_timing - 1].nodeid if first_timing else ""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
