@@ -25,7 +25,6 @@ from tests.receivers.prometheus import prometheus_server
 # Fixtures defined in tests/receivers, made available to every test directory.
 __all__ = ["collector_file", "otlp_grpc_receiver", "otlp_http_receiver", "prometheus_server"]
 
-_SHARED_SCOPES = ("session", "package", "module", "class")
 # The node id of the last test before the run's first timing test ("" when that one is first).
 _BEFORE_TIMING = pytest.StashKey[str]()
 
@@ -87,15 +86,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         info = getattr(item, "_fixtureinfo", None)
         if info is None:
             continue
-        shared = sorted(
-            f"{defs[-1].baseid or 'tests'}::{name}"
-            for name, defs in info.name2fixturedefs.items()
-            if defs
-            and defs[-1].scope in _SHARED_SCOPES
-            and (defs[-1].baseid or "").startswith("tests")
-        )
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(shared[0]))
+        # A session- or package-scoped fixture groups by its name, across modules; a module- or
+        # class-scoped one by the module, so every test of a module that builds one (or two,
+        # one on the other) runs where it was built.
+        wide, narrow = [], []
+        for name, defs in info.name2fixturedefs.items():
+            if not defs or not (defs[-1].baseid or "").startswith("tests"):
+                continue
+            if defs[-1].scope in ("session", "package"):
+                wide.append(f"{defs[-1].baseid}::{name}")
+            elif defs[-1].scope in ("module", "class"):
+                narrow.append(item.nodeid.split("::", 1)[0])
+        group = sorted(wide)[0] if wide else narrow[0] if narrow else None
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 async def start_server(app: web.Application) -> TestServer:
