@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +24,82 @@ from tests.receivers.prometheus import prometheus_server
 
 # Fixtures defined in tests/receivers, made available to every test directory.
 __all__ = ["collector_file", "otlp_grpc_receiver", "otlp_http_receiver", "prometheus_server"]
+
+# The node id of the last test before the run's first timing test ("" when that one is first).
+_BEFORE_TIMING = pytest.StashKey[str]()
+
+
+def _wait_for_timing_gate() -> None:
+    """``SPECSHADOW_TIMING_GATE=PATH`` (set by scripts/check on the vllm tier, which runs beside
+    the other tiers): timing tests start only once PATH exists, when nothing else loads the
+    machine. Waited for between tests, outside any test's timeout."""
+    gate = os.environ.get("SPECSHADOW_TIMING_GATE")
+    if not gate:
+        return
+    path = Path(gate)
+    if not path.exists():
+        sys.stderr.write(f"\ntiming tests wait for {gate} (the other tiers to finish)\n")
+    while not path.exists():
+        time.sleep(1.0)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.stash.get(_BEFORE_TIMING, None) == "":
+        _wait_for_timing_gate()
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    # Called after a test's whole protocol (setup, call, teardown), outside its timeout.
+    config = _CONFIG[0] if _CONFIG else None
+    if config is not None and nodeid == config.stash.get(_BEFORE_TIMING, None):
+        _wait_for_timing_gate()
+
+
+_CONFIG: list[pytest.Config] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _CONFIG.append(config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Timing tests run last in any one run (a tier that holds both kinds, such as vllm's, runs
+    its timing claims after its functional tests, on a machine its own tests no longer load);
+    the sort is stable, so a module stays in one block.
+
+    Under pytest-xdist's ``--dist loadgroup`` (scripts/check), tests that share a wider-scoped
+    fixture of this suite (a ClickHouse server, a built wheel, vLLM servers) run on one worker, so
+    the fixture is built once per run, not once per worker. A test marked ``xdist_group`` keeps
+    its mark. Runs before xdist reads the marks (tryfirst)."""
+    items.sort(key=lambda item: item.get_closest_marker("timing") is not None)
+    first_timing = next(
+        (i for i, item in enumerate(items) if item.get_closest_marker("timing") is not None), None
+    )
+    if first_timing is not None:
+        config.stash[_BEFORE_TIMING] = items[first_timing - 1].nodeid if first_timing else ""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        # A session- or package-scoped fixture groups by its name, across modules; a module- or
+        # class-scoped one by the module, so every test of a module that builds one (or two,
+        # one on the other) runs where it was built.
+        wide, narrow = [], []
+        for name, defs in info.name2fixturedefs.items():
+            if not defs or not (defs[-1].baseid or "").startswith("tests"):
+                continue
+            if defs[-1].scope in ("session", "package"):
+                wide.append(f"{defs[-1].baseid}::{name}")
+            elif defs[-1].scope in ("module", "class"):
+                narrow.append(item.nodeid.split("::", 1)[0])
+        group = sorted(wide)[0] if wide else narrow[0] if narrow else None
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 async def start_server(app: web.Application) -> TestServer:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 
 from core.exchange import Exchange, RequestId
 from core.sinks import FanoutSink, ThreadedSink
@@ -35,9 +34,7 @@ def test_join_wakes_the_worker_instead_of_waiting_for_its_interval() -> None:
     sink = ThreadedSink("t", seen.append, interval_s=30.0)
     try:
         sink.submit(exchange_with(request_id="now"))
-        started = time.monotonic()
-        assert sink.join(5.0)
-        assert time.monotonic() - started < 5.0
+        assert sink.join(5.0)  # True: drained, where waiting for the 30 s interval is False
     finally:
         sink.close()
     assert [e.request_id for e in seen] == ["now"]

@@ -14,7 +14,9 @@ from records.readback import read_records
 from report.analysis import ALL, Analysis, analyze
 from tests.e2e.loadtrue import direct_ab, mirrored, processes
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+# Every test here holds a measured speed-up to the truth a direct A/B measures on the wall clock:
+# the timing tier (docs/testing.md), run alone, once.
+pytestmark = [pytest.mark.e2e, pytest.mark.timing, pytest.mark.timeout(900)]
 
 HIGH, LOW, OVER = 19.0, 4.0, 25.0  # requests/s: speculation loses / wins / cannot keep up
 SWEEP_RATE = 20.0

@@ -62,6 +62,8 @@ def test_request_traits_count_users_and_see_json_mode():
     assert t.json_mode and not t.has_tools and t.user_messages == 2 and t.prompt_chars == 5
 
 
+# A cost on the wall clock: the timing tier (docs/testing.md).
+@pytest.mark.timing
 def test_classifying_a_huge_prompt_stays_cheap():
     import time
 

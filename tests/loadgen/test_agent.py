@@ -60,7 +60,7 @@ async def test_fan_outs_go_together_and_tool_time_separates_the_steps() -> None:
     rec = Recorder()
     run = await run_agent(rec, SHAPE)
     first, fan, last = run.calls[0], run.calls[1:4], run.calls[4]
-    assert max(c.start_s for c in fan) - min(c.start_s for c in fan) < CALL_S / 2
+    assert max(c.start_s for c in fan) < min(c.end_s for c in fan)  # all sent before any answer
     assert min(c.start_s for c in fan) >= first.end_s + 0.15
     assert last.start_s >= max(c.end_s for c in fan) + 0.1
     # the run's wall time holds the scripted tool time and each step's call once

@@ -4,7 +4,6 @@ open-loop latency is measured from the scheduled send time, failures are results
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any
 
 import pytest
@@ -88,8 +87,9 @@ async def test_open_loop_latency_is_measured_from_the_scheduled_time_so_queueing
     delays = [r.send_delay_s for r in results]
     if client_cap == 1:  # the client itself held requests back: that wait is in e2e, not hidden
         assert delays[-1] > 0.12
-    else:
-        assert max(delays) < 0.05
+    else:  # nothing held back: the later requests went out while earlier ones still queued
+        done = [(r.scheduled_offset_s or 0.0) + e for r, e in zip(results, e2e, strict=True)]
+        assert all(results[i].sent_offset_s < done[i - 1] for i in range(n // 2, n)), delays
 
 
 async def test_a_trace_timing_replay_keeps_the_traces_gaps_scaled():
@@ -98,12 +98,10 @@ async def test_a_trace_timing_replay_keeps_the_traces_gaps_scaled():
         row["timestamp"] = 100.0 + i * 0.2
     config = SimConfig(prefill_base_s=0.0, step_s=0.0)
     async with run_simulator(config) as sim:
-        started = time.perf_counter()
         results = await run_loadgen(sim.base_url + "/v1", trace, replay_timing=True, time_scale=0.5)
-        wall = time.perf_counter() - started
     assert [r.scheduled_offset_s for r in results] == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    # None is sent before its scaled time (a late send is the machine's; an early one, a bug).
     assert all(r.sent_offset_s >= (r.scheduled_offset_s or 0) for r in results)
-    assert 0.3 <= wall < 2.0
 
 
 async def test_errors_are_recorded_per_request_and_never_raise():
@@ -137,9 +135,10 @@ async def test_non_streaming_requests_have_e2e_but_no_ttft():
 async def test_a_duration_limit_stops_a_closed_loop_run():
     config = SimConfig(prefill_base_s=0.02, step_s=0.0)
     async with run_simulator(config) as sim:
-        started = time.perf_counter()
         results = await run_loadgen(
             sim.base_url + "/v1", rows(3, max_tokens=1), duration_s=0.3, concurrency=2
         )
-        wall = time.perf_counter() - started
-    assert 4 <= len(results) <= 40 and wall < 1.5
+    # The run ended (the trace cycles: only the limit stops it) after going past the 3-row trace.
+    # Each request takes at least the simulator's 0.02 s prefill and no worker starts one after
+    # the limit, so two workers fit at most 2 × 16 in 0.3 s however slow the machine is.
+    assert 4 <= len(results) <= 32

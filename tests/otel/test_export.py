@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from otel import semconv as sc
 from otel.settings import TelemetrySettings
 from otel.setup import build_telemetry
@@ -91,6 +93,8 @@ def test_shutdown_flushes_spans_still_queued(otlp_http_receiver: OtlpHttpReceive
     assert len(otlp_http_receiver.collected.snapshot_spans()) == 4
 
 
+# Wall-clock bounds (median and slowest record call, shutdown): the timing tier (docs/testing.md).
+@pytest.mark.timing
 def test_a_black_holed_collector_adds_no_latency_and_shutdown_keeps_its_bound() -> None:
     """Record calls must not wait on the collector: a blocked path would take the 10 s export timeout.
 

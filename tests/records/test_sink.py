@@ -75,10 +75,8 @@ async def test_every_submitted_exchange_becomes_one_record_with_the_promised_fie
 async def test_submit_never_blocks_and_drops_when_the_queue_is_full(tmp_path: Path) -> None:
     sink, writer = pipeline(tmp_path / "r.db", queue_size=5)
     ex = exchange()
-    started = time.perf_counter()
     for _ in range(1000):
-        sink.submit(ex)  # not started: nothing drains the queue
-    assert time.perf_counter() - started < 0.5
+        sink.submit(ex)  # not started: nothing drains the queue, so a blocking submit would hang
     assert sink.submitted == 5 and sink.dropped == 995
     await sink.start()
     assert await sink.flush()

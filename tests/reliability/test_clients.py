@@ -122,6 +122,8 @@ async def test_slow_readers_keep_a_real_gateway_process_memory_bounded(
     assert (peak_kib - baseline_kib) / 1024 < 48, (baseline_kib, peak_kib)
 
 
+# The latency of a request among 2,000 idle connections is a wall-clock bound: the timing tier.
+@pytest.mark.timing
 @pytest.mark.e2e
 async def test_thousands_of_idle_keep_alive_connections_cost_nothing_and_leak_nothing(
     sims, record_property

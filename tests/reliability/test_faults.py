@@ -123,7 +123,6 @@ async def test_a_failing_primary_reaches_the_client_as_its_own_failure_and_is_re
     async with aiohttp.ClientSession() as session:
         if fault not in ("refused", "hang_before_headers", "hang_after=3"):
             direct = await fetch(session, primary_url, body)
-        started_ns = time.perf_counter_ns()
         reply = await fetch(session, gw.url, body)
     assert reply.status == status
     assert (reply.error is not None) == cut
@@ -135,9 +134,8 @@ async def test_a_failing_primary_reaches_the_client_as_its_own_failure_and_is_re
     assert b"[DONE]" not in reply.body or not cut
     (exchange,) = await wait_for_exchanges(gw.sink, 1)
     assert exchange.primary.outcome == outcome
-    # The healthy shadow ran and is in the same exchange; it did not hold the record back long.
+    # The healthy shadow ran and is in the same exchange.
     assert [s.outcome for s in exchange.shadows] == ["completed"]
-    assert (time.perf_counter_ns() - started_ns) / 1e9 < 5
 
 
 async def test_a_hung_shadow_cannot_hold_a_failed_exchange_past_its_deadline(
@@ -148,14 +146,16 @@ async def test_a_hung_shadow_cannot_hold_a_failed_exchange_past_its_deadline(
     text = shadow_policy(primary.base_url, hung.base_url, idle_s=60, total_s=0.5)
     gw = await gateway(None, policy_path=write_policy(text))
     async with aiohttp.ClientSession() as session:
-        started = time.perf_counter()
         reply = await fetch(session, gw.url, chat(stream=True))
         assert reply.status == 500
-        assert time.perf_counter() - started < 0.4  # the client never waits for the shadow
     exchange = await gw.sink.wait_for(timeout_s=5)
     assert exchange.primary.outcome == "upstream_status"
-    assert [s.outcome for s in exchange.shadows] == ["deadline"]
-    assert time.perf_counter() - started < 3
+    (shadow,) = exchange.shadows
+    assert shadow.outcome == "deadline"
+    # Order, on one clock (the gateway runs in this process): the client had its whole reply, and
+    # the primary leg had ended, before the shadow was cut at its 0.5 s deadline — the client
+    # never waited for the shadow; the outcome says the deadline, not the 60 s idle, ended it.
+    assert exchange.primary.end_ns < shadow.end_ns and reply.done_ns < shadow.end_ns
 
 
 # -- the collector ------------------------------------------------------------------------------
@@ -173,6 +173,9 @@ async def _median_e2e_s(url: str, n: int) -> float:
     return statistics.median(samples)
 
 
+# A latency ratio on the wall clock (median e2e with the dead collector against without): the
+# timing tier, run alone (docs/testing.md).
+@pytest.mark.timing
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 @pytest.mark.parametrize("collector", ["down", "black_hole"])
 async def test_a_dead_or_black_holed_collector_costs_the_primary_nothing(

@@ -112,12 +112,13 @@ def verdict_all(cand: Any) -> Any:
 
 
 FAST = {"fast": ScriptedLLM(gap_s=0.016, tokens_per_event=2)}
-TRUTH = ScriptedLLM().tpot_s() / FAST["fast"].tpot_s()  # 2.55 by the scripts
 LONG = ANSWER * 2  # 96 tokens: a late event on a loaded machine weighs half as much
 
 
-async def test_the_sdk_defaults_give_the_verdict_include_usage_gives(gateway, servers, tmp_path):
-    # One run, the two client settings interleaved: a direct A/B at the same load.
+async def default_and_usage_runs(
+    gateway: Any, servers: Any, tmp_path: Any
+) -> tuple[dict[str, ScriptedLLM], list[Any], list[Any]]:
+    """One run, the two client settings interleaved: a direct A/B at the same load."""
     fast = {"fast": dataclasses.replace(FAST["fast"], answer=LONG)}
     both = await traffic(
         gateway, servers, tmp_path, candidates=fast, include_usage=None, requests=48, answer=LONG
@@ -125,6 +126,13 @@ async def test_the_sdk_defaults_give_the_verdict_include_usage_gives(gateway, se
     default = [r for r in both if str(r["request_id"]).startswith("d")]
     with_usage = [r for r in both if str(r["request_id"]).startswith("u")]
     assert len(default) == len(with_usage) == 24
+    return fast, default, with_usage
+
+
+async def test_the_sdk_defaults_give_the_counts_and_equivalence_include_usage_gives(
+    gateway, servers, tmp_path
+):
+    _fast, default, with_usage = await default_and_usage_runs(gateway, servers, tmp_path)
 
     # Each leg says where its count came from: the primary's stream had no usage, so it takes
     # the count of the candidate that answered the very same bytes.
@@ -148,15 +156,24 @@ async def test_the_sdk_defaults_give_the_verdict_include_usage_gives(gateway, se
     assert said["usage"].sentence() is None
     assert any(line.kind == "counts" for line in front(analyze(default)))
 
-    speedups = {}
     for name, records in (("default", default), ("include_usage", with_usage)):
         cand = candidate_backend(analyze(records))
-        v = verdict_all(cand)
-        assert v.decision != "do_not_adopt", (name, v.reasons)
         for eq in cand.equivalence.values():
             assert eq.verdict != "not_equivalent", (name, eq.summary())
             length = eq.metrics.get("length_ratio")
             assert length is None or length.difference == pytest.approx(0.0, abs=1e-12)
+        assert verdict_all(cand).tpot is not None
+
+
+# The measured TPOT speed-up of each client setting, held to the other's and to the scripts'
+# truth on the wall clock: the timing tier (docs/testing.md).
+@pytest.mark.timing
+async def test_the_sdk_defaults_give_the_verdict_include_usage_gives(gateway, servers, tmp_path):
+    fast, default, with_usage = await default_and_usage_runs(gateway, servers, tmp_path)
+    speedups = {}
+    for name, records in (("default", default), ("include_usage", with_usage)):
+        v = verdict_all(candidate_backend(analyze(records)))
+        assert v.decision != "do_not_adopt", (name, v.reasons)
         assert v.tpot is not None
         speedups[name] = v.tpot.point
     assert speedups["default"] == pytest.approx(speedups["include_usage"], rel=0.05)
@@ -180,8 +197,8 @@ async def test_byte_identical_outputs_are_never_judged_different(
     cand = candidate_backend(analyze(records))
     for eq in cand.equivalence.values():
         assert eq.verdict != "not_equivalent", eq.summary()
-    if stream:
-        assert verdict_all(cand).tpot.point == pytest.approx(TRUTH, rel=0.15)
+    if stream:  # the counts above make TPOT a figure (its value against the truth: timing tier)
+        assert verdict_all(cand).tpot is not None
 
 
 async def test_three_candidates_without_usage_recommend_the_fast_lossless_one(

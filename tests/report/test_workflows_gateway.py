@@ -112,6 +112,8 @@ def measured(prod: list[AgentRun], cand: list[AgentRun]) -> float:
     return sum(r.wall_s for r in prod) / sum(r.wall_s for r in cand)
 
 
+# A projected speed-up held to the measured one on the wall clock (±10 %): the timing tier.
+@pytest.mark.timing
 async def test_projected_run_speedup_matches_the_runs_sent_to_the_candidate(
     upstreams: tuple[str, str], tmp_path: Path
 ) -> None:

@@ -390,6 +390,8 @@ def test_top_p_is_honoured_no_token_outside_the_nucleus_is_ever_drawn():
             assert all(x > -math.inf for x in lp)
 
 
+# A cost on the wall clock: the timing tier (docs/testing.md).
+@pytest.mark.timing
 def test_drawing_256_tokens_is_cheap():
     model = TokenModel.of(min_tokens=256, max_tokens=256)
     d = digest(b"speed")

@@ -7,6 +7,11 @@ second plain server: the noise floor), ``ngram`` and ``draft`` (the candidates).
 asserts that they left no process and no work folder behind. Every vLLM test module shares them,
 so the session pays for one start.
 
+A test that needs another configuration asks ``vllm_server(name)`` for it, by the name of one of
+:data:`EXTRA_SPECS` (or of the four): the server starts on the first ask and every later ask, from
+any module, gets the same one. At most :data:`MAX_EXTRAS` extra servers run at once (each holds
+about 3 GB): asking for another stops the one asked for least recently.
+
 Set ``SPECSHADOW_SKIP_VLLM=1`` to skip these tests on a machine that cannot host vLLM; nothing
 else skips them. For a quick edit-and-rerun loop, ``SPECSHADOW_VLLM_URLS=plain=URL,ngram=URL,
 draft=URL[,baseline=URL]`` reuses running servers (e.g. ``specshadow vllm up``; without
@@ -16,6 +21,7 @@ counter-agreement tests see foreign traffic.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,16 +56,27 @@ SERVER_SPECS = (
     VllmServerSpec("ngram", "ngram"),
     VllmServerSpec("draft", "draft"),
 )
+# Configurations some tests need beyond the four, started on the first ask (``vllm_server``).
+EXTRA_SPECS = {
+    spec.name: spec
+    for spec in (
+        # The draft model served plainly under the target's name: "another model" (test_quality).
+        VllmServerSpec("other", "plain", weights="draft"),
+        # n-gram at depth 2: what vLLM reports at another depth (test_counterfactual).
+        VllmServerSpec("ngram-k2", "ngram", num_speculative_tokens=2),
+    )
+}
+MAX_EXTRAS = 1
 
 
 def reused_servers(text: str, env: VllmEnv) -> dict[str, VllmServer]:
     """``name=URL,...`` → never-launched :class:`VllmServer` handles (stop() is a no-op on them)."""
-    configs = {spec.name: spec.config for spec in SERVER_SPECS}
+    specs = {spec.name: spec for spec in (*SERVER_SPECS, *EXTRA_SPECS.values())}
     out: dict[str, VllmServer] = {}
     for item in text.split(","):
         name, _, url = item.partition("=")
         port = int(url.rstrip("/").removesuffix("/v1").rsplit(":", 1)[1])
-        out[name] = VllmServer(VllmServerSpec(name, configs[name], port=port), env)
+        out[name] = VllmServer(dataclasses.replace(specs[name], port=port), env)
     out.setdefault("baseline", out["plain"])
     return out
 
@@ -80,6 +97,54 @@ def vllm_servers(vllm_env: VllmEnv) -> Iterator[dict[str, VllmServer]]:
     stray = {name: session_pids(pid) for name, pid in leaders.items() if pid is not None}
     assert all(not pids for pids in stray.values()), f"stray vLLM processes: {stray}"
     assert all(d is not None and not d.exists() for d in work_dirs), work_dirs
+
+
+class VllmServerPool:
+    """The run's vLLM servers by configuration name: the four of ``vllm_servers`` and the
+    :data:`EXTRA_SPECS` started on demand (at most :data:`MAX_EXTRAS` at once)."""
+
+    def __init__(self, env: VllmEnv, servers: dict[str, VllmServer]) -> None:
+        self.env = env
+        self.servers = servers
+        self.extras: dict[str, VllmServer] = {}  # least recently asked first
+        self.started: list[tuple[str, int | None, Path | None]] = []
+
+    def __call__(self, name: str) -> VllmServer:
+        if name in self.servers:
+            return self.servers[name]
+        if name in self.extras:
+            self.extras[name] = self.extras.pop(name)  # now the most recently asked
+            return self.extras[name]
+        spec = EXTRA_SPECS[name]  # a KeyError names a configuration nobody declared
+        while len(self.extras) >= MAX_EXTRAS:
+            oldest = next(iter(self.extras))
+            stop_servers([self.extras.pop(oldest)])
+        (server,) = start_servers([spec], self.env)
+        self.started.append((name, server.pid, server.work_dir))
+        self.extras[name] = server
+        return server
+
+    def close(self) -> None:
+        stop_servers(list(self.extras.values()))
+        self.extras.clear()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_env: VllmEnv, vllm_servers: dict[str, VllmServer]) -> Iterator[VllmServerPool]:
+    """``vllm_server("other")``: a configuration's shared server, started on the first ask."""
+    reuse = os.environ.get("SPECSHADOW_VLLM_URLS")
+    pool = VllmServerPool(vllm_env, vllm_servers)
+    if reuse:  # extras named in the list are reused too; others start here
+        pool.servers.update(
+            {k: v for k, v in reused_servers(reuse, vllm_env).items() if k in EXTRA_SPECS}
+        )
+    try:
+        yield pool
+    finally:
+        pool.close()
+    stray = {name: session_pids(pid) for name, pid, _ in pool.started if pid is not None}
+    assert all(not pids for pids in stray.values()), f"stray vLLM processes: {stray}"
+    assert all(d is None or not d.exists() for _, _, d in pool.started), pool.started
 
 
 def trace_requests(

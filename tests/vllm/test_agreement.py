@@ -28,7 +28,9 @@ from backends.setup import VllmEnv
 from loadgen.trace import bundled_trace
 from specshadow.agreement import Agreement, dataset_prompts, format_agreement, run_agreement
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
+# Offsets and gaps in milliseconds on the wall clock: timing claims. They run in the vllm tier
+# (they need its servers), after its functional tests, once and never retried.
+pytestmark = [pytest.mark.vllm, pytest.mark.timing, pytest.mark.timeout(1800)]
 
 REQUESTS = 24
 TTFT_OFFSET_MAX_MS = 10.0

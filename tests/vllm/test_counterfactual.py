@@ -24,7 +24,7 @@ from typing import Any
 import openai
 import pytest
 
-from backends.server import SERVED_MODEL_NAME, VllmServer, VllmServerSpec, running_servers
+from backends.server import SERVED_MODEL_NAME, VllmServer
 from backends.setup import VllmEnv
 from core import jsonx
 from core.exchange import Exchange
@@ -37,7 +37,7 @@ from records.reader import read
 from records.sqlite_store import query_records
 from specshadow.inprocess import running_gateway
 from specshadow.main import main as cli_main
-from tests.vllm.conftest import trace_requests
+from tests.vllm.conftest import VllmServerPool, trace_requests
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 
@@ -268,19 +268,17 @@ def test_the_live_configuration_is_predicted_within_the_stated_tolerances(
 
 @pytest.fixture(scope="module")
 def at_k2(
-    vllm_env: VllmEnv,
     vllm_servers: dict[str, VllmServer],
+    vllm_server: VllmServerPool,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, Any]:
     """The same traffic through a second n-gram server at k = 2: what vLLM reports there."""
-    with running_servers(
-        [VllmServerSpec("ngram-k2", "ngram", num_speculative_tokens=2)], vllm_env
-    ) as (k2,):
-        store = tmp_path_factory.mktemp("cf-k2") / "r.sqlite"
-        # One copy of the sampled requests is enough here: the bounds are held on greedy ones.
-        asyncio.run(
-            run({**vllm_servers, "ngram-k2": k2}, store, candidate="ngram-k2", sampled_copies=1)
-        )
+    k2 = vllm_server("ngram-k2")  # the run's shared k = 2 server
+    store = tmp_path_factory.mktemp("cf-k2") / "r.sqlite"
+    # One copy of the sampled requests is enough here: the bounds are held on greedy ones.
+    asyncio.run(
+        run({**vllm_servers, "ngram-k2": k2}, store, candidate="ngram-k2", sampled_copies=1)
+    )
     (live,) = build_matrix(lambda: iter_records([store])).live
     return live
 

@@ -31,8 +31,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from backends.server import SERVED_MODEL_NAME, VllmServer, VllmServerSpec, running_servers
-from backends.setup import VllmEnv
+from backends.server import SERVED_MODEL_NAME, VllmServer
 from core import jsonx
 from core.exchange import Exchange
 from core.sinks import MemorySink
@@ -44,7 +43,7 @@ from report.analysis import Analysis, analyze
 from specshadow.app import build_app
 from specshadow.inprocess import running_gateway
 from tests.conftest import start_server
-from tests.vllm.conftest import trace_requests
+from tests.vllm.conftest import VllmServerPool, trace_requests
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
 
@@ -143,27 +142,27 @@ async def run(urls: Mapping[str, str], store: Path) -> None:
 
 @pytest.fixture(scope="module")
 def quality_records(
-    vllm_env: VllmEnv,
     vllm_servers: dict[str, VllmServer],
+    vllm_server: VllmServerPool,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> list[dict[str, Any]]:
     store = tmp_path_factory.mktemp("quality") / "r.sqlite"
-    with running_servers([VllmServerSpec("other", "plain", weights="draft")], vllm_env) as (other,):
+    other = vllm_server("other")  # the run's shared "another model" server
 
-        async def go() -> None:
-            async with greedy_proxy(vllm_servers["baseline"].base_url) as greedy:
-                await run(
-                    {
-                        "plain": vllm_servers["plain"].base_url,
-                        "baseline": vllm_servers["baseline"].base_url,
-                        "ngram": vllm_servers["ngram"].base_url,
-                        "other": other.base_url,
-                        "greedy": greedy,
-                    },
-                    store,
-                )
+    async def go() -> None:
+        async with greedy_proxy(vllm_servers["baseline"].base_url) as greedy:
+            await run(
+                {
+                    "plain": vllm_servers["plain"].base_url,
+                    "baseline": vllm_servers["baseline"].base_url,
+                    "ngram": vllm_servers["ngram"].base_url,
+                    "other": other.base_url,
+                    "greedy": greedy,
+                },
+                store,
+            )
 
-        asyncio.run(go())
+    asyncio.run(go())
     records = list(query_records(store))
     assert len(records) == EXCHANGES
     return records

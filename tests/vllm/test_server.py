@@ -157,7 +157,8 @@ def test_a_server_that_exits_at_once_fails_with_its_log_tail_and_leaves_nothing(
 
 
 def test_stop_kills_a_process_group_that_ignores_sigterm(tmp_path: Path) -> None:
-    env = fake_env(tmp_path, python_script="trap '' TERM; sleep 60 & sleep 60; wait")
+    # The sleeps outlast the test's timeout: stop() returns in time only by killing them.
+    env = fake_env(tmp_path, python_script="trap '' TERM; sleep 600 & sleep 600; wait")
     server = VllmServer(VllmServerSpec("stubborn", "plain"), env)
     server.launch()
     leader, work_dir = server.pid, server.work_dir
@@ -167,9 +168,7 @@ def test_stop_kills_a_process_group_that_ignores_sigterm(tmp_path: Path) -> None
     while len(session_pids(leader)) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(server.process_ids()) == 3  # the shell and its two sleeps
-    started_ns = time.perf_counter_ns()
     server.stop(timeout_s=0.5)
-    assert (time.perf_counter_ns() - started_ns) / 1e9 < 5
     assert session_pids(leader) == []
     assert not work_dir.exists()
 
