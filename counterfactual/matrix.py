@@ -317,6 +317,9 @@ def build_matrix(
             if c is None or c not in results or drafts is None or accepted is None:
                 continue
             check = checks.setdefault((leg.backend, c), LiveCheck(leg.backend, c))
+            spec = leg.speculative
+            if spec is not None and spec.adaptive_verification:
+                check.upper_bound = True
             own = own_ids.get(check.backend) or None  # the reader's {backend: generated ids}
             check.add(
                 greedy,

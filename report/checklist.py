@@ -206,10 +206,10 @@ def cross_vocabulary_gate(c: CandidateAnalysis) -> list[str]:
         "and holds for the mix of greedy and sampled requests measured here, not for another.",
         f"Cross-vocabulary gate for {c.label}: tokenizer translation. Draft tokens are mapped "
         "through the vocabularies' intersection (token-level intersection): a target token "
-        "outside it can never be accepted. Check the counterfactual's TLI and SLEM rows for "
-        "this drafter per category before shipping (specshadow counterfactual "
-        "--drafter-tokenizer).",
+        "outside it can never be accepted. Count, per category, the output tokens outside the "
+        "shared vocabulary before shipping (specshadow counterfactual --drafter-vocab with the "
+        "intersection's target ids): each is a guaranteed rejection.",
         f"Cross-vocabulary gate for {c.label}: acceptance cost. Mean acceptance length "
-        f"{measured}; roll back if it falls below the counterfactual TLI prediction's interval "
-        "(the translation, not the drafter, is then losing drafts).",
+        f"{measured}; roll back if it falls below the value measured in shadow (traffic with "
+        "more tokens outside the shared vocabulary loses drafts to the translation).",
     ]
