@@ -70,7 +70,8 @@ class SpeculativeSpec:
     ``method``: the proposer (``ngram``, ``draft_model``, ``eagle3``, ``mtp``, …);
     ``num_speculative_tokens``: the draft depth k (0: speculation off); ``label``: how reports
     name this candidate; ``verification``: see :data:`Verification`; ``prompt_lookup_min`` /
-    ``prompt_lookup_max``: an n-gram proposer's lookup window.
+    ``prompt_lookup_max``: an n-gram proposer's lookup window; ``cross_vocabulary``: the drafter
+    has its own tokenizer (vLLM's ``use_heterogeneous_vocab``).
     """
 
     method: str | None = None
@@ -79,6 +80,7 @@ class SpeculativeSpec:
     verification: Verification | None = None
     prompt_lookup_min: int | None = None  # n-gram proposers: the lookup window
     prompt_lookup_max: int | None = None
+    cross_vocabulary: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

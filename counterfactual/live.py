@@ -10,7 +10,9 @@ Under batching it need not: engines are not batch-invariant, and on real vLLM 20
 answers drifted from production's after ~35 characters with back-to-back traffic. So the greedy
 rule compares only the greedy requests whose candidate output equals production's (by ids where
 the token tap kept the candidate's, else by the output's hash), says how many drifted, and lets
-the engine check judge the rest. A baseline leg (a second plain server) that drifted on greedy
+the engine check judge the rest. **Adaptive verification** (vLLM's ``enable_adaptive_verification``:
+each step verifies a budget chosen per request, at most the configured depth): the fixed-depth
+replay is then an upper bound, so the check flags only a measured acceptance above it. A baseline leg (a second plain server) that drifted on greedy
 requests too says the drift is the engines', not the replay's: the note says so, and drift never
 raises the flag.
 """
@@ -62,6 +64,8 @@ class LiveCheck:
     # the baseline's own greedy divergence on the same requests: (greedy with a baseline, drifted).
     drifted: int = 0
     baseline: list[int] = field(default_factory=lambda: [0, 0])
+    # The backend verifies an adaptive budget: the configured depth is a cap, the replay a bound.
+    upper_bound: bool = False
 
     def add(
         self,
@@ -126,17 +130,23 @@ def baseline_agrees(
 
 
 def live_json(check: LiveCheck) -> dict[str, Any]:
+    bound = check.upper_bound
     out = {
         "backend": check.backend,
         **config_json(check.config),
-        **compare(check.predicted, check.measured),
+        **compare(check.predicted, check.measured, upper_bound=bound),
+        "adaptive_verification": bound,
     }
     for kind in ("greedy", "sampled"):
         pair = check.by_kind.get(kind)
         out[kind] = (
             None
             if pair is None
-            else compare(*pair, paired=check.sampled_pairs if kind == "sampled" else None)
+            else compare(
+                *pair,
+                paired=check.sampled_pairs if kind == "sampled" and not bound else None,
+                upper_bound=bound,
+            )
         )
     # The pooled figures mix exact (greedy) and in-expectation (sampled) agreement: the flag is
     # each kind's own rule's.
@@ -149,7 +159,7 @@ def live_json(check: LiveCheck) -> dict[str, Any]:
         if flagged
         else "predicted and measured agree on every kind of request"
     )
-    out["engine_check"] = compare(*check.engine) if check.engine[0].n else None
+    out["engine_check"] = compare(*check.engine, upper_bound=bound) if check.engine[0].n else None
     out["drift"] = _drift_json(check)
     sampled = out["sampled"]
     engine = out["engine_check"]
@@ -213,13 +223,16 @@ def compare(
     predicted_stats: RatioStats,
     measured_stats: RatioStats,
     paired: list[tuple[float, float, float, float]] | None = None,
+    *,
+    upper_bound: bool = False,
 ) -> dict[str, Any]:
     """Predicted against measured. Exact per request (greedy, the engine check): the flag is two
     95 % intervals that do not overlap. Sampled (``paired``): the candidate answered other draws
     than production's, so agreement holds only in expectation and per-request acceptance is
     mostly zero with a few large values — a delta-method interval there can have no width at all
     (48 requests, none accepted anything). The flag is then a paired sign-flip permutation test
-    (:func:`core.stats.paired_ratio_test`) at ``SAMPLED_ALPHA``."""
+    (:func:`core.stats.paired_ratio_test`) at ``SAMPLED_ALPHA``. ``upper_bound`` (adaptive
+    verification): the prediction is a cap, flagged only when measured lies wholly above it."""
     predicted = interval_json(predicted_stats, 1.0)
     measured = interval_json(measured_stats, 1.0)
     gap = None
@@ -245,9 +258,21 @@ def compare(
             + ")"
         )
         return out
+    known = None not in (predicted["low"], predicted["high"], measured["low"], measured["high"])
+    if upper_bound:
+        above = known and predicted["high"] < measured["low"]
+        out["flag"] = bool(above)
+        out["note"] = (
+            "measured acceptance lies above the fixed-depth replay, which bounds an adaptive "
+            "verification budget: the engine does not run what it declares"
+            if above
+            else "adaptive verification: the fixed-depth replay is an upper bound, and measured "
+            "acceptance is within it"
+        )
+        return out
     disjoint = (
         None
-        if None in (predicted["low"], predicted["high"], measured["low"], measured["high"])
+        if not known
         else predicted["high"] < measured["low"] or measured["high"] < predicted["low"]
     )
     out["flag"] = bool(disjoint)

@@ -342,6 +342,9 @@ def build_matrix(
                 skipped.setdefault(leg.backend, skip_reason(leg, c, drafts, accepted))
                 continue
             check = checks.setdefault((leg.backend, c), LiveCheck(leg.backend, c))
+            spec = leg.speculative
+            if spec is not None and spec.adaptive_verification:
+                check.upper_bound = True
             own = own_ids.get(check.backend) or None  # the reader's {backend: generated ids}
             check.add(
                 greedy,

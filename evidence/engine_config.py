@@ -156,12 +156,34 @@ class EngineConfig:
 # -- readers, one per thing an engine serves -------------------------------------------------------
 
 
+# Fingerprinted only where they differ from vLLM's defaults (every vLLM reports them, and a
+# fingerprint taken before they were read must not move): adaptive verification, sampled
+# drafts, a drafter with its own vocabulary.
+_SPEC_NON_DEFAULT: Mapping[str, object] = {
+    "enable_adaptive_verification": False,
+    "draft_sample_method": "greedy",
+    "use_heterogeneous_vocab": False,
+}
+# Suffix decoding's knobs (vLLM reports them whatever the method): only for ``suffix``.
+SUFFIX_FIELDS: tuple[str, ...] = (
+    "suffix_decoding_max_tree_depth",
+    "suffix_decoding_max_cached_requests",
+    "suffix_decoding_max_spec_factor",
+    "suffix_decoding_min_token_prob",
+)
+
+
 def _vllm_spec(spec: object) -> dict[str, Any] | None:
     if not isinstance(spec, Mapping):
         return None
     out = {k: _scalar(spec.get(k)) for k in SPEC_FIELDS}
     if not spec.get("prompt_lookup_max"):  # 0 / None: no lookup window (not an n-gram proposer)
         out["prompt_lookup_min"] = out["prompt_lookup_max"] = None
+    for k, default in _SPEC_NON_DEFAULT.items():
+        if k in spec and spec[k] != default:
+            out[k] = _scalar(spec[k])
+    if spec.get("method") == "suffix":
+        out.update({k: _scalar(spec.get(k)) for k in SUFFIX_FIELDS})
     return out
 
 

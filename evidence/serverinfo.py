@@ -3,9 +3,12 @@
 Pure: :func:`from_vllm` reads vLLM's ``GET /server_info?config_format=json`` (served only with
 ``VLLM_SERVER_DEV_MODE=1``): ``vllm_config.speculative_config`` gives the ``method``,
 ``num_speculative_tokens``, its batch-size schedule (``num_speculative_tokens_per_batch_size``)
-and how drafts are verified — ``rejection_sample_method`` ``standard`` or ``block`` (lossless),
-``synthetic`` (drafts accepted at a calibrated rate whatever the target says: lossy), or the
-older ``acceptance_method`` ``typical_acceptance_sampler`` (lossy). :func:`from_sglang` reads
+and how drafts are verified — ``rejection_sample_method`` or the older ``acceptance_method``,
+read against the one list of known modes (:mod:`evidence.verification`: ``standard`` and
+``block`` lossless, ``synthetic`` and ``fly`` lossy, anything else ``unknown`` and never called
+lossless) — with ``draft_sample_method``, ``enable_adaptive_verification`` (each step verifies a
+budget chosen per request: the configured depth is an upper bound) and ``use_heterogeneous_vocab``
+(a drafter with its own vocabulary: ``cross_vocabulary``). :func:`from_sglang` reads
 SGLang's ``GET /get_server_info`` (``GET /server_info`` in newer releases, asked when the old
 path is not served): ``speculative_algorithm``, ``speculative_num_steps``, and
 ``speculative_accept_threshold_single`` / ``_acc`` — below 1.0 SGLang accepts drafts the target
@@ -42,7 +45,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from core.exchange import SpeculativeSpec, Verification
+from core.exchange import SpeculativeSpec
 from core.jsonx import as_int, as_number
 from core.wire import BACKEND_KEEPALIVE_S
 from evidence.engine_config import (
@@ -56,6 +59,7 @@ from evidence.engine_config import (
     resolve_engine,
     version_of,
 )
+from evidence.verification import Reading, vllm_verification
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +77,6 @@ INFO_PATHS: Mapping[str, tuple[str, InfoSource]] = {
 # Where a kind's newer releases moved the endpoint: asked when the first path is not served
 # (SGLang renamed /get_server_info to /server_info, keeping the old name for a while).
 FALLBACK_PATHS: Mapping[str, str] = {"sglang": "/server_info"}
-_LOSSLESS_VLLM = frozenset({"standard", "block"})
-_LOSSY_VLLM = frozenset({"synthetic"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +87,16 @@ class ReportedSpec:
     speculative: bool
     method: str | None = None
     num_speculative_tokens: int | None = None
-    verification: Verification | None = None
+    verification: Reading | None = None
     verification_detail: str | None = None  # the engine setting behind ``verification``
     schedule: tuple[tuple[int, int, int], ...] | None = None  # [batch from, to, k], vLLM
     prompt_lookup_min: int | None = None  # vLLM's n-gram lookup window
     prompt_lookup_max: int | None = None
+    # vLLM: each step verifies a per-request budget (k is an upper bound); how drafts are sampled;
+    # a drafter with its own vocabulary (``use_heterogeneous_vocab``).
+    adaptive_verification: bool | None = None
+    draft_sample_method: str | None = None
+    cross_vocabulary: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,6 +109,9 @@ class ReportedSpec:
             "schedule": [list(s) for s in self.schedule] if self.schedule else None,
             "prompt_lookup_min": self.prompt_lookup_min,
             "prompt_lookup_max": self.prompt_lookup_max,
+            "adaptive_verification": self.adaptive_verification,
+            "draft_sample_method": self.draft_sample_method,
+            "cross_vocabulary": self.cross_vocabulary,
         }
 
 
@@ -129,19 +139,12 @@ def from_vllm(info: Mapping[str, Any]) -> ReportedSpec | None:
     if not isinstance(spec, Mapping):
         return None
     method = spec.get("method")
-    verification: Verification | None = None
-    detail = None
-    sampler = spec.get("rejection_sample_method")
-    acceptance = spec.get("acceptance_method")  # vLLM V0's name for the same choice
-    if isinstance(sampler, str):
-        detail = f"rejection_sample_method={sampler}"
-        if sampler in _LOSSY_VLLM:
-            verification = "lossy"
-        elif sampler in _LOSSLESS_VLLM:
-            verification = "lossless"
-    elif isinstance(acceptance, str):
-        detail = f"acceptance_method={acceptance}"
-        verification = "lossy" if acceptance == "typical_acceptance_sampler" else "lossless"
+    # ``acceptance_method``: vLLM V0's name for the same choice.
+    verification, detail = vllm_verification(
+        spec.get("rejection_sample_method"), spec.get("acceptance_method")
+    )
+    adaptive, sampling = spec.get("enable_adaptive_verification"), spec.get("draft_sample_method")
+    hetero = spec.get("use_heterogeneous_vocab")
     schedule = parse_schedule(spec.get("num_speculative_tokens_per_batch_size"))
     return ReportedSpec(
         "vllm_server_info",
@@ -153,6 +156,9 @@ def from_vllm(info: Mapping[str, Any]) -> ReportedSpec | None:
         schedule=schedule or None,
         prompt_lookup_min=as_int(spec.get("prompt_lookup_min")) or None,
         prompt_lookup_max=as_int(spec.get("prompt_lookup_max")) or None,
+        adaptive_verification=adaptive if isinstance(adaptive, bool) else None,
+        draft_sample_method=sampling if isinstance(sampling, str) else None,
+        cross_vocabulary=hetero if isinstance(hetero, bool) else None,
     )
 
 
@@ -173,7 +179,7 @@ def from_sglang(info: Mapping[str, Any]) -> ReportedSpec | None:
         )
         if value is not None and value < 1.0
     ]
-    verification: Verification | None = None
+    verification: Reading | None = None
     detail = None
     if relaxed:
         verification, detail = "lossy", ", ".join(relaxed)
@@ -221,6 +227,7 @@ def _declared_json(spec: SpeculativeSpec) -> dict[str, Any]:
         "verification": spec.verification,
         "prompt_lookup_min": spec.prompt_lookup_min,
         "prompt_lookup_max": spec.prompt_lookup_max,
+        "cross_vocabulary": spec.cross_vocabulary,
     }
 
 
@@ -256,17 +263,19 @@ def mismatches(declared: SpeculativeSpec | None, reported: ReportedSpec | None) 
     return out
 
 
-Claim = tuple[Verification | None, VerificationSource | None, str | None]
+Claim = tuple[Reading | None, VerificationSource | None, str | None]
 
 
 def _verification(declared: SpeculativeSpec | None, reported: ReportedSpec | None) -> Claim:
-    """``lossy`` if anyone says so, else ``lossless`` if anyone says so; with who and why."""
+    """``lossy`` if anyone says so, else ``unknown`` if the backend names a mode nobody listed (a
+    declaration of ``lossless`` does not make it so), else ``lossless`` if anyone says so; with
+    who and why."""
     claims: list[Claim] = []
     if reported is not None and reported.verification is not None:
         claims.append((reported.verification, reported.source, reported.verification_detail))
     if declared is not None and declared.verification is not None:
         claims.append((declared.verification, "policy", "declared in the policy"))
-    for wanted in ("lossy", "lossless"):
+    for wanted in ("lossy", "unknown", "lossless"):
         for claim in claims:
             if claim[0] == wanted:
                 return claim
@@ -279,7 +288,10 @@ def resolve(
     """The record's ``legs[].speculative``: what is known, where it came from, disagreements.
 
     None when neither side says anything. The backend's report wins for method and depth (a
-    backend reporting no speculation has depth 0); ``lossy`` wins over ``lossless``.
+    backend reporting no speculation has depth 0); ``lossy`` wins over ``unknown``, which wins
+    over ``lossless``. ``cross_vocabulary`` is true when the backend reports heterogeneous-
+    vocabulary drafting or the policy declares it; ``adaptive_verification`` and
+    ``draft_sample_method`` are the backend's.
     """
     if declared is None and reported is None:
         return None
@@ -308,10 +320,26 @@ def resolve(
         "verification": verification,
         "verification_source": source,
         "verification_detail": detail,
+        "adaptive_verification": running.adaptive_verification if running is not None else None,
+        "draft_sample_method": running.draft_sample_method if running is not None else None,
+        "cross_vocabulary": _cross_vocabulary(declared, running),
         "declared": _declared_json(declared) if declared is not None else None,
         "reported": reported.to_json() if reported is not None else None,
         "mismatches": mismatches(declared, reported),
     }
+
+
+def _cross_vocabulary(
+    declared: SpeculativeSpec | None, running: ReportedSpec | None
+) -> bool | None:
+    """True when either side says the drafter has its own vocabulary; False when the backend
+    says it has not and the policy does not say it has; None when nobody says."""
+    said = [
+        s.cross_vocabulary
+        for s in (running, declared)
+        if s is not None and s.cross_vocabulary is not None
+    ]
+    return any(said) if said else None
 
 
 @dataclass(slots=True)

@@ -315,6 +315,7 @@ def _speculative(b: Backend) -> SpeculativeSpec | None:
         s.verification,
         s.prompt_lookup_min,
         s.prompt_lookup_max,
+        s.cross_vocabulary,
     )
 
 

@@ -187,6 +187,10 @@ class Speculative(_Strict):
     """n-gram proposers: the shortest n-gram matched (vLLM's ``prompt_lookup_min``)."""
     prompt_lookup_max: int | None = Field(default=None, ge=1, le=64)
     """n-gram proposers: the longest n-gram matched (vLLM's ``prompt_lookup_max``)."""
+    cross_vocabulary: bool | None = None
+    """The drafter has its own tokenizer and vocabulary (vLLM's ``use_heterogeneous_vocab``,
+    Hugging Face's Universal Assisted Generation). vLLM reports it; declare it for engines that
+    do not. The report's release checklist then carries the cross-vocabulary gate."""
 
 
 class Engine(_Strict):

@@ -11,6 +11,8 @@ makes the candidate lossy; ``lossless`` needs every record that says anything to
 - ``not_lossless`` when the backend (or the policy) reports a lossy verification mode — whatever
   the outputs look like: matching outputs on the traffic seen prove nothing about the rest;
 - ``not_lossless`` when the candidate diverges from the primary beyond the noise floor;
+- ``unverified`` when the backend reports a verification mode specshadow does not know
+  (:mod:`evidence.verification`), naming it — whatever the outputs or the policy say;
 - ``lossless`` when the verification mode is reported lossless and the outputs are within the
   noise floor;
 - ``unverified`` otherwise: outputs within the noise floor but no verification mode reported,
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from evidence.serverinfo import method_key, parse_schedule
+from evidence.verification import Reading
 from loadgen.speedup import Speedup, paired_speedup
 from policies.emit import policy_yaml
 from records.reader import Record
@@ -46,11 +49,15 @@ class Speculation:
     label: str  # the policy's label, else "<method> k=<k>", else the backend name
     method: str | None
     num_speculative_tokens: int | None
-    verification: Literal["lossless", "lossy"] | None
+    verification: Reading | None
     verification_source: str | None
     verification_detail: str | None
     mismatches: tuple[str, ...] = ()
     schedule: tuple[tuple[int, int, int], ...] | None = None
+    # The drafter has its own vocabulary (any record said so): the checklist's gate.
+    cross_vocabulary: bool | None = None
+    adaptive_verification: bool | None = None
+    draft_sample_method: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -62,6 +69,9 @@ class Speculation:
             "verification_detail": self.verification_detail,
             "mismatches": list(self.mismatches),
             "schedule": [list(s) for s in self.schedule] if self.schedule else None,
+            "cross_vocabulary": self.cross_vocabulary,
+            "adaptive_verification": self.adaptive_verification,
+            "draft_sample_method": self.draft_sample_method,
         }
 
 
@@ -81,8 +91,12 @@ class _Seen:
     depth: int | None = None
     lossy: tuple[str | None, str | None] | None = None
     lossless: tuple[str | None, str | None] | None = None
+    unknown: tuple[str | None, str | None] | None = None
     mismatches: dict[str, None] = field(default_factory=dict)
     schedule: tuple[tuple[int, int, int], ...] | None = None
+    cross_vocabulary: bool | None = None
+    adaptive: bool | None = None
+    sampling: str | None = None
 
 
 def _schedule(reported: Any) -> tuple[tuple[int, int, int], ...] | None:
@@ -107,13 +121,22 @@ def speculation(records: Sequence[Record], backend: str) -> Speculation:
             seen.lossy = said
         elif spec.verification == "lossless":
             seen.lossless = said
+        elif spec.verification == "unknown":
+            seen.unknown = said
+        if spec.cross_vocabulary is not None:
+            seen.cross_vocabulary = bool(seen.cross_vocabulary) or spec.cross_vocabulary
+        if spec.adaptive_verification is not None:
+            seen.adaptive = bool(seen.adaptive) or spec.adaptive_verification
+        seen.sampling = spec.draft_sample_method or seen.sampling
         for problem in spec.mismatches:
             seen.mismatches[problem] = None
         seen.schedule = _schedule(spec.reported) or seen.schedule
-    verification: Literal["lossless", "lossy"] | None = None
+    verification: Reading | None = None
     source = detail = None
     if seen.lossy is not None:
         verification, (source, detail) = "lossy", seen.lossy
+    elif seen.unknown is not None:
+        verification, (source, detail) = "unknown", seen.unknown
     elif seen.lossless is not None:
         verification, (source, detail) = "lossless", seen.lossless
     label = seen.label
@@ -129,6 +152,9 @@ def speculation(records: Sequence[Record], backend: str) -> Speculation:
         verification_detail=detail,
         mismatches=tuple(seen.mismatches),
         schedule=seen.schedule,
+        cross_vocabulary=seen.cross_vocabulary,
+        adaptive_verification=seen.adaptive,
+        draft_sample_method=seen.sampling,
     )
 
 
@@ -148,6 +174,13 @@ def lossless_claim(spec: Speculation, quality: Quality | None) -> Lossless:
     if worse:
         return Lossless(
             "not_lossless", "its outputs diverge from the primary beyond the noise floor"
+        )
+    if spec.verification == "unknown":
+        return Lossless(
+            "unverified",
+            f"the backend reports a verification mode specshadow does not know "
+            f"({spec.verification_detail}): it is never called lossless until that mode is "
+            "known; declare speculative.verification in the policy if it is lossy",
         )
     if worse is None:
         return Lossless("unverified", "no comparable outputs to judge")

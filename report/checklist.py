@@ -279,7 +279,34 @@ def checklist(
                 f"requests/s per replica (batch ≈ {c.crossover.concurrency or float('nan'):.3g}): "
                 f"num_speculative_tokens_per_batch_size {c.schedule} turns it off there."
             )
+    for c in candidates.values():
+        items.extend(cross_vocabulary_gate(c))
     items.append(
         "Keep a shadow baseline leg running after the rollout: the noise floor moves with traffic."
     )
     return items
+
+
+def cross_vocabulary_gate(c: CandidateAnalysis) -> list[str]:
+    """The separate gate of a drafter with its own tokenizer (``speculative.cross_vocabulary``):
+    the sampling restriction and what it means for the traffic measured, the tokenizer
+    translation, and the acceptance it costs — each from what the records measured."""
+    s = c.speculation
+    if s is None or not s.cross_vocabulary:
+        return []
+    mal = mean(c.acceptance.of_category(ALL).mean_acceptance_length)
+    measured = "no per-request acceptance was recorded" if mal is None else f"measured {mal:.2f}"
+    return [
+        f"Cross-vocabulary gate for {c.label}: its drafter has its own tokenizer. Sampling: "
+        "drafts are greedy only (vLLM refuses draft_sample_method other than greedy with "
+        "use_heterogeneous_vocab), so on sampled requests acceptance is that of one-hot drafts "
+        "and holds for the mix of greedy and sampled requests measured here, not for another.",
+        f"Cross-vocabulary gate for {c.label}: tokenizer translation. Draft tokens are mapped "
+        "through the vocabularies' intersection (token-level intersection): a target token "
+        "outside it can never be accepted. Count, per category, the output tokens outside the "
+        "shared vocabulary before shipping (specshadow counterfactual --drafter-vocab with the "
+        "intersection's target ids): each is a guaranteed rejection.",
+        f"Cross-vocabulary gate for {c.label}: acceptance cost. Mean acceptance length "
+        f"{measured}; roll back if it falls below the value measured in shadow (traffic with "
+        "more tokens outside the shared vocabulary loses drafts to the translation).",
+    ]

@@ -248,6 +248,9 @@ class SimConfig:
     copy: float = 0.0
     category_copy: Mapping[str, float] = field(default_factory=dict)
     rejection_sample_method: str = "standard"
+    # More of vLLM's speculative_config as /server_info reports it (``use_heterogeneous_vocab``,
+    # ``enable_adaptive_verification``, ``draft_sample_method``, …); decoding is unchanged.
+    speculative_settings: Mapping[str, object] = field(default_factory=dict)
     server_info: bool = True
     engine: Mapping[str, object] = field(default_factory=dict)
     sampling: bool = False

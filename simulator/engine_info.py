@@ -82,6 +82,7 @@ class SimEngine:
             "prompt_lookup_max": config.prompt_lookup_max if window else None,
             "rejection_sample_method": config.rejection_sample_method,
             "num_speculative_tokens_per_batch_size": None,
+            **config.speculative_settings,
         }
 
     def server_info(self) -> dict[str, Any]:

@@ -69,3 +69,26 @@ def test_a_candidate_that_runs_another_k_is_still_flagged_among_drifted_answers(
     (live,) = build_matrix(lambda: iter(records), depths=(4,), windows=((2, 4),)).live
     assert live["flag"] and live["drift"]["greedy_drifted"] > 0
     assert live["greedy"]["flag"] and live["engine_check"]["flag"]
+
+
+def test_adaptive_verification_makes_the_configured_depth_an_upper_bound() -> None:
+    """A candidate declaring k = 4 that verifies an adaptive budget (here: k = 2 every step,
+    within its cap) is not flagged when it reports adaptive verification — the replay at k = 4
+    bounds it — and is flagged when it does not; a measured value above the bound is flagged."""
+    records = _records(40, drift=0.0, engine_k=2, seed=3)
+    (strict,) = build_matrix(lambda: iter(records), depths=(4,), windows=((2, 4),)).live
+    assert strict["flag"] and not strict["adaptive_verification"]
+    for rec in records:
+        rec["legs"][0]["speculative"] = {**SPEC, "adaptive_verification": True}
+    (adaptive,) = build_matrix(lambda: iter(records), depths=(4,), windows=((2, 4),)).live
+    assert adaptive["adaptive_verification"] and not adaptive["flag"], adaptive["note"]
+    assert adaptive["greedy"]["relative_gap"] > 0  # the bound sits above what was measured
+    from core.stats import RatioStats
+    from counterfactual.live import compare
+
+    low, high = RatioStats(), RatioStats()
+    for _ in range(30):
+        low.add(10, 5)
+        high.add(10, 25)
+    assert compare(low, high, upper_bound=True)["flag"]
+    assert not compare(high, low, upper_bound=True)["flag"]

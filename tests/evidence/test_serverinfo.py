@@ -46,6 +46,9 @@ def test_real_vllm_server_info_for_each_configuration() -> None:
         verification_detail="rejection_sample_method=standard",
         prompt_lookup_min=2,
         prompt_lookup_max=4,
+        adaptive_verification=False,
+        draft_sample_method="greedy",
+        cross_vocabulary=False,
     )
     draft = from_vllm(vllm_info("draft"))
     assert draft is not None and (draft.method, draft.num_speculative_tokens) == ("draft_model", 4)
@@ -74,6 +77,69 @@ def test_lossy_vllm_modes_and_the_batch_size_schedule() -> None:
     dynamic = from_vllm({"vllm_config": {"speculative_config": scheduled}})
     assert dynamic is not None and dynamic.schedule == ((1, 64, 4), (65, 512, 0))
     assert from_vllm({"no": "config"}) is None  # not vLLM's shape
+
+
+def with_spec(name: str, **changes: Any) -> dict[str, Any]:
+    """A captured vLLM 0.32 /server_info with its speculative block changed (vLLM 0.32.0 serves
+    neither ``fly`` nor adaptive verification outside ``dspark``: the rest is the real shape)."""
+    info = vllm_info(name)
+    spec = info["vllm_config"]["speculative_config"]
+    info["vllm_config"]["speculative_config"] = {**spec, **changes}
+    return info
+
+
+def test_fly_is_lossy_and_an_unknown_method_is_never_lossless() -> None:
+    fly = from_vllm(with_spec("ngram", rejection_sample_method="fly"))
+    assert fly is not None and fly.verification == "lossy"
+    assert fly.verification_detail == "rejection_sample_method=fly"
+    merged = resolve(SpeculativeSpec("ngram", 4, verification="lossless"), fly)
+    assert merged is not None and (merged["verification"], merged["verification_source"]) == (
+        "lossy",
+        "vllm_server_info",
+    )
+    novel = from_vllm(with_spec("draft", rejection_sample_method="speculative_magic"))
+    assert novel is not None and novel.verification == "unknown"
+    assert novel.verification_detail is not None
+    assert novel.verification_detail.startswith("rejection_sample_method=speculative_magic")
+    # The policy's "lossless" does not make an unknown mode lossless; its "lossy" wins.
+    said = resolve(SpeculativeSpec(verification="lossless"), novel)
+    assert said is not None and said["verification"] == "unknown"
+    assert "speculative_magic" in said["verification_detail"]
+    lossy = resolve(SpeculativeSpec(verification="lossy"), novel)
+    assert lossy is not None and lossy["verification"] == "lossy"
+    v0 = from_vllm({"vllm_config": {"speculative_config": {"acceptance_method": "odd_sampler"}}})
+    assert v0 is not None and v0.verification == "unknown"
+
+
+def test_adaptive_verification_sampling_and_cross_vocabulary_are_recorded() -> None:
+    plain_draft = resolve(None, from_vllm(vllm_info("draft")))
+    assert plain_draft is not None
+    assert (
+        plain_draft["adaptive_verification"],
+        plain_draft["draft_sample_method"],
+        plain_draft["cross_vocabulary"],
+    ) == (False, "greedy", False)
+    adaptive = from_vllm(
+        with_spec("draft", enable_adaptive_verification=True, draft_sample_method="probabilistic")
+    )
+    merged = resolve(None, adaptive)
+    assert merged is not None
+    assert (merged["adaptive_verification"], merged["draft_sample_method"]) == (
+        True,
+        "probabilistic",
+    )
+    assert merged["verification"] == "lossless"  # adaptive budgets keep verification exact
+    hetero = resolve(None, from_vllm(with_spec("draft", use_heterogeneous_vocab=True)))
+    assert hetero is not None and hetero["cross_vocabulary"] is True
+    # The policy declares it for an engine that does not say (or a silent backend).
+    declared = resolve(SpeculativeSpec("draft_model", 3, cross_vocabulary=True), None)
+    assert declared is not None and declared["cross_vocabulary"] is True
+    assert declared["declared"]["cross_vocabulary"] is True
+    over = resolve(
+        SpeculativeSpec("draft_model", 4, cross_vocabulary=True), from_vllm(vllm_info("draft"))
+    )
+    assert over is not None and over["cross_vocabulary"] is True
+    assert resolve(SpeculativeSpec("ngram", 4), None)["cross_vocabulary"] is None  # type: ignore[index]
 
 
 def test_sglang_server_info_thresholds() -> None:

@@ -77,11 +77,19 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
     "evidence/counts.py": (frozenset({"count", "tokens"}), "vLLM's /tokenize answer"),
     "evidence/likelihood.py": (frozenset({"tokens"}), "vLLM's /tokenize answer"),
     "evidence/serverinfo.py": (
-        frozenset({"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}),
+        frozenset(
+            {
+                "draft_sample_method",
+                "method",
+                "num_speculative_tokens",
+                "prompt_lookup_max",
+                "prompt_lookup_min",
+            }
+        ),
         "vLLM's and SGLang's server info (speculative_config)",
     ),
     "evidence/engine_config.py": (
-        frozenset({"prompt_lookup_max", "prompt_lookup_min", "speculative"}),
+        frozenset({"method", "prompt_lookup_max", "prompt_lookup_min", "speculative"}),
         "vLLM's and SGLang's server info (the whole engine configuration); llama.cpp's /slots",
     ),
     "evidence/tokens.py": (frozenset({"prompt", "tokens"}), "vLLM's /tokenize answer"),

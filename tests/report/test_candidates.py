@@ -61,8 +61,27 @@ async def gather_records(
         ),
         ({"divergence_at": 3}, "not_lossless", "outputs diverge from the primary beyond the noise"),
         ({"server_info": False}, "unverified", "does not report how it verifies drafts"),
+        (
+            {"rejection_sample_method": "fly"},
+            "not_lossless",
+            "the backend reports a lossy verification mode (rejection_sample_method=fly)",
+        ),
+        (
+            {"rejection_sample_method": "speculative_magic"},
+            "unverified",
+            "a verification mode specshadow does not know (rejection_sample_method="
+            "speculative_magic",
+        ),
     ],
-    ids=["standard", "synthetic-identical-outputs", "synthetic-diverging", "diverging", "silent"],
+    ids=[
+        "standard",
+        "synthetic-identical-outputs",
+        "synthetic-diverging",
+        "diverging",
+        "silent",
+        "fly",
+        "unknown-method",
+    ],
 )
 async def test_the_lossless_claim(candidate, claim, because, sims, gateway, write_policy, tmp_path):
     records = await gather_records(sims, gateway, write_policy, tmp_path, **candidate)
@@ -73,7 +92,8 @@ async def test_the_lossless_claim(candidate, claim, because, sims, gateway, writ
     assert cand.lossless is not None
     assert cand.lossless.claim == claim and because in cand.lossless.reason
     assert cand.label == "ngram k=3" if candidate.get("server_info", True) else cand.label == "cand"
-    lossy = candidate.get("rejection_sample_method") == "synthetic"
+    method = candidate.get("rejection_sample_method")
+    lossy = method in ("synthetic", "fly")
     for verdict in cand.verdicts:
         assert any(r.startswith("not lossless") for r in verdict.reasons) == lossy
     out = tmp_path / "report"
@@ -82,8 +102,20 @@ async def test_the_lossless_claim(candidate, claim, because, sims, gateway, writ
     entry = report["candidates"]["cand"]
     assert entry["lossless"]["claim"] == claim
     assert entry["speculative"]["verification"] == (
-        "lossy" if lossy else None if candidate.get("server_info") is False else "lossless"
+        "lossy"
+        if lossy
+        else "unknown"
+        if method == "speculative_magic"
+        else None
+        if candidate.get("server_info") is False
+        else "lossless"
     )
+    if method == "speculative_magic":  # named, in the record and the report
+        assert all(
+            "speculative_magic" in r["legs"][1]["speculative"]["verification_detail"]
+            for r in records
+        )
+        assert "speculative_magic" in entry["speculative"]["verification_detail"]
     md = (out / "report.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith(f"| {cand.label} | cand |"))
     assert {
@@ -91,6 +123,34 @@ async def test_the_lossless_claim(candidate, claim, because, sims, gateway, writ
         "not_lossless": "| not lossless |",
         "unverified": "| not verified |",
     }[claim] in row
+
+
+async def test_a_cross_vocabulary_drafter_is_gated_on_the_checklist(
+    sims, gateway, write_policy, tmp_path
+):
+    """vLLM's use_heterogeneous_vocab in /server_info → legs[].speculative.cross_vocabulary in
+    every record, candidates.<backend>.speculative.cross_vocabulary in the report, and the gate
+    on the release checklist; a candidate without it has neither."""
+    records = await gather_records(
+        sims,
+        gateway,
+        write_policy,
+        tmp_path,
+        proposer="draft_model",
+        speculative_settings={"use_heterogeneous_vocab": True, "draft_sample_method": "greedy"},
+    )
+    assert all(r["legs"][1]["speculative"]["cross_vocabulary"] is True for r in records)
+    assert all(r["legs"][2]["speculative"]["cross_vocabulary"] is None for r in records)
+    out = tmp_path / "report"
+    build_report(records, None, out)
+    report = json.loads((out / "report.json").read_text())
+    spec = report["candidates"]["cand"]["speculative"]
+    assert (spec["cross_vocabulary"], spec["draft_sample_method"]) == (True, "greedy")
+    gate = [line for line in analyze(records).checklist if "Cross-vocabulary gate" in line]
+    assert len(gate) == 3
+    assert "greedy only" in gate[0] and "intersection" in gate[1] and "acceptance" in gate[2]
+    plain = await gather_records(sims, gateway, write_policy, tmp_path / "plain")
+    assert not [line for line in analyze(plain).checklist if "Cross-vocabulary" in line]
 
 
 async def test_two_candidates_through_the_gateway_the_faster_one_is_named(
