@@ -207,6 +207,24 @@ def test_a_candidate_sampling_another_distribution_is_caught_against_the_primary
         assert t is not None and t >= CHANGE, (model, seed, t)
 
 
+def from_the_start(seed: int, model: str) -> list[Observation]:
+    """A candidate that is ``model`` from its first exchange of the canary, judged against the
+    primary's own answers (no baseline leg); about half the exchanges are sampled."""
+    from tests.rollout.test_guards_anytime import CHANGE, Change
+
+    change = Change(model, ("sampled_divergence",), outputs=model)
+    return without_baseline(sampled_stream(seed, CHANGE + 2_000, change))[CHANGE:]
+
+
+def test_a_candidate_sampling_at_1_0_when_0_7_is_asked_is_rolled_back_before_live() -> None:
+    """Wrong from its first exchange: rolled back within 300 exchanges in each of 5 seeds (the
+    long run: median 154, worst 181 of 20) — before the first canary step's default hold (100
+    candidate answers, about 500 exchanges at a 0.2 step) could end, so it never steps up."""
+    for seed in range(5):
+        t = first_breach(from_the_start(30_000 + seed, "temp-1.0"), "sampled_divergence")
+        assert t is not None and t < 300, (seed, t)
+
+
 def table(seeds: int) -> str:
     lines = ["| what | result |", "|---|---|"]
     levels = {"chat": (2.5, 2.5), "code": (3.3, 3.3), "rag": (1.9, 1.9)}
@@ -233,6 +251,15 @@ def table(seeds: int) -> str:
     )
     lines.append(
         f"| identical candidate vs the primary, sampled, 5,000 exchanges | {hits}/{seeds} rolled back |"
+    )
+    d = [
+        first_breach(from_the_start(30_000 + s, "temp-1.0"), "sampled_divergence") or 2_000
+        for s in range(seeds)
+    ]
+    lines.append(
+        f"| sampled temp-1.0 from the canary's first exchange vs the primary | rolled back after "
+        f"median {np.median(d):.0f}, worst {max(d)} exchanges ({sum(x >= 2_000 for x in d)} "
+        "missed in 2,000) |"
     )
     from tests.rollout.test_guards_anytime import CHANGE, Change
 
