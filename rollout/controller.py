@@ -19,8 +19,12 @@ rolled it back — persisted in a JSON state file so a restart or a reload never
   sticky. A new episode (a changed rollout block, an operator's promotion, other guard
   settings) starts a fresh bank: evidence never carries over.
 - **Promotion**: with ``steps``, a canary step that held ``hold.min_requests`` candidate answers
-  and ``hold.min_s`` seconds with every guard ``ok`` (``unavailable`` ones do not block) moves to
-  the next; after the last comes ``live``. Operators promote and roll back through
+  and ``hold.min_s`` seconds with every judging guard ``ok`` or ``unavailable`` and at least one
+  ``ok`` moves to the next; after the last comes ``live``. A quality guard that is
+  ``unavailable`` on traffic it should judge (``blocks_promotion``: sampled traffic with no
+  reference for ``sampled_divergence``) holds the step, and ``/admin/rollout``'s ``waiting``
+  says why. The drift guards (``acceptance_drop``, ``speculation_off``) never hold a step; their
+  breach goes where ``rollout.on_drift`` says (:meth:`_drift`). Operators promote and roll back through
   ``/admin/rollout`` (:meth:`promote`, :meth:`rollback`).
 - **Reloads** (:meth:`reconcile`): a rule whose rollout block is unchanged keeps its state — a
   rolled-back rule stays rolled back; a changed block (its fingerprint) starts from what the new
@@ -748,7 +752,10 @@ class RolloutController:
                     "last_transition": state.last.to_json() if state.last is not None else None,
                     "episode": state.episode,
                     "engine": state.engine,  # the candidate's configuration fingerprint
-                    "acceptance_reference": state.levels_for(state.episode),
+                    # A fleet's levels are its pooled bank's (derived from the store's rows).
+                    "acceptance_reference": state.levels_for(state.episode)
+                    or (live.bank.references() if live is not None else None)
+                    or None,
                     "waiting": self._waiting(spec, state, live),
                 }
             for name in self._specs:

@@ -619,6 +619,8 @@ class _Level:
         "level",
         "readings",
         "recent",
+        "run_n",
+        "run_sum",
         "test",
         "tested",
     )
@@ -630,12 +632,17 @@ class _Level:
         self.level: float | None = None
         self.test: SequentialTest | None = None
         self.cap = 0.0
+        # The readings since the running e-process last stood at or below 1: the ones that built
+        # the evidence against the level (a breach reports their mean — the window's mean still
+        # holds readings from before a fall, and may read inside the tolerance at a breach).
+        self.run_n, self.run_sum = 0, 0.0
         self._alpha, self._window, self._drop = alpha, window, drop
         if level is not None:
             self._fix(level)
 
     def _fix(self, level: float) -> None:
         self.level = level
+        self.run_n, self.run_sum = 0, 0.0
         self.cap = max(ACCEPTANCE_CAP * level, level + 2.0)
         self.test = SequentialTest(
             self._alpha, self._window, ((1.0 - self._drop) * level - self.cap,)
@@ -649,8 +656,17 @@ class _Level:
                 self._fix(math.fsum(self.readings) / len(self.readings))
             return
         assert self.level is not None
+        if not self.test.rejected:  # once it has decided, its evidence is what it was
+            if self.test.log_e <= 0.0:
+                self.run_n, self.run_sum = 0, 0.0
+            self.run_n += 1
+            self.run_sum += a
         self.test.step(((1.0 - self._drop) * self.level - min(a, self.cap),))
         self.tested += 1
+
+    def evidence_mean(self) -> float | None:
+        """The mean reading since the evidence against the level began (None: none yet)."""
+        return self.run_sum / self.run_n if self.run_n else None
 
 
 class _AcceptanceDrop(_Guard):
@@ -720,16 +736,23 @@ class _AcceptanceDrop(_Guard):
             if self.overall.readings or self.overall.level is not None
             else (self.categories.get(BACKEND_LEVEL, self.overall))
         )
-        worst: tuple[float, str, float, float] | None = None
+        worst: tuple[float, str, float, float, str] | None = None
         for name, level in self._levels():
             if level.level is None or not level.recent:
                 continue
             mean = math.fsum(level.recent) / len(level.recent)
+            rejected = level.test is not None and level.test.rejected
+            since = level.evidence_mean() if rejected else None
+            note = ""
+            if since is not None:  # a breach: observed is what the evidence saw
+                note = (f"; over the {level.run_n} readings that built the evidence, "
+                        f"the last {len(level.recent)} averaging {mean:.2f}")  # fmt: skip
+                mean = since
             fall = 1.0 - mean / level.level
-            if worst is None or fall > worst[0] or (level.test is not None and level.test.rejected):
+            if worst is None or fall > worst[0] or rejected:
                 where = "the candidate's /metrics" if name == BACKEND_LEVEL else name
-                worst = (fall, where or "all traffic", mean, level.level)
-                if level.test is not None and level.test.rejected:
+                worst = (fall, where or "all traffic", mean, level.level, note)
+                if rejected:
                     break
         n = len(lv.recent)
         if lv.level is None:
@@ -740,10 +763,10 @@ class _AcceptanceDrop(_Guard):
             return None, n, len(lv.readings)
         if worst is None:
             return None, n, REFERENCE_READINGS
-        fall, where, mean, ref = worst
+        fall, where, mean, ref, note = worst
         self.what = (
             f"mean acceptance length {mean:.2f} against reference {ref:.2f} ({where}; "
-            f"fall {fall:.0%}, tolerated {self.threshold:.0%})"
+            f"fall {fall:.0%}, tolerated {self.threshold:.0%}{note})"
         )
         return fall, n, REFERENCE_READINGS
 

@@ -9,7 +9,11 @@
 - A ``live`` candidate whose acceptance falls from 2.5 to 1.3 tokens per pass mid-run (a switch
   between two simulators, both reporting their per-request counts in every body as llama.cpp
   does): hundreds of steady requests show no breach, then ``acceptance_drop`` breaches and the
-  rule leaves ``live`` (``on_drift: canary``) within a few hundred requests.
+  rule leaves ``live`` (``on_drift: canary``) within a few hundred requests; the breach is
+  counted in ``specshadow_rollout_drift_breaches_total``.
+
+The guards run on the evidence worker, never on the request path: every guard update of both
+tests is recorded with its thread, and none ran on the event loop's (the gateway's) thread.
 
 No client sees an error in either. The waits poll the gateway's own state (its exchanges, its
 ``/admin/rollout``) with a deadline; no assertion is on a duration.
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +34,7 @@ import pytest
 
 from core.sinks import MemorySink
 from gateway.settings import Settings
+from rollout.guards import GuardBank
 from simulator.switch import Switch
 from specshadow.app import build_app
 from tests.conftest import FAST_UPSTREAM, start_server
@@ -110,6 +117,24 @@ async def start(
     gateway = await start_server(build_app(settings, sinks=[sink]))
     servers.append(gateway)
     return str(gateway.make_url("")).rstrip("/"), sink
+
+
+@pytest.fixture(autouse=True)
+def guard_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The thread of every guard update; after the test, none is the event loop's: the guards
+    ran on the evidence worker, off the request path."""
+    threads: list[int] = []
+    update = GuardBank.update
+
+    def recorded(self: GuardBank, o: Any) -> None:
+        threads.append(threading.get_ident())
+        update(self, o)
+
+    monkeypatch.setattr(GuardBank, "update", recorded)
+    loop_thread = threading.get_ident()  # the test's loop is the in-process gateway's
+    yield threads
+    assert threads, "no guard ever ran"
+    assert loop_thread not in threads, "a guard ran on the event loop (the request path)"
 
 
 def guard(rule: dict[str, Any], name: str) -> dict[str, Any]:
@@ -216,6 +241,14 @@ async def test_a_live_candidate_whose_acceptance_decays_leaves_live(
     (breach,) = [b for b in status["drift_breaches"] if b["guard"] == "acceptance_drop"]
     assert breach["action"] == "canary" and "against reference" in breach["detail"], breach
     assert len(run.served) == run.sent
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
+        metrics = await r.text()
+    counted = [
+        line for line in metrics.splitlines()
+        if line.startswith("specshadow_rollout_drift_breaches_total{")
+        and 'guard="acceptance_drop"' in line
+    ]  # fmt: skip
+    assert len(counted) == 1 and float(counted[0].rsplit(" ", 1)[1]) == 1, counted
 
 
 async def fetch_status(url: str) -> dict[str, Any]:

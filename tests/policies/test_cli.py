@@ -61,3 +61,31 @@ def test_schema_prints_the_committed_schema(
     out = tmp_path / "schema.json"
     assert main(["policy", "schema", "--out", str(out)]) == 0
     assert out.read_bytes() == printed
+
+
+def test_a_rollout_whose_quality_guards_have_no_reference_is_refused_by_check_and_serve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No baseline leg and ``ratio: 0``: no canary answer has the primary's answer behind it, so
+    ``sampled_divergence`` and ``divergence_rate`` could never judge. ``policy check`` and
+    ``serve`` both refuse it with the field path, in one line, before anything starts."""
+    path = tmp_path / "rollout.yaml"
+    path.write_text(
+        "version: 1\n"
+        "backends:\n  prim: {url: 'http://127.0.0.1:9', kind: sim}\n"
+        "  cand: {url: 'http://127.0.0.1:10', kind: sim}\n"
+        "primary: prim\n"
+        "default:\n  ratio: 0\n  legs: [{backend: cand, role: candidate}]\n"
+        "  rollout: {stage: canary, steps: [0.2, 1.0]}\n"
+    )
+    why = "default.ratio: 0 mirrors nothing, so no canary answer has the primary's answer behind it"
+    assert main(["policy", "check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{path}: {why}") and err.count("\n") == 1, err
+    assert main(["serve", "--policy", str(path), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"specshadow serve: {why}") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    # The same rule with the primary mirrored behind a fifth of its traffic is accepted.
+    path.write_text(path.read_text().replace("ratio: 0\n", "ratio: 0.2\n"))
+    assert main(["policy", "check", str(path)]) == 0

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -206,6 +207,24 @@ def test_a_candidate_sampling_another_distribution_is_caught_against_the_primary
         assert t is not None and t >= CHANGE, (model, seed, t)
 
 
+def from_the_start(seed: int, model: str) -> list[Observation]:
+    """A candidate that is ``model`` from its first exchange of the canary, judged against the
+    primary's own answers (no baseline leg); about half the exchanges are sampled."""
+    from tests.rollout.test_guards_anytime import CHANGE, Change
+
+    change = Change(model, ("sampled_divergence",), outputs=model)
+    return without_baseline(sampled_stream(seed, CHANGE + 2_000, change))[CHANGE:]
+
+
+def test_a_candidate_sampling_at_1_0_when_0_7_is_asked_is_rolled_back_before_live() -> None:
+    """Wrong from its first exchange: rolled back within 300 exchanges in each of 5 seeds (the
+    long run: median 154, worst 181 of 20) — before the first canary step's default hold (100
+    candidate answers, about 500 exchanges at a 0.2 step) could end, so it never steps up."""
+    for seed in range(5):
+        t = first_breach(from_the_start(30_000 + seed, "temp-1.0"), "sampled_divergence")
+        assert t is not None and t < 300, (seed, t)
+
+
 def table(seeds: int) -> str:
     lines = ["| what | result |", "|---|---|"]
     levels = {"chat": (2.5, 2.5), "code": (3.3, 3.3), "rag": (1.9, 1.9)}
@@ -233,6 +252,15 @@ def table(seeds: int) -> str:
     lines.append(
         f"| identical candidate vs the primary, sampled, 5,000 exchanges | {hits}/{seeds} rolled back |"
     )
+    d = [
+        first_breach(from_the_start(30_000 + s, "temp-1.0"), "sampled_divergence") or 2_000
+        for s in range(seeds)
+    ]
+    lines.append(
+        f"| sampled temp-1.0 from the canary's first exchange vs the primary | rolled back after "
+        f"median {np.median(d):.0f}, worst {max(d)} exchanges ({sum(x >= 2_000 for x in d)} "
+        "missed in 2,000) |"
+    )
     from tests.rollout.test_guards_anytime import CHANGE, Change
 
     for model in ("temp-1.0", "other", "shift-0.5", "shift-0.3"):
@@ -249,10 +277,6 @@ def table(seeds: int) -> str:
             f"exchanges after the change ({sum(x >= 2_000 for x in d)} missed in 2,000) |"
         )
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(table(int(sys.argv[1]) if len(sys.argv) > 1 else 20))
 
 
 def test_a_window_reading_is_each_new_scrape_interval_once() -> None:
@@ -291,3 +315,137 @@ def test_a_live_candidate_whose_answers_carry_no_counts_is_watched_through_its_m
     assert set(bank.references()) == {BACKEND_LEVEL}
     t = first_breach(windows(2.5, 200) + windows(1.3, 200), "acceptance_drop")
     assert t is not None and 200 <= t < 260, t
+
+
+@pytest.mark.parametrize(("before", "after"), [(3.3, 1.9), (2.5, 1.3)])
+def test_a_breach_reports_the_level_the_evidence_saw(before: float, after: float) -> None:
+    """At a breach the window (200 readings) still holds readings from before the fall: its mean
+    can read inside the tolerance. The observed figure is the mean of the readings that built the
+    evidence (since the e-process last stood at 1) — the level after the change — and the
+    transition reason, which the report parses as observed against reference, carries it."""
+    import re
+
+    from rollout.controller import _breach_text
+
+    for seed in range(5):
+        bank = GuardBank(SPEC)
+        stream = acceptance_stream(700 + seed, 1_400, {"all": (before, after)}, 400)
+        t = first_breach(stream, "acceptance_drop", bank=bank)
+        assert t is not None and t >= 400, (seed, t)
+        (g,) = [g for g in bank.states(()) if g.name == "acceptance_drop"]
+        assert g.status == "breach"
+        m = re.search(r"mean acceptance length ([\d.]+) against reference ([\d.]+)", g.detail)
+        assert m is not None, g.detail
+        observed, reference = float(m[1]), float(m[2])
+        assert observed == pytest.approx(after, abs=0.12), g.detail
+        assert reference == pytest.approx(before, abs=0.15), g.detail
+        window = float(re.search(r"the last 200 averaging ([\d.]+)", g.detail)[1])  # type: ignore[index]
+        assert observed < window, g.detail  # the window mixes the levels before and after
+        n = int(re.search(r"over the (\d+) readings", g.detail)[1])  # type: ignore[index]
+        assert n <= t - 400 + 1 + 20, (n, t)  # the readings after the change, and few before
+        assert _breach_text(g).startswith(f"guard acceptance_drop: mean acceptance length {m[1]}")
+
+
+def test_every_replica_of_a_fleet_and_a_restarted_one_judge_against_one_level(
+    tmp_path: Path,
+) -> None:
+    """A fleet keeps the reference level in its store as the episode's pooled readings: each
+    replica's bank reads them back in the store's order (``rollout.fleet``), so two replicas and
+    one started after them fix the same levels — the mean of the first readings in that order,
+    overall and per category — and a fall seen in one replica's traffic trips every bank at the
+    same row."""
+    from rollout.fleet import decode, encode, pooled_spec
+    from rollout.store import SqliteStateStore
+
+    rng = np.random.default_rng(11)
+    url = str(tmp_path / "state.db")
+    a, b = SqliteStateStore(url), SqliteStateStore(url)
+    steady = [obs(x, ("chat", "code")[i % 2]) for i, x in enumerate(readings(rng, 2.5, 400))]
+    for i in range(0, 400, 10):  # the two replicas append their batches interleaved
+        store, name = (a, "a") if i % 20 == 0 else (b, "b")
+        store.append([("r", "e1", name, i + j, encode(steady[i + j], f"x{i + j}", None))
+                      for j in range(10)])  # fmt: skip
+    fallen = [obs(x, "chat") for x in readings(rng, 1.3, 400)]  # only replica b sees the fall
+    for i in range(0, 400, 10):
+        b.append([("r", "e1", "b", 400 + i + j, encode(o, f"y{i + j}", None))
+                  for j, o in enumerate(fallen[i : i + 10])])  # fmt: skip
+
+    def pooled(store: SqliteStateStore) -> tuple[dict[str, float], int | None, list[Observation]]:
+        bank, rows, cursor, tripped = GuardBank(pooled_spec(SPEC)), [], None, None
+        while True:
+            cursor, bodies = store.evidence("r", "e1", cursor, 64)
+            for body in bodies:
+                o = decode(body)[0]
+                rows.append(o)
+                bank.update(o)
+                if tripped is None and bank.breached() is not None:
+                    tripped = len(rows) - 1
+            if len(bodies) < 64:
+                return bank.references(), tripped, rows
+
+    c = SqliteStateStore(url)  # a replica started (or restarted) after the others
+    (levels, tripped, rows), *others = [pooled(s) for s in (a, b, c)]
+    assert all(other[:2] == (levels, tripped) for other in others), (levels, others)
+    values = [(o.acceptance or 0.0, o.category) for o in rows]
+    first = [a for a, _ in values[:REFERENCE_READINGS]]
+    chat = [a for a, category in values if category == "chat"][:REFERENCE_READINGS]
+    assert levels[""] == pytest.approx(float(np.mean(first)))
+    assert levels["chat"] == pytest.approx(float(np.mean(chat)))
+    assert tripped is not None and tripped >= 400, tripped
+    for store in (a, b, c):
+        store.close()
+
+
+def test_a_fleets_admin_status_shows_the_pooled_reference_level(tmp_path: Path) -> None:
+    """Two replicas' controllers on one SQLite store (their sync threads stopped; each syncs when
+    the test says): the readings one replica appended fix the same ``acceptance_reference`` in
+    both replicas' ``/admin/rollout`` status."""
+    from policies.compile import load_policy
+    from rollout.controller import RolloutController
+    from rollout.fleet import encode
+    from tests.rollout.test_rollout_state_file import POLICY
+
+    def step(c: RolloutController) -> None:
+        """One sync of ``c`` with the store (``Fleet.sync_once``; ``sync`` before it was named
+        so: the test runs on either side of that rename)."""
+        for name in ("sync_once", "sync"):
+            sync = getattr(c.fleet, name, None)
+            if sync is not None:
+                sync()
+                return
+        raise AssertionError("the fleet has no sync step")
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY)
+    policy = load_policy(path)
+    url = f"sqlite://{tmp_path}/state.db"
+    replicas = [RolloutController(url), RolloutController(url)]
+    try:
+        for c in replicas:
+            c.reconcile(policy)
+            assert c.fleet is not None and c.fleet._thread is not None
+            c.fleet._stop.set()  # no thread: the test steps each replica's sync
+            c.fleet._wake.set()
+            c.fleet._thread.join(5)
+        a, b = replicas
+        assert a.fleet is not None and b.fleet is not None
+        step(b)
+        rule = a.status()["rules"]["default"]
+        assert rule["acceptance_reference"] is None  # nothing read yet
+        rng = np.random.default_rng(12)
+        mine = [obs(x, "chat") for x in readings(rng, 2.5, 80)]
+        a.fleet.store.append([("default", rule["episode"], "a", i, encode(o, f"x{i}", None))
+                              for i, o in enumerate(mine)])  # fmt: skip
+        for c in replicas:
+            step(c)
+        level = float(np.mean([o.acceptance for o in mine[:REFERENCE_READINGS]]))
+        for c in replicas:
+            shown = c.status()["rules"]["default"]["acceptance_reference"]
+            assert shown == pytest.approx({"": level, "chat": level}), shown
+    finally:
+        for c in replicas:
+            c.close()
+
+
+if __name__ == "__main__":
+    print(table(int(sys.argv[1]) if len(sys.argv) > 1 else 20))
