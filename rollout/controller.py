@@ -756,7 +756,7 @@ class RolloutController:
                     "acceptance_reference": state.levels_for(state.episode)
                     or (live.bank.references() if live is not None else None)
                     or None,
-                    "waiting": self._waiting(spec, state, live),
+                    "waiting": self._waiting(name, spec, state, live),
                 }
             for name in self._specs:
                 if name not in rules:  # a shared store's rule this replica has no state for
@@ -773,7 +773,7 @@ class RolloutController:
             }
 
     def _waiting(
-        self, spec: RolloutSpec | None, state: RuleState, live: _Live | None
+        self, name: str, spec: RolloutSpec | None, state: RuleState, live: _Live | None
     ) -> str | None:
         """Why a canary with steps is not promoted yet (None: it is not waiting)."""
         if spec is None or state.stage != "canary" or not spec.steps or state.ratio is not None:
@@ -785,8 +785,12 @@ class RolloutController:
             if g.name not in DRIFT_GUARDS
             and (g.blocks_promotion or g.status in ("waiting", "breach"))
         ]
-        if state.served_at_step < spec.hold_requests:
-            why.append(f"held {state.served_at_step} of {spec.hold_requests} candidate answers")
+        served = state.served_at_step
+        if self.fleet is not None:  # a fleet counts the step's answers in its pooled log
+            pooled = self.fleet.pooled.get(name)
+            served = pooled.served if pooled is not None else served
+        if served < spec.hold_requests:
+            why.append(f"held {served} of {spec.hold_requests} candidate answers")
         held_s = self.clock() - state.since_unix
         if held_s < spec.hold_s:
             why.append(f"held {held_s:.0f} of {spec.hold_s:g} s")
