@@ -26,7 +26,6 @@ compiled out), so each configuration — and each depth — is a server of its o
 from __future__ import annotations
 
 import hashlib
-import json  # noqa: TID251  (the launcher's argv: plain JSON text, read by the stdlib there)
 import logging
 import os
 import shutil
@@ -184,7 +183,7 @@ class LlamaServer:
         argv = [
             str(self.env.python),
             str(LAUNCHER),
-            json.dumps(self.spec.launch_json(self.env, self.port)),
+            jsonx.dumps(self.spec.launch_json(self.env, self.port)).decode(),
         ]
         log.info(
             "starting llama.cpp %s (%s) on port %d", self.spec.name, self.spec.config, self.port
