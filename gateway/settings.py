@@ -8,7 +8,11 @@ Strict, because a typo in a deployment manifest must fail the rollout, not be ig
 
 - booleans take exactly ``true/1/yes/on`` or ``false/0/no/off`` (any case) — ``false`` is false;
 - numbers must parse and lie in their range (a port is 0–65535, a timeout is positive, …);
-- a ``SPECSHADOW_*`` variable that nothing reads is an error (with the closest known name);
+- a ``SPECSHADOW_*`` variable that nothing reads is an error (with the closest known name),
+  except the service links Kubernetes injects for a Service named ``specshadow`` (the one
+  ``deploy/k8s`` ships): ``SPECSHADOW_SERVICE_HOST``, ``SPECSHADOW_SERVICE_PORT[_<name>]``,
+  ``SPECSHADOW_PORT_<n>_<PROTO>[_PROTO|_PORT|_ADDR]`` and ``SPECSHADOW_PORT=tcp://…``, which are
+  the cluster's, not the user's, and are left alone;
 - every error names the variable (or the CLI flag) it came from, and all are reported at once.
 
 :meth:`Settings.from_env` raises :class:`SettingsError`; ``specshadow serve`` turns it into one
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, get_args, get_type_hints
@@ -37,6 +42,22 @@ OTHER_VARIABLES: Mapping[str, str] = {
     "SPECSHADOW_SKIP_VLLM": "skip the real-vLLM tests (tests/vllm)",
     "SPECSHADOW_VLLM_URLS": "reuse running vLLM servers in the tests (tests/vllm)",
 }
+
+# What Kubernetes injects into every pod of a namespace for a Service named "specshadow" (docker
+# links use the same shapes). SPECSHADOW_PORT collides with the port setting, so it is the link
+# only when its value is the link's URL.
+_SERVICE_LINK_NAME = re.compile(
+    r"SPECSHADOW_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)"
+)
+_SERVICE_LINK_URL = re.compile(r"(tcp|udp|sctp)://", re.IGNORECASE)
+
+
+def is_service_link(name: str, value: str) -> bool:
+    """Whether ``name=value`` is a Kubernetes service link for a Service named specshadow."""
+    if name == f"{PREFIX}PORT":
+        return bool(_SERVICE_LINK_URL.match(value.strip()))
+    return bool(_SERVICE_LINK_NAME.fullmatch(name))
+
 
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})
@@ -190,6 +211,11 @@ class Settings:
         return out
 
     @classmethod
+    def known_variables(cls) -> list[str]:
+        """Every ``SPECSHADOW_*`` name something in specshadow reads, sorted."""
+        return _known(_field_types(cls), _field_types(UpstreamSettings))
+
+    @classmethod
     def from_env(
         cls,
         environ: Mapping[str, str] = os.environ,
@@ -210,6 +236,8 @@ class Settings:
         top, nested = _field_types(cls), _field_types(UpstreamSettings)
         for name in sorted(environ):
             if not name.startswith(PREFIX) or name in OTHER_VARIABLES:
+                continue
+            if is_service_link(name, environ[name]):
                 continue
             key = name[len(PREFIX) :].lower()
             raw = environ[name]
@@ -251,13 +279,17 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in fields(cls)}
 
 
-def _unknown(name: str, top: Mapping[str, Any], nested: Mapping[str, Any]) -> str:
+def _known(top: Mapping[str, Any], nested: Mapping[str, Any]) -> list[str]:
     known = [PREFIX + k.upper() for k in top if k != "upstream"]
     known += [f"{PREFIX}UPSTREAM_{k.upper()}" for k in nested]
-    known += list(OTHER_VARIABLES)
+    return sorted([*known, *OTHER_VARIABLES])
+
+
+def _unknown(name: str, top: Mapping[str, Any], nested: Mapping[str, Any]) -> str:
+    known = _known(top, nested)
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"; did you mean {close[0]}?" if close else ""
-    return f"unknown setting{hint} (known: {', '.join(sorted(known))})"
+    return f"unknown setting{hint} (known: {', '.join(known)})"
 
 
 def _parse(annotation: Any, raw: str) -> Any:

@@ -30,10 +30,10 @@ _BEFORE_TIMING = pytest.StashKey[str]()
 
 
 def _wait_for_timing_gate() -> None:
-    """``SPECSHADOW_TIMING_GATE=PATH`` (set by scripts/check on the vllm tier, which runs beside
+    """``CHECK_TIMING_GATE=PATH`` (set by scripts/check on the vllm tier, which runs beside
     the other tiers): timing tests start only once PATH exists, when nothing else loads the
     machine. Waited for between tests, outside any test's timeout."""
-    gate = os.environ.get("SPECSHADOW_TIMING_GATE")
+    gate = os.environ.get("CHECK_TIMING_GATE")
     if not gate:
         return
     path = Path(gate)
