@@ -72,7 +72,6 @@ class PolicyStore:
         Returns True when the generation was bumped.
         """
         with self._lock:
-            self.reloads += 1
             self.last_reload_ok = True
             self.last_error = None
             self.last_reload_unix_ns = at_unix_ns
@@ -80,6 +79,10 @@ class PolicyStore:
             if changed:
                 self._current = dataclasses.replace(policy, generation=self._current.generation + 1)
         self._notify(True)
+        with self._lock:
+            # Counted once its listeners (the rollout controller's reconcile) have run: whoever
+            # sees the count sees the reload's effects.
+            self.reloads += 1
         return changed
 
     def record_failure(self, error: str, *, at_unix_ns: int) -> None:

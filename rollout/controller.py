@@ -192,6 +192,7 @@ class RolloutController:
         self.failovers = 0
         # Observations of exchanges dispatched in an episode that had ended when they landed.
         self.stale_observations = 0
+        self.handled = 0  # exchanges handed to handle() so far, whatever became of them
         self.drift_breaches: list[dict[str, Any]] = []  # the newest DRIFT_KEPT, for /admin/rollout
         self.transitions: list[Transition] = []  # this process's, newest last (bounded)
         self._engines_seen: dict[str, str] = {}  # rule → its candidate's last fingerprint seen
@@ -316,6 +317,13 @@ class RolloutController:
     # -- guards (the evidence worker's thread) -----------------------------------------------
 
     def handle(self, evidence: Evidence) -> None:
+        """One exchange's evidence, on the evidence worker's thread (counted in ``handled``)."""
+        try:
+            self._handle_evidence(evidence)
+        finally:
+            self.handled += 1  # read by tests and diagnostics: exchanges the guards have seen
+
+    def _handle_evidence(self, evidence: Evidence) -> None:
         exchange = evidence.exchange
         rule = self._specs.get(exchange.policy_rule or "")
         if rule is None or rule.rollout is None:

@@ -44,7 +44,16 @@ def _wait_for_timing_gate() -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if session.config.stash.get(_BEFORE_TIMING, None) == "":
+    # The tests that will run, after -m and -k deselected the others (pytest_collection_modifyitems
+    # sees them before that: the test before the first timing test there may never run).
+    items = session.items
+    first_timing = next(
+        (i for i, item in enumerate(items) if item.get_closest_marker("timing") is not None), None
+    )
+    if first_timing is None:
+        return
+    session.config.stash[_BEFORE_TIMING] = items[first_timing - 1].nodeid if first_timing else ""
+    if first_timing == 0:
         _wait_for_timing_gate()
 
 
@@ -73,11 +82,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the fixture is built once per run, not once per worker. A test marked ``xdist_group`` keeps
     its mark. Runs before xdist reads the marks (tryfirst)."""
     items.sort(key=lambda item: item.get_closest_marker("timing") is not None)
-    first_timing = next(
-        (i for i, item in enumerate(items) if item.get_closest_marker("timing") is not None), None
-    )
-    if first_timing is not None:
-        config.stash[_BEFORE_TIMING] = items[first_timing - 1].nodeid if first_timing else ""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:

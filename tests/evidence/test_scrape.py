@@ -151,11 +151,20 @@ async def test_nearest_finds_the_scrape_closest_to_a_dispatch_time():
         scraper = MetricsScraper({"sim": f"{sim.base_url}/metrics"}, 0.05)
         tasks = TaskSet()
         task = tasks.spawn(scraper.run(), name="scrape")
+        samples = scraper._targets["sim"].samples
+
+        async def sampled_after(unix_ns: int) -> None:  # polled state, not a wait on the clock
+            for _ in range(2000):
+                if samples and samples[-1].unix_ns > unix_ns:
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError(f"no sample after {unix_ns}")
+
         try:
-            await asyncio.sleep(0.3)
+            await sampled_after(time.time_ns() + 200_000_000)
             sim.metrics.queued()  # the backend's queue grows by one from here on
             marked = time.time_ns()
-            await asyncio.sleep(0.3)
+            await sampled_after(marked + 300_000_000)
         finally:
             task.cancel()
             await tasks.drain(1.0)
@@ -163,7 +172,9 @@ async def test_nearest_finds_the_scrape_closest_to_a_dispatch_time():
     after = scraper.nearest("sim", marked + 200_000_000)
     assert before is not None and after is not None
     assert (before.num_requests_waiting, after.num_requests_waiting) == (0.0, 1.0)
-    assert abs(after.unix_ns - (marked + 200_000_000)) < 60_000_000  # within about one poll
+    # The closest of every sample the poller took (how far apart they are is the machine's).
+    target = marked + 200_000_000
+    assert after.unix_ns == min((x.unix_ns for x in samples), key=lambda t: abs(t - target))
     assert scraper.nearest("sim", marked + 60 * 10**9) is None  # nothing that close
     assert scraper.nearest("other", marked) is None
 

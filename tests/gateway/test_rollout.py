@@ -16,7 +16,9 @@ import aiohttp
 import pytest
 
 from core.sinks import MemorySink
+from evidence.scrape import parse_sample
 from gateway.settings import Settings
+from gateway.state import GATEWAY
 from simulator.config import Faults
 from simulator.switch import Switch
 from specshadow.app import build_app
@@ -115,13 +117,42 @@ class Rig:
             return r.status, await r.json()
 
     async def settle(self, n: int) -> None:
-        """Wait until the gateway handed ``n`` exchanges to its sinks (guards see them there)."""
-        for _ in range(400):
-            if len(self.sink.exchanges) >= n:
-                await asyncio.sleep(0.1)  # the evidence worker wakes every 50 ms
+        """Wait until the gateway handed ``n`` exchanges to its sinks and its rollout guards have
+        seen as many (states, polled: no wait on the clock)."""
+        controller = self.server.app[GATEWAY].rollout
+        assert controller is not None
+        for _ in range(2000):
+            if len(self.sink.exchanges) >= n and controller.handled >= len(self.sink.exchanges):
                 return
-            await asyncio.sleep(0.025)
-        raise AssertionError(f"{len(self.sink.exchanges)} of {n} exchanges")
+            await asyncio.sleep(0.01)
+        raise AssertionError(
+            f"{len(self.sink.exchanges)} of {n} exchanges, {controller.handled} seen by the guards"
+        )
+
+    async def reloaded(self, reloads: int) -> None:
+        """Wait until the gateway's policy store has reloaded more than ``reloads`` times."""
+        store = self.server.app[GATEWAY].policy
+        for _ in range(2000):
+            if store.reloads > reloads:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"the policy was not reloaded ({store.reloads} reloads)")
+
+    @property
+    def reloads(self) -> int:
+        return self.server.app[GATEWAY].policy.reloads
+
+
+async def in_flight(base_url: str, n: int) -> None:
+    """Wait until the simulator at ``base_url`` holds ``n`` requests (its own /metrics)."""
+    async with aiohttp.ClientSession() as session:
+        for _ in range(1000):
+            async with session.get(f"{base_url}/metrics") as r:
+                sample = parse_sample(await r.text(), t_ns=0, unix_ns=0)
+            if (sample.num_requests_running or 0) + (sample.num_requests_waiting or 0) >= n:
+                return
+            await asyncio.sleep(0.01)
+    raise AssertionError(f"{base_url} never held {n} requests")
 
 
 @pytest.fixture
@@ -313,8 +344,9 @@ async def test_a_rollback_survives_restart_and_reload_and_only_the_token_promote
     assert (await rig.status())["rules"]["default"]["rolled_back"] is True
     results = await rig.send(12)
     assert all(who == "primary" for _, who, _ in results)
+    before = rig.reloads
     rig.write_policy(text + "# reloaded: same rollout block\n")
-    await asyncio.sleep(0.3)
+    await rig.reloaded(before)
     assert await rig.stage() == "shadow"  # a reload does not re-promote
     assert (await rig.change("promote", token=None))[0] == 403
     assert (await rig.change("promote", token="wrong"))[0] == 403
@@ -322,8 +354,9 @@ async def test_a_rollback_survives_restart_and_reload_and_only_the_token_promote
     assert status == 200 and body["to_stage"] == "canary"
     assert (await rig.status())["rules"]["default"]["rolled_back"] is False
     await rig.change("rollback")
+    before = rig.reloads
     rig.write_policy(policy_for(rig, serve_ratio=0.5, guards={"window": 60, "min_samples": 20}))
-    await asyncio.sleep(0.3)
+    await rig.reloaded(before)
     assert await rig.stage() == "canary"  # a policy that says so promotes again
     assert (await rig.status())["rules"]["default"]["serve_ratio"] == 0.5
     state = (rig.tmp / "rollout.json").read_text()
@@ -343,7 +376,7 @@ async def test_legs_of_an_earlier_episode_landing_after_a_promotion_are_not_its_
     rig.switch.targets["late"] = late.base_url
     rig.switch.current = "late"
     batch = asyncio.create_task(rig.send(8, concurrency=8))
-    await asyncio.sleep(0.3)
+    await in_flight(late.base_url, 8)  # every late leg dispatched, none answered yet
     status, body = await rig.change("promote", stage="canary", serve_ratio=0.3)
     assert status == 200, body
     await batch
@@ -372,8 +405,9 @@ async def test_an_operators_serve_ratio_survives_reload_and_restart_and_stops_th
     await rig.start(text)
     status, body = await rig.change("promote", stage="canary", serve_ratio=0.4)
     assert status == 200 and body["serve_ratio"] == 0.4
+    before = rig.reloads
     rig.write_policy(text + "# reloaded: same rollout block\n")
-    await asyncio.sleep(0.3)
+    await rig.reloaded(before)
     await rig.stop()
     await rig.start(text)  # a restart reads the state file
     await rig.send(40)

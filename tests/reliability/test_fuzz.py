@@ -329,7 +329,10 @@ def test_unicode_digit_and_huge_retry_counts_are_not_a_500(fuzz_gateway, value):
 def test_the_fuzzed_gateway_recorded_every_relayed_exchange(fuzz_gateway):
     fuzz_gateway.settle()
     relayed = len(fuzz_gateway.primary.received)
-    assert relayed > 100
+    # How many of the fuzz examples the primary got depends on what hypothesis drew and which of
+    # this module's tests shared the gateway on this worker; the claim is that every one of them
+    # was recorded, so the floor only says the claim is not empty.
+    assert relayed > 0
     assert len(fuzz_gateway.sink.exchanges) == relayed
     assert {e.primary.outcome for e in fuzz_gateway.sink.exchanges} == {"completed"}
     shadow_outcomes = {

@@ -129,9 +129,12 @@ def test_every_guard_query_parses_in_promtool(tmp_path: Path) -> None:
 async def test_the_guard_queries_answer_over_a_real_prometheus_scraping_the_gateway(
     sims, gateway, write_policy, prometheus_server
 ):
-    primary = await sims(step_s=0.002)
-    candidate = await sims(mode="speculative", acceptance=0.8, step_s=0.002)
-    baseline = await sims(step_s=0.002)
+    # Steps of 10 ms: the candidate's answers (about a quarter of the steps) land two or more of
+    # the duration histogram's doubling buckets below the primary's, so its p99 reads below the
+    # primary's on a loaded machine too (2 ms steps put both in one bucket there: ratio 1.0).
+    primary = await sims(step_s=0.01)
+    candidate = await sims(mode="speculative", acceptance=0.8, step_s=0.01)
+    baseline = await sims(step_s=0.01)
     policy = (
         "version: 1\n"
         f"backends:\n  prim: {{url: '{primary.base_url}', kind: sim}}\n"
