@@ -213,8 +213,9 @@ class CountTap(Tap):
         *,
         on_drop: Callable[[str], None] | None = None,
         keepalive_s: float = BACKEND_KEEPALIVE_S,
+        drain_s: float = 10.0,
     ) -> None:
-        super().__init__(downstream, keepalive_s=keepalive_s)
+        super().__init__(downstream, keepalive_s=keepalive_s, drain_s=drain_s)
         self._plan = plan
         self._on_drop = on_drop
         self._in_flight = 0

@@ -15,12 +15,18 @@ class Tap:
     """A sink in front of ``downstream`` that calls backends off the request path."""
 
     def __init__(
-        self, downstream: ExchangeSink, *, keepalive_s: float = BACKEND_KEEPALIVE_S
+        self,
+        downstream: ExchangeSink,
+        *,
+        keepalive_s: float = BACKEND_KEEPALIVE_S,
+        drain_s: float = 10.0,
     ) -> None:
         """``keepalive_s``: how long an idle connection to a backend is kept (the gateway's
-        ``upstream.keepalive_s``; below the backends' own keep-alive, as there)."""
+        ``upstream.keepalive_s``; below the backends' own keep-alive, as there). ``drain_s``:
+        how long :meth:`stop` waits for calls in flight (the gateway's ``shutdown_timeout_s``)."""
         self._downstream = downstream
         self._keepalive_s = keepalive_s
+        self._drain_s = drain_s
         self._tasks = TaskSet()
         self._session: aiohttp.ClientSession | None = None
 
@@ -36,9 +42,10 @@ class Tap:
         if downstream is not None:
             await downstream.start()
 
-    async def stop(self, timeout_s: float = 10.0) -> None:
-        """Finish what is in flight (bounded), then stop the downstream sink."""
-        await self._tasks.drain(timeout_s)
+    async def stop(self, timeout_s: float | None = None) -> None:
+        """Finish what is in flight (within ``timeout_s``, else ``drain_s``), then stop the
+        downstream sink."""
+        await self._tasks.drain(self._drain_s if timeout_s is None else timeout_s)
         if self._session is not None:
             await self._session.close()
             self._session = None

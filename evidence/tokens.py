@@ -201,12 +201,13 @@ class TokenTap(Tap):
         likelihood: Callable[[], LikelihoodPlan | None] | None = None,
         on_likelihood_drop: Callable[[str], None] | None = None,
         keepalive_s: float = BACKEND_KEEPALIVE_S,
+        drain_s: float = 10.0,
     ) -> None:
         """``on_drop(reason)``: one exchange recorded without tokens, ``budget`` (too many in
         flight) or ``error`` (a call failed or timed out). ``likelihood``: the current
         likelihood plan (None: off); ``on_likelihood_drop(reason)``: the same for the
         likelihood, with its own budget. ``keepalive_s``: as :class:`~evidence.tap.Tap`."""
-        super().__init__(downstream, keepalive_s=keepalive_s)
+        super().__init__(downstream, keepalive_s=keepalive_s, drain_s=drain_s)
         self._plan = plan
         self._on_drop = on_drop
         self._likelihood_plan = likelihood

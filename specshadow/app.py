@@ -210,6 +210,8 @@ def build_app(
         # Visible as specshadow.telemetry.dropped{signal=likelihood, reason=budget|error}.
         on_likelihood_drop=lambda reason: tel.count_telemetry_dropped("likelihood", reason, 1),
         keepalive_s=settings.upstream.keepalive_s,
+        # A hung tokenizer or scorer holds shutdown no longer than the gateway's own drain.
+        drain_s=settings.shutdown_timeout_s,
     )
     # In front of both: a mirrored exchange whose primary streamed without usage (the SDK's
     # default) has its legs' outputs counted by a shadow backend's tokenizer (evidence.counts).
@@ -219,6 +221,8 @@ def build_app(
         # Visible as specshadow.telemetry.dropped{signal=counts, reason=budget|error}.
         on_drop=lambda reason: tel.count_telemetry_dropped("counts", reason, 1),
         keepalive_s=settings.upstream.keepalive_s,
+        # A hung tokenizer or scorer holds shutdown no longer than the gateway's own drain.
+        drain_s=settings.shutdown_timeout_s,
     )
     return create_app(
         settings, sinks=[counts, *sinks], policy=store, telemetry=tel, rollout=rollout

@@ -156,7 +156,7 @@ def gateway(servers: list[TestServer]) -> Callable[..., Awaitable[RunningGateway
         primary_url: str | None, *, telemetry: Any = None, **overrides: Any
     ) -> RunningGateway:
         overrides.setdefault("upstream", FAST_UPSTREAM)
-        settings = Settings(primary_url=primary_url, shutdown_timeout_s=2.0, **overrides)
+        settings = Settings(primary_url=primary_url, **{"shutdown_timeout_s": 2.0, **overrides})
         sink = MemorySink()
         server = await start_server(build_app(settings, sinks=[sink], telemetry=telemetry))
         servers.append(server)
