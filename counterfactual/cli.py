@@ -89,6 +89,9 @@ def _run(args: argparse.Namespace) -> int:
     try:
         depths = parse_depths(args.depths)
         windows = parse_windows(args.windows)
+        from counterfactual.suffix import parse_suffix_knobs
+
+        suffix = tuple(parse_suffix_knobs(text) for text in args.suffix or ())
         rules: tuple[Rule, ...] = (
             tuple(parse_rule(text) for text in args.rule) if args.rule else DEFAULT_RULES
         )
@@ -153,6 +156,7 @@ def _run(args: argparse.Namespace) -> int:
                 per_request=write,
                 pieces=pieces,
                 drafter_vocabulary=vocabulary,
+                suffix=suffix,
             )
     except (SourceError, NothingToDo):
         raise  # worded once, by the console script
@@ -241,6 +245,16 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="a drafter's vocabulary: EAGLE-3's d2t as JSON {\"d2t\": [...]} or a JSON list of "
         "target token ids; output tokens outside it are counted as rejections by construction",
+    )
+    p.add_argument(
+        "--suffix",
+        action="append",
+        nargs="?",
+        const="",
+        metavar="KNOBS",
+        help="also score suffix decoding (vLLM method 'suffix') at every depth; KNOBS: "
+        "depth=24,cache=10000,factor=1.0,min_prob=0.1 (any subset; the rest vLLM's defaults); "
+        "repeat for more knob sets. Records are replayed in the order read (docs)",
     )
     p.add_argument(
         "--per-request",

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from counterfactual.rules import DEFAULT_RULES, ReplayClass, Rule, replay_class
+from counterfactual.suffix import SuffixKnobs
 
 __all__ = ["DEFAULT_DEPTHS", "DEFAULT_WINDOWS", "Config", "config_json", "grid", "parse_windows"]
 
-Proposer = Literal["ngram", "draft_model"]
+Proposer = Literal["ngram", "draft_model", "suffix"]
 DEFAULT_DEPTHS: tuple[int, ...] = tuple(range(1, 9))
 DEFAULT_WINDOWS: tuple[tuple[int, int], ...] = ((1, 3), (2, 4), (3, 5), (5, 5))
 
@@ -37,18 +38,27 @@ class Config:
     prompt_lookup_max: int | None = None
     drafter: str | None = None  # draft-model configurations: the drafter backend
     rule: Rule | None = None  # a dynamic draft-length rule (k is then its cap)
+    suffix: SuffixKnobs | None = None  # suffix decoding's other knobs (counterfactual/suffix.py)
 
     @property
     def replay_class(self) -> ReplayClass:
         return replay_class(self.rule, self.proposer)
 
     @property
-    def family(self) -> tuple[str, int | None, int | None, str | None]:
+    def family(self) -> tuple[str, int | None, int | None, str | None, SuffixKnobs | None]:
         """Everything but the depth: configurations that differ only in k."""
-        return (self.proposer, self.prompt_lookup_min, self.prompt_lookup_max, self.drafter)
+        return (
+            self.proposer,
+            self.prompt_lookup_min,
+            self.prompt_lookup_max,
+            self.drafter,
+            self.suffix,
+        )
 
     @property
     def label(self) -> str:
+        if self.suffix is not None:
+            return f"suffix k={self.num_speculative_tokens} {self.suffix.label}"
         if self.rule is not None:
             if self.proposer == "ngram":
                 where = f"ngram lookup {self.prompt_lookup_min}-{self.prompt_lookup_max}"
@@ -64,6 +74,12 @@ class Config:
 
     def speculative_config(self) -> dict[str, object]:
         """The ``--speculative-config`` JSON for vLLM (the drafter's model path is the operator's)."""
+        if self.suffix is not None:
+            return {
+                "method": "suffix",
+                "num_speculative_tokens": self.num_speculative_tokens,
+                **self.suffix.speculative_config(),
+            }
         if self.proposer == "ngram":
             return {
                 "method": "ngram",
@@ -91,6 +107,7 @@ def config_json(c: Config) -> dict[str, object]:
         "rule_name": None if c.rule is None else c.rule.name,
         "rule_params": None if c.rule is None else c.rule.params_json(),
         "replay_class": c.replay_class,
+        **({} if c.suffix is None else c.suffix.row_json()),
     }
 
 
@@ -102,6 +119,7 @@ def grid(
     extra: Iterable[Config] = (),
     rules: Iterable[Rule] = DEFAULT_RULES,
     drafter_rules: Iterable[Rule] = (),
+    suffix: Iterable[SuffixKnobs] = (),
 ) -> tuple[Config, ...]:
     """Every configuration to score, sorted (fixed ``k`` first), without duplicates.
 
@@ -115,6 +133,7 @@ def grid(
         for d in drafters
         for r in (*rules, *drafter_rules)
     }
+    configs |= {Config("suffix", k, suffix=s) for s in suffix for k in depths}
     configs |= set(extra)
     return tuple(sorted(configs, key=sort_key))
 

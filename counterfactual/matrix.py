@@ -51,6 +51,7 @@ from counterfactual.replay import (
 from counterfactual.rows import Cell, bound_row, row as make_row
 from counterfactual.rules import DEFAULT_RULES, DRAFTER_RULES, Rule, how_to_run
 from counterfactual.speed import StepModel, fit_step_model, leg_batch
+from counterfactual.suffix import SuffixCache, SuffixKnobs, suffix_offers
 from records.reader import Leg, Record, read
 from records.rules import output_length_bucket
 
@@ -156,6 +157,9 @@ def live_config(leg: Leg | Mapping[str, Any]) -> Config | None:
     lo, hi = spec.prompt_lookup_min, spec.prompt_lookup_max
     if method in ("ngram", "promptlookup") and lo is not None and hi is not None:
         return Config("ngram", k, lo, hi)
+    if method == "suffix":
+        # The records carry no suffix_decoding_* settings: vLLM's defaults are assumed.
+        return Config("suffix", k, suffix=SuffixKnobs())
     return None
 
 
@@ -170,7 +174,7 @@ def skip_reason(
             return "its engine reports no speculative configuration (/server_info)"
         method = spec.method or "unknown"
         if method.lower().replace("-", "").replace("_", "") not in ("ngram", "promptlookup"):
-            return f"it runs {method}: only n-gram candidates are replayed exactly"
+            return f"it runs {method}: only n-gram and suffix candidates are replayed"
         return "its n-gram configuration lacks prompt_lookup_min/max or num_speculative_tokens"
     if drafts is None or accepted is None:
         return "its engine reports no per-request draft counts (acceptance.num_drafts)"
@@ -218,6 +222,7 @@ def build_matrix(
     per_request: Callable[[dict[str, Any]], None] | None = None,
     pieces: Mapping[int, str] | None = None,
     drafter_vocabulary: frozenset[int] | None = None,
+    suffix: tuple[SuffixKnobs, ...] = (),
 ) -> Matrix:
     """Score the grid on every record with tokens; ``open_records`` is called twice.
 
@@ -227,6 +232,10 @@ def build_matrix(
     ``drafter_rules``: rules for draft models whose records carry the drafter's probabilities
     (the confidence exit: exact given the drafter).
     ``drafter_vocabulary``: the target ids a declared drafter can propose (EAGLE-3's ``d2t``).
+    ``suffix``: the suffix-decoding knob sets scored at every depth (``SuffixKnobs()``: vLLM's
+    defaults). A live suffix candidate is scored either way. Suffix decoding's global tree holds
+    earlier responses, so records are replayed in the order ``open_records`` yields them
+    (production's order; :mod:`.suffix`).
     ``per_request`` receives, for every scored record, its replay under every configuration
     (:func:`request_json`) — streamed, never kept.
     """
@@ -260,14 +269,20 @@ def build_matrix(
             ),
         },
         rules=replayed,
+        suffix=suffix,
     )
     max_k = max(c.num_speculative_tokens for c in configs)
     families: dict[tuple[Any, ...], list[Config]] = {}
     for c in configs:
         families.setdefault(c.family, []).append(c)
     bound_configs = tuple(
-        Config(f[0], r.cap, f[1], f[2], f[3], rule=r) for f in families for r in bounds
+        Config(f[0], r.cap, f[1], f[2], f[3], rule=r)
+        for f in families
+        if f[0] != "suffix"
+        for r in bounds
     )
+    # One suffix cache per knob set, fed across records (the history is the point).
+    suffix_caches: dict[SuffixKnobs, SuffixCache] = {}
 
     cells: dict[tuple[Config, str, str], Cell] = {}
     checks: dict[tuple[str, Config], LiveCheck] = {}
@@ -303,8 +318,22 @@ def build_matrix(
                 tally[1] += sum(t not in drafter_vocabulary for t in output)
         results: dict[Config, Replay] = {}
         for family, members in families.items():
-            proposer, lo, hi, drafter = family
+            proposer, lo, hi, drafter, knobs = family
             predicted: list[int] | None = None
+            if knobs is not None:
+                cache = suffix_caches.get(knobs)
+                if cache is None:
+                    cache = suffix_caches[knobs] = knobs.cache()
+                offered = suffix_offers(
+                    cache,
+                    scored,
+                    prompt,
+                    output,
+                    [knobs.spec(c.num_speculative_tokens) for c in members],
+                )
+                for c, (available, match) in zip(members, offered, strict=True):
+                    results[c] = replay(len(output), c.num_speculative_tokens, available, match)
+                continue
             if proposer == "ngram" and lo is not None and hi is not None:
                 available, match = ngram_offers(prompt, output, lo, hi, max_k)
             else:

@@ -46,7 +46,7 @@ __all__ = [
     "parse_rule",
 ]
 
-ReplayClass = Literal["exact", "exact_given_drafter", "bound"]
+ReplayClass = Literal["exact", "exact_given_drafter", "exact_given_history", "bound"]
 RuleName = Literal["heuristic", "ema_tiers", "elastic", "confidence", "batch_schedule"]
 RULE_NAMES: tuple[str, ...] = ("heuristic", "ema_tiers", "elastic", "confidence", "batch_schedule")
 Param = tuple[str, float | tuple[float, ...]]
@@ -166,6 +166,8 @@ def replay_class(rule: Rule | None, proposer: str) -> ReplayClass:
     """What the replay of a configuration is: exact, exact given the drafter, or a bound."""
     if rule is not None and rule.name == "batch_schedule":
         return "bound"
+    if proposer == "suffix":
+        return "exact_given_history"
     return "exact" if proposer == "ngram" else "exact_given_drafter"
 
 

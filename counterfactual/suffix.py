@@ -41,10 +41,13 @@ __all__ = [
     "DEFAULT_MAX_SPEC_FACTOR",
     "DEFAULT_MAX_TREE_DEPTH",
     "DEFAULT_MIN_TOKEN_PROB",
+    "REPLAY_NOTE",
     "SuffixCache",
     "SuffixDraft",
+    "SuffixKnobs",
     "SuffixSpec",
     "SuffixTree",
+    "parse_suffix_knobs",
     "suffix_offers",
 ]
 
@@ -344,3 +347,73 @@ def suffix_offers(
     finally:
         cache.stop_request(req_id)
     return offers
+
+
+REPLAY_NOTE = (
+    "exact given the history: the replay feeds the trees as vLLM does, record by record in the "
+    "order read (production's order), so the global tree holds every earlier response; requests "
+    "that overlapped in production saw each other's partial responses there, and requests "
+    "without token ids are missing from the replay's history"
+)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class SuffixKnobs:
+    """vLLM's ``suffix_decoding_*`` settings beside the depth (``num_speculative_tokens``)."""
+
+    max_tree_depth: int = DEFAULT_MAX_TREE_DEPTH
+    max_cached_requests: int = DEFAULT_MAX_CACHED_REQUESTS
+    max_spec_factor: float = DEFAULT_MAX_SPEC_FACTOR
+    min_token_prob: float = DEFAULT_MIN_TOKEN_PROB
+
+    @property
+    def label(self) -> str:
+        return (
+            f"tree {self.max_tree_depth} cache {self.max_cached_requests} "
+            f"factor {self.max_spec_factor:g} min_prob {self.min_token_prob:g}"
+        )
+
+    def speculative_config(self) -> dict[str, object]:
+        return {
+            "suffix_decoding_max_tree_depth": self.max_tree_depth,
+            "suffix_decoding_max_cached_requests": self.max_cached_requests,
+            "suffix_decoding_max_spec_factor": self.max_spec_factor,
+            "suffix_decoding_min_token_prob": self.min_token_prob,
+        }
+
+    def row_json(self) -> dict[str, object]:
+        return {**self.speculative_config(), "replay_note": REPLAY_NOTE}
+
+    def cache(self) -> SuffixCache:
+        return SuffixCache(self.max_tree_depth, self.max_cached_requests)
+
+    def spec(self, k: int) -> SuffixSpec:
+        return SuffixSpec(k, self.max_spec_factor, self.min_token_prob)
+
+
+def parse_suffix_knobs(text: str) -> SuffixKnobs:
+    """``"depth=24,cache=10000,factor=1.0,min_prob=0.1"`` (any subset) → the knobs.
+
+    Raises:
+        ValueError: naming the piece that is not ``NAME=VALUE`` with a known name and a valid value.
+    """
+    values: dict[str, float] = {}
+    names = {"depth": "max_tree_depth", "cache": "max_cached_requests",
+             "factor": "max_spec_factor", "min_prob": "min_token_prob"}  # fmt: skip
+    for piece in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = piece.partition("=")
+        if name not in names:
+            raise ValueError(f"suffix knob {piece!r}: expected one of {', '.join(names)}")
+        try:
+            values[names[name]] = float(value)
+        except ValueError:
+            raise ValueError(f"suffix knob {piece!r}: expected a number") from None
+    knobs = SuffixKnobs(
+        max_tree_depth=int(values.get("max_tree_depth", DEFAULT_MAX_TREE_DEPTH)),
+        max_cached_requests=int(values.get("max_cached_requests", DEFAULT_MAX_CACHED_REQUESTS)),
+        max_spec_factor=values.get("max_spec_factor", DEFAULT_MAX_SPEC_FACTOR),
+        min_token_prob=values.get("min_token_prob", DEFAULT_MIN_TOKEN_PROB),
+    )
+    if knobs.max_tree_depth < 1 or knobs.max_spec_factor < 0 or knobs.min_token_prob < 0:
+        raise ValueError(f"suffix knobs {text!r}: depth >= 1, factor and min_prob >= 0")
+    return knobs

@@ -5,6 +5,7 @@ where the library is importable."""
 from __future__ import annotations
 
 import importlib.util
+import random
 import re
 from pathlib import Path
 from typing import Any
@@ -12,14 +13,18 @@ from typing import Any
 import pytest
 
 from core import jsonx
+from counterfactual.grid import Config
+from counterfactual.matrix import ALL, build_matrix, live_config
 from counterfactual.replay import replay
 from counterfactual.suffix import (
     SuffixCache,
+    SuffixKnobs,
     SuffixSpec,
     SuffixTree,
     _increment,
     _Node,
     f32,
+    parse_suffix_knobs,
     suffix_offers,
 )
 
@@ -155,3 +160,76 @@ def test_draw_for_draw_equal_to_arctic_inference(max_cached: int) -> None:
         port.stop_request(i)
         assert list(lib.cached_requests) == port.cached_requests
     assert compared > 1000
+
+
+def _agent_records(n: int, seed: int) -> list[dict[str, Any]]:
+    """Agent-like traffic: 'tool' outputs repeat one of three templates with small edits, 'chat'
+    outputs are fresh."""
+    from tests.counterfactual.test_matrix import record
+
+    rng = random.Random(seed)
+    templates = [[rng.randrange(1000, 2000) for _ in range(30)] for _ in range(3)]
+    out = []
+    for i in range(n):
+        prompt = [rng.randrange(500) for _ in range(20)]
+        if i % 2:
+            output = list(rng.choice(templates))
+            output[rng.randrange(30)] = rng.randrange(3000, 4000)
+            out.append(record(i, prompt, output, "tool"))
+        else:
+            out.append(record(i, prompt, [rng.randrange(4000, 9000) for _ in range(30)], "chat"))
+    return out
+
+
+def test_matrix_rows_per_category_with_the_history() -> None:
+    records = _agent_records(40, 3)
+    m = build_matrix(lambda: iter(records), depths=(2, 8), suffix=(SuffixKnobs(),))
+    rows = {
+        (r["category"], r["num_speculative_tokens"]): r
+        for r in m.rows
+        if r["proposer"] == "suffix" and r["output_length_bucket"] == ALL
+    }
+    assert set(rows) == {(c, k) for c in ("tool", "chat", ALL) for k in (2, 8)}
+    for r in rows.values():
+        assert r["replay_class"] == "exact_given_history"
+        assert r["suffix_decoding_max_tree_depth"] == 24 and "order" in r["replay_note"]
+    # Each row equals the port driven by hand over the records in order.
+    cache = SuffixCache()
+    drafts = accepted = 0
+    for i, rec in enumerate(records):
+        prompt, output = rec["tokens"]["prompt"], rec["tokens"]["output"]
+        ((available, match),) = suffix_offers(cache, i, prompt, output, [SuffixSpec(8)])
+        rp = replay(len(output), 8, available, match)
+        if rec["category"] == "tool":
+            drafts, accepted = drafts + rp.drafts, accepted + rp.accepted
+    tool = rows[("tool", 8)]["mean_acceptance_length"]
+    assert tool["estimate"] == pytest.approx(1 + accepted / drafts)
+    # Repeated tool outputs are drafted from earlier responses; fresh chat barely at all.
+    assert tool["estimate"] > 3 > rows[("chat", 8)]["mean_acceptance_length"]["estimate"]
+    # Opt-in: no knob sets, no suffix rows.
+    assert not [r for r in build_matrix(lambda: iter(records)).rows if r["proposer"] == "suffix"]
+
+
+def test_live_suffix_candidate_is_checked() -> None:
+    from tests.counterfactual.test_matrix import leg
+
+    records = _agent_records(30, 4)
+    cache = SuffixCache()
+    spec = {"method": "suffix", "num_speculative_tokens": 8}
+    for i, rec in enumerate(records):
+        prompt, output = rec["tokens"]["prompt"], rec["tokens"]["output"]
+        ((available, match),) = suffix_offers(cache, i, prompt, output, [SuffixSpec(8)])
+        r = replay(len(output), 8, available, match)
+        acc = {"num_drafts": r.drafts, "num_accepted_tokens": r.accepted}
+        rec["legs"] = [leg("candidate", 0.01, 1, len(output), speculative=spec, acceptance=acc)]
+    (check,) = build_matrix(lambda: iter(records), depths=(8,)).live
+    assert check["relative_gap"] == pytest.approx(0.0, abs=1e-12) and not check["flag"]
+    assert live_config({"speculative": spec}) == Config("suffix", 8, suffix=SuffixKnobs())
+
+
+def test_knobs_parse() -> None:
+    assert parse_suffix_knobs("") == SuffixKnobs()
+    assert parse_suffix_knobs("depth=16,min_prob=0.3") == SuffixKnobs(16, 10000, 1.0, 0.3)
+    for bad in ("deep=3", "depth=x", "depth=0"):
+        with pytest.raises(ValueError, match="suffix knob"):
+            parse_suffix_knobs(bad)
