@@ -61,7 +61,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SpecConfig = Literal["plain", "ngram", "draft"]
+SpecConfig = Literal["plain", "ngram", "draft", "suffix"]
 SERVED_MODEL_NAME = "tiny-llama"
 MAX_MODEL_LEN = 1024
 READY_TIMEOUT_S = 300.0  # 25–50 s alone; three at once on a busy 2-core box took 150 s
@@ -91,6 +91,8 @@ def speculative_config(spec: VllmServerSpec, draft_dir: Path) -> dict[str, objec
     """The ``--speculative-config`` JSON object for ``spec`` (``None`` for a plain server)."""
     if spec.config == "plain":
         return None
+    if spec.config == "suffix":  # arctic-inference on PYTHONPATH (backends.setup.ensure_arctic)
+        return {"method": "suffix", "num_speculative_tokens": spec.num_speculative_tokens}
     if spec.config == "ngram":
         return {
             "method": "ngram",
@@ -228,13 +230,19 @@ class VllmServer:
         for sub in ("vllm-cache", "inductor", "rpc", "tmp", "hf"):
             (self._work_dir / sub).mkdir()
         cmd = server_command(self.spec, self.env, self.port)
+        environment = server_environment(os.environ, self.env, self._work_dir, self.spec.cores)
+        if self.spec.config == "suffix":
+            from backends.setup import ensure_arctic
+
+            lib = ensure_arctic(self.env.venv)
+            environment["PYTHONPATH"] = f"{environment['PYTHONPATH']}{os.pathsep}{lib}"
         log.info("starting vLLM %s (%s) on port %d", self.spec.name, self.spec.config, self.port)
         # On the parent's death vLLM gets SIGTERM (not SIGKILL), so it can end its engine workers.
         self._proc = ChildProcess(
             cmd,
             name=f"vLLM {self.spec.name}",
             log_path=self.log_path,
-            env=server_environment(os.environ, self.env, self._work_dir, self.spec.cores),
+            env=environment,
             cwd=self._work_dir,
             pdeathsig="TERM",
             error=VllmServerError,

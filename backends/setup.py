@@ -161,6 +161,78 @@ def ensure_models(venv: Path, cache: Path | None = None) -> tuple[Path, Path]:
     return final / "target", final / "draft"
 
 
+ARCTIC_VERSION = "0.3.0"  # arctic-inference: vLLM's suffix decoding (method "suffix") imports it
+
+
+def ensure_arctic(venv: Path, cache: Path | None = None) -> Path:
+    """Build (once) arctic-inference's suffix-decoding extension against ``venv``'s Python; return
+    the folder to put on ``PYTHONPATH`` (it holds ``arctic_inference.suffix_decoding`` only).
+
+    PyPI has only its source; the whole package's build wants CUDA pieces, so only the suffix
+    tree (``csrc/suffix_decoding``: C++20 and nanobind, about 25 s on one core) is built, with
+    CMake pointed at ``venv``'s Python. Cached beside the vLLM environment.
+    """
+    cache = cache or cache_root()
+    root = cache / f"arctic-inference-{ARCTIC_VERSION}-{venv.parent.name}"
+    lib = root / "lib"
+    with _locked(cache / f"{root.name}.lock"):
+        if (root / COMPLETE).exists():
+            return lib
+        started = time.perf_counter()
+        shutil.rmtree(root, ignore_errors=True)
+        python = str(venv / "bin" / "python")
+        pip = [python, "-m", "pip", "--disable-pip-version-check"]
+        tools, src, build = root / "tools", root / "src", root / "build"
+        _run([*pip, "install", "-q", "--target", str(tools), "nanobind", "cmake"])
+        sdist = _fetch_sdist("arctic-inference", ARCTIC_VERSION, src)
+        shutil.unpack_archive(sdist, src)
+        pkg = src / sdist.name.removesuffix(".tar.gz")
+        env = {**os.environ, "PYTHONPATH": str(tools)}
+        cmake = str(tools / "bin" / "cmake")
+        for cmd in (
+            [cmake, "-S", str(pkg / "csrc" / "suffix_decoding"), "-B", str(build),
+             f"-DPython_EXECUTABLE={python}", "-DCMAKE_BUILD_TYPE=Release"],
+            [cmake, "--build", str(build), "-j2"],
+        ):  # fmt: skip
+            log.info("$ %s", " ".join(cmd))
+            subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL, env=env)
+        dest = lib / "arctic_inference" / "suffix_decoding"
+        dest.mkdir(parents=True)
+        (lib / "arctic_inference" / "__init__.py").write_text("")
+        for f in (pkg / "arctic_inference" / "suffix_decoding").glob("*.py"):
+            shutil.copy(f, dest)
+        for f in build.glob("_C*.so"):
+            shutil.copy(f, dest)
+        (root / COMPLETE).write_text(f"arctic-inference=={ARCTIC_VERSION}\n")
+        log.info("arctic-inference's suffix tree built in %.0f s", time.perf_counter() - started)
+    return lib
+
+
+def _fetch_sdist(name: str, version: str, dest: Path) -> Path:
+    """The source archive of ``name==version`` from PyPI, its sha256 checked (``pip download``
+    would prepare its metadata, which for arctic-inference builds torch from source)."""
+    import urllib.request
+
+    from core import jsonx
+
+    index = urllib.request.Request(
+        f"https://pypi.org/simple/{name}/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+    )
+    with urllib.request.urlopen(index, timeout=60) as r:
+        files = jsonx.loads(r.read())["files"]
+    stem = f"{name.replace('-', '_')}-{version}"
+    (entry,) = [f for f in files if f["filename"] in (f"{stem}.tar.gz", f"{stem}.zip")]
+    dest.mkdir(parents=True, exist_ok=True)
+    path: Path = dest / str(entry["filename"])
+    with urllib.request.urlopen(entry["url"], timeout=120) as r:
+        data = r.read()
+    if hashlib.sha256(data).hexdigest() != entry["hashes"]["sha256"]:
+        raise RuntimeError(f"{entry['filename']}: sha256 differs from PyPI's")
+    path.write_bytes(data)
+    return path
+
+
 def setup(cache: Path | None = None) -> VllmEnv:
     """Everything the vLLM servers need; instant when already cached."""
     venv, pystub = ensure_venv(cache)

@@ -210,6 +210,62 @@ class SuffixTree:
         return best
 
 
+def _paths(
+    tree: SuffixTree, context: Sequence[int], max_tokens: int, floor: float
+) -> list[tuple[int, list[int], list[float], list[float]]]:
+    """Per match length (``1 … len(context) − 1``, up to the first that fails): the draft path
+    of up to ``max_tokens`` tokens with probabilities ``>= floor``, and its running float32
+    score. Every (k, factor, floor ≥ this floor) draft is a prefix of it (probabilities never
+    rise along a path), so one walk serves every configuration of a step."""
+    out: list[tuple[int, list[int], list[float], list[float]]] = []
+    root, n = tree.root, len(context)
+    for match_len in range(1, n):
+        node: _Node | None = root
+        for t in context[n - match_len :]:
+            node = node.children.get(t)  # type: ignore[union-attr]
+            if node is None:
+                return out
+        assert node is not None
+        tokens: list[int] = []
+        probs: list[float] = []
+        scores: list[float] = []
+        prob, score = 1.0, 0.0
+        while len(tokens) < max_tokens and node.order:
+            token = node.order[0]
+            child = node.children[token]
+            if child.count != node.count:
+                prob = f32(prob * f32(f32(child.count) / f32(node.count)))
+                if prob < floor:
+                    break
+            tokens.append(token)
+            probs.append(prob)
+            score = f32(score + prob)
+            scores.append(score)
+            node = child
+        out.append((match_len, tokens, probs, scores))
+    return out
+
+
+def _pick(
+    paths: list[tuple[int, list[int], list[float], list[float]]],
+    cap: int,
+    factor: float,
+    floor: float,
+) -> tuple[list[int], float]:
+    """:meth:`SuffixTree.speculate`'s choice among the match lengths, from :func:`_paths`."""
+    best: list[int] = []
+    best_score = 0.0
+    for match_len, tokens, probs, scores in paths:
+        limit = min(cap, int(f32(match_len * factor) + 1e-6), len(tokens))
+        length = 0
+        while length < limit and probs[length] >= floor:
+            length += 1
+        score = scores[length - 1] if length else 0.0
+        if score >= best_score:
+            best, best_score = tokens[:length], score
+    return best, best_score
+
+
 class SuffixCache:
     """``SuffixDecodingCache``: a local tree per active request, one global tree of responses."""
 
@@ -327,15 +383,23 @@ def suffix_offers(
             cache.add_active_response(req_id, output[:1])
         context = [*prompt, *output[:1]]
         depth = cache.max_tree_depth
+        local = cache._local[req_id]
+        caps = [spec.k for spec in specs]
+        most = max(caps, default=0)
+        floor = min((f32(spec.min_token_prob) for spec in specs), default=1.0)
         for j in range(1, n):
             tokens = p + j
+            ctx = context[-depth:]
+            lp = _paths(local, ctx, most, floor)
+            gp = _paths(cache.global_tree, ctx, most, floor)
             for s, spec in enumerate(specs):
-                cap = spec.k if max_model_len is None else min(spec.k, max_model_len - tokens - 1)
+                cap = caps[s] if max_model_len is None else min(caps[s], max_model_len - tokens - 1)
                 if cap <= 0:
                     continue
-                draft = cache.speculate(
-                    req_id, context[-depth:], cap, spec.max_spec_factor, spec.min_token_prob
-                ).token_ids
+                factor, spec_floor = f32(spec.max_spec_factor), f32(spec.min_token_prob)
+                ld, ls = _pick(lp, cap, factor, spec_floor)
+                gd, gs = _pick(gp, cap, factor, spec_floor)
+                draft = ld if ls >= gs else gd
                 available, match = offers[s]
                 available[j] = len(draft)
                 m = 0

@@ -233,3 +233,31 @@ def test_knobs_parse() -> None:
     for bad in ("deep=3", "depth=x", "depth=0"):
         with pytest.raises(ValueError, match="suffix knob"):
             parse_suffix_knobs(bad)
+
+
+def test_offers_share_one_walk_and_equal_speculate_per_spec() -> None:
+    """suffix_offers walks each tree once per step for every spec; each spec's drafts equal the
+    cache's own speculate with that spec's knobs."""
+    rng = random.Random(8)
+    specs = [SuffixSpec(2), SuffixSpec(8, 0.5, 0.3), SuffixSpec(24, 2.0, 0.05), SuffixSpec(5)]
+    fast, slow = SuffixCache(12, 4), SuffixCache(12, 4)
+    base = [rng.randrange(30) for _ in range(60)]
+    for i in range(12):
+        prompt = [rng.randrange(30) for _ in range(15)]
+        output = [t if rng.random() < 0.8 else rng.randrange(30) for t in base][: 20 + 3 * i]
+        offers = suffix_offers(fast, i, prompt, output, specs, max_model_len=15 + 60)
+        slow.start_request(i, prompt)
+        slow.add_active_response(i, output[:1])
+        for j in range(1, len(output)):
+            for spec, (available, _) in zip(specs, offers, strict=True):
+                cap = min(spec.k, 75 - (15 + j) - 1)
+                want = (
+                    slow.speculate(
+                        i, [*prompt, *output[:j]], cap, spec.max_spec_factor, spec.min_token_prob
+                    ).token_ids
+                    if cap > 0
+                    else ()
+                )
+                assert available[j] == len(want), (i, j, spec)
+            slow.add_active_response(i, output[j : j + 1])
+        slow.stop_request(i)

@@ -64,6 +64,8 @@ EXTRA_SPECS = {
         VllmServerSpec("other", "plain", weights="draft"),
         # n-gram at depth 2: what vLLM reports at another depth (test_counterfactual).
         VllmServerSpec("ngram-k2", "ngram", num_speculative_tokens=2),
+        # Suffix decoding (arctic-inference built once, cached): test_suffix_live.
+        VllmServerSpec("suffix", "suffix", num_speculative_tokens=8),
     )
 }
 MAX_EXTRAS = 1
