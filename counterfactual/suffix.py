@@ -35,6 +35,7 @@ import struct
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "DEFAULT_MAX_CACHED_REQUESTS",
@@ -358,14 +359,15 @@ class SuffixSpec:
 
 
 def suffix_offers(
-    cache: SuffixCache,
+    cache: Any,
     req_id: Hashable,
     prompt: Sequence[int],
     output: Sequence[int],
     specs: Sequence[SuffixSpec],
     max_model_len: int | None = None,
 ) -> list[tuple[list[int], list[int]]]:
-    """Serve one request through ``cache`` as vLLM's proposer does, and return per spec the
+    """Serve one request through ``cache`` (the port's :class:`SuffixCache`, or arctic-inference's
+    ``SuffixDecodingCache``) as vLLM's proposer does, and return per spec the
     ``(available, match)`` of :func:`counterfactual.replay.replay`.
 
     The trees' state with ``j`` output tokens emitted depends only on those tokens (the engine
@@ -383,6 +385,8 @@ def suffix_offers(
             cache.add_active_response(req_id, output[:1])
         context = [*prompt, *output[:1]]
         depth = cache.max_tree_depth
+        if not isinstance(cache, SuffixCache):
+            return _library_offers(cache, req_id, prompt, output, specs, max_model_len, offers)
         local = cache._local[req_id]
         caps = [spec.k for spec in specs]
         most = max(caps, default=0)
@@ -448,8 +452,14 @@ class SuffixKnobs:
     def row_json(self) -> dict[str, object]:
         return {**self.speculative_config(), "replay_note": REPLAY_NOTE}
 
-    def cache(self) -> SuffixCache:
-        return SuffixCache(self.max_tree_depth, self.max_cached_requests)
+    def cache(self) -> Any:
+        """arctic-inference's own cache where it is importable (about 25× faster), else the
+        port (draw-for-draw equal: tests/counterfactual/test_suffix.py)."""
+        try:
+            from arctic_inference.suffix_decoding import SuffixDecodingCache  # type: ignore[import-not-found]
+        except ImportError:
+            return SuffixCache(self.max_tree_depth, self.max_cached_requests)
+        return SuffixDecodingCache(self.max_tree_depth, self.max_cached_requests)
 
     def spec(self, k: int) -> SuffixSpec:
         return SuffixSpec(k, self.max_spec_factor, self.min_token_prob)
@@ -481,3 +491,36 @@ def parse_suffix_knobs(text: str) -> SuffixKnobs:
     if knobs.max_tree_depth < 1 or knobs.max_spec_factor < 0 or knobs.min_token_prob < 0:
         raise ValueError(f"suffix knobs {text!r}: depth >= 1, factor and min_prob >= 0")
     return knobs
+
+
+def _library_offers(
+    cache: Any,
+    req_id: Hashable,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    specs: Sequence[SuffixSpec],
+    max_model_len: int | None,
+    offers: list[tuple[list[int], list[int]]],
+) -> list[tuple[list[int], list[int]]]:
+    """:func:`suffix_offers` through the library (the request already started and its first
+    token fed; stopped by the caller)."""
+    n, p = len(output), len(prompt)
+    context = [*prompt, *output[:1]]
+    depth = cache.max_tree_depth
+    for j in range(1, n):
+        for s, spec in enumerate(specs):
+            cap = spec.k if max_model_len is None else min(spec.k, max_model_len - p - j - 1)
+            if cap <= 0:
+                continue
+            draft = cache.speculate(
+                req_id, context[-depth:], cap, spec.max_spec_factor, 0.0, spec.min_token_prob
+            ).token_ids
+            available, match = offers[s]
+            available[j] = len(draft)
+            m = 0
+            while m < len(draft) and j + m < n and draft[m] == output[j + m]:
+                m += 1
+            match[j] = m
+        cache.add_active_response(req_id, output[j : j + 1])
+        context.append(output[j])
+    return offers
