@@ -237,6 +237,8 @@ def _rejections_section(m: Matrix) -> list[str]:
 def _backend_name(c: Config) -> str:
     if c.proposer == "ngram":
         return f"ngram-k{c.num_speculative_tokens}-{c.prompt_lookup_min}-{c.prompt_lookup_max}"
+    if c.suffix is not None:
+        return f"suffix-k{c.num_speculative_tokens}-d{c.suffix.max_tree_depth}"
     return f"draft-{c.drafter}-k{c.num_speculative_tokens}"
 
 
@@ -267,7 +269,8 @@ def policy_fragment(m: Matrix) -> str | None:
         out.append("    kind: vllm")
         out.append(f"    # vllm serve TARGET --speculative-config '{_json(spec)}'")
         out.append("    speculative:")
-        out.append(f"      method: {'ngram' if c.proposer == 'ngram' else 'draft_model'}")
+        method = c.proposer if c.proposer in ("ngram", "suffix") else "draft_model"
+        out.append(f"      method: {method}")
         out.append(f"      num_speculative_tokens: {c.num_speculative_tokens}")
         if c.proposer == "ngram":
             out.append(f"      prompt_lookup_min: {c.prompt_lookup_min}")

@@ -261,3 +261,15 @@ def test_offers_share_one_walk_and_equal_speculate_per_spec() -> None:
                 assert available[j] == len(want), (i, j, spec)
             slow.add_active_response(i, output[j : j + 1])
         slow.stop_request(i)
+
+
+def test_policy_fragment_names_the_suffix_method() -> None:
+    from counterfactual.render import policy_fragment
+
+    records = _agent_records(30, 5)
+    m = build_matrix(lambda: iter(records), depths=(4, 8), suffix=(SuffixKnobs(),))
+    if not any(c.proposer == "suffix" for c in m.deploy):
+        pytest.skip("no suffix pick on this traffic")
+    text = policy_fragment(m)
+    assert text is not None
+    assert "method: suffix" in text and '"method":"suffix"' in text and "suffix-k" in text
