@@ -16,7 +16,8 @@ import argparse
 import random
 import time
 
-from counterfactual.suffix import SuffixCache, SuffixKnobs, SuffixSpec, suffix_offers
+from counterfactual.suffix import SuffixCache
+from counterfactual.suffix_replay import SuffixKnobs, SuffixSpec, suffix_offers
 
 
 def main() -> None:

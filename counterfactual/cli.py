@@ -89,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         depths = parse_depths(args.depths)
         windows = parse_windows(args.windows)
-        from counterfactual.suffix import parse_suffix_knobs
+        from counterfactual.suffix_replay import parse_suffix_knobs
 
         suffix = tuple(parse_suffix_knobs(text) for text in args.suffix or ())
         rules: tuple[Rule, ...] = (

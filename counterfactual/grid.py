@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from counterfactual.rules import DEFAULT_RULES, ReplayClass, Rule, replay_class
-from counterfactual.suffix import SuffixKnobs
+from counterfactual.suffix_replay import SuffixKnobs
 
 __all__ = ["DEFAULT_DEPTHS", "DEFAULT_WINDOWS", "Config", "config_json", "grid", "parse_windows"]
 

@@ -51,7 +51,7 @@ from counterfactual.replay import (
 from counterfactual.rows import Cell, bound_row, row as make_row
 from counterfactual.rules import DEFAULT_RULES, DRAFTER_RULES, Rule, how_to_run
 from counterfactual.speed import StepModel, fit_step_model, leg_batch
-from counterfactual.suffix import SuffixKnobs, suffix_offers
+from counterfactual.suffix_replay import SuffixKnobs, suffix_offers
 from records.reader import Leg, Record, read
 from records.rules import output_length_bucket
 

@@ -16,17 +16,8 @@ from core import jsonx
 from counterfactual.grid import Config
 from counterfactual.matrix import ALL, build_matrix, live_config
 from counterfactual.replay import replay
-from counterfactual.suffix import (
-    SuffixCache,
-    SuffixKnobs,
-    SuffixSpec,
-    SuffixTree,
-    _increment,
-    _Node,
-    f32,
-    parse_suffix_knobs,
-    suffix_offers,
-)
+from counterfactual.suffix import SuffixCache, SuffixTree, _increment, _Node, f32
+from counterfactual.suffix_replay import SuffixKnobs, SuffixSpec, parse_suffix_knobs, suffix_offers
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 

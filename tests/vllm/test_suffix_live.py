@@ -24,7 +24,8 @@ from backends.server import VllmServer
 from backends.setup import ensure_arctic
 from counterfactual.matrix import build_matrix
 from counterfactual.replay import replay
-from counterfactual.suffix import SuffixCache, SuffixSpec, suffix_offers
+from counterfactual.suffix import SuffixCache
+from counterfactual.suffix_replay import SuffixSpec, suffix_offers
 from records.sqlite_store import query_records
 from tests.vllm.conftest import VllmServerPool
 from tests.vllm.test_counterfactual import run
