@@ -17,22 +17,28 @@ propose a target token outside the intersection: wherever the output holds one, 
 rejected **by construction**.
 
 **SLEM** — Hugging Face transformers' Universal Assisted Generation
-(``src/transformers/generation/candidate_generator.py``: ``AssistedCandidateGeneratorDifferent
-Tokenizers`` and ``UniversalSpeculativeDecodingGenerator``): the assistant continues the text in
-its own tokens, its new tokens are decoded to text and re-encoded with the target's tokenizer,
-and the target verifies those target tokens (accepted iff equal to its own greedy tokens). The
-match is on text: the draft is useful exactly as far as its text spells the output's text and
-the target tokenizer spells that prefix as the output does.
+(``src/transformers/generation/candidate_generator.py``, ``AssistedCandidateGeneratorDifferent
+Tokenizers``, read at commit 00a11b6a of huggingface/transformers): the target's ids are decoded
+(``skip_special_tokens``, ``clean_up_tokenization_spaces``) and re-encoded with the assistant's
+tokenizer, the assistant generates ``num_assistant_tokens`` of its own tokens, the window is
+decoded and re-encoded with the target's tokenizer, the new target ids (after the longest
+diagonal alignment with the target's context) are the candidates, and the target accepts
+the longest prefix equal to its own tokens. The match is on text: a draft is useful exactly as
+far as its text spells the output's and the target's tokenizer spells that prefix as the output
+does.
 
 **Replay classes.** TLI is *exact given the drafter*: the input is the drafter's teacher-forced
 greedy prediction, masked to the intersection, in draft ids (what ``_greedy_sample`` computes),
 with the context read through ``target → draft`` as vLLM feeds it; the steps are
 :func:`counterfactual.replay.replay`'s. SLEM is *approximate*: the input is the drafter's
-greedy text at each output position (its ``k`` tokens decoded); accepted target tokens are the
-output's tokens whose text the draft spells in order (equal to the re-encoding wherever the
-target tokenizer splits that text as the output did — the same assumption the re-tokenized
-records of :mod:`counterfactual.retokenize` make), and a leftover of draft text counts one more
-drafted (rejected) target token. Method and limits: docs/counterfactual.md.
+greedy text at each output position (its ``num_assistant_tokens`` decoded); accepted target
+tokens are the output's tokens whose text the draft spells in order (equal to the re-encoding
+wherever the target tokenizer splits that text as the output did — the assumption the
+re-tokenized records of :mod:`counterfactual.retokenize` make too), and a leftover of draft
+text counts one more drafted (rejected) target token, so drafted tokens are a lower bound
+(accepted counts are exact under the assumption). The candidates carry no
+logits, so transformers' ``assisted_decoding`` accepts a candidate iff it equals the target's
+own (argmax or sampled) token: "accepted iff equal" holds for sampled requests as well.
 """
 
 from __future__ import annotations
@@ -184,10 +190,12 @@ def slem_offers(
     return available, match
 
 
-def slem_replay(output_texts: Sequence[str], draft_texts: Sequence[str | None], k: int) -> Replay:
-    """SLEM's steps along one output (``k``: target tokens verified per step at most)."""
+def slem_replay(output_texts: Sequence[str], draft_texts: Sequence[str | None]) -> Replay:
+    """SLEM's steps along one output. The drafter's depth is its own tokens' (transformers'
+    ``num_assistant_tokens``), already spent on ``draft_texts``; the target verifies every target
+    token the text re-encodes to, so nothing else caps a step."""
     available, match = slem_offers(output_texts, draft_texts)
-    return replay(len(output_texts), k, available, match)
+    return replay(len(output_texts), max(1, len(output_texts)), available, match)
 
 
 def _rates(replays: Sequence[Replay]) -> dict[str, float | int | None]:
@@ -220,7 +228,7 @@ def summarize(
     ],
     k: int,
 ) -> dict[str, dict[str, object]]:
-    """Per category: the TLI and SLEM replays at depth ``k``. Each request is ``(category,
+    """Per category: the TLI replay at depth ``k`` and the SLEM replay of the drafter's texts. Each request is ``(category,
     output ids, the drafter's masked greedy draft ids or None, output token texts or None, the
     drafter's greedy texts or None)``; a rule without its input is left out for that request."""
     tli: dict[str, list[Replay]] = {}
@@ -235,7 +243,7 @@ def summarize(
             t[1] += outside
             t[2] += by_construction
         if texts is not None and draft_texts is not None:
-            slem.setdefault(category, []).append(slem_replay(texts, draft_texts, k))
+            slem.setdefault(category, []).append(slem_replay(texts, draft_texts))
     out: dict[str, dict[str, object]] = {}
     for category in sorted(tally):
         n_out, outside, by_construction = tally[category]

@@ -80,8 +80,8 @@ def test_slem_matches_text_across_token_boundaries() -> None:
     available, match = slem_offers(texts, drafts)
     assert match == [0, 1, 1, 2, 0, 1]
     assert available == [0, 2, 2, 3, 0, 1]
-    r = slem_replay(texts, drafts, 3)
-    # j=1: d=2, a=1, rejected at 2, j=3; j=3: d=min(3, 3, 2)=2, a=2, j=6.
+    r = slem_replay(texts, drafts)
+    # j=1: d=2, a=1, rejected at 2, j=3; j=3: d=min(3, 6−3−1)=2, a=2, j=6.
     assert (r.passes, r.drafts, r.draft_tokens, r.accepted, r.rejected_at) == (3, 2, 4, 3, (2,))
     # The drafter's text need not split as the target's tokens do: " cats" spells " cat", "s".
     assert slem_offers(["a", " cat", "s", "!"], [None, " cats", None, None])[1] == [0, 2, 0, 0]
@@ -113,7 +113,7 @@ def test_summary_per_category_states_each_replay_class() -> None:
     assert tli["outside_share"] == 1 / 6 and tli["mean_acceptance_length"] == 2.5
     slem = rows["code"]["slem"]
     assert isinstance(slem, dict) and slem["replay_class"] == SLEM_CLASS
-    # "bc" at j=1 spells "b","c": d=min(3, 2, 2)=2, a=2, j=4: one step, two accepted.
+    # "bc" at j=1 spells "b","c": d=min(2, 4−1−1)=2, a=2, j=4: one step, two accepted.
     assert (slem["drafts"], slem["draft_tokens"], slem["accepted"]) == (1, 2, 2)
 
 
@@ -232,7 +232,6 @@ def test_tli_replay_equals_an_autoregressive_engine_on_the_simulator() -> None:
 def test_slem_replay_on_simulator_text_against_character_offsets() -> None:
     """Drafts spell the output's text for a hashed number of characters, then go wrong: the
     accepted tokens are those whose end offset lies within the spelled characters."""
-    k = 5
     for category, out_pieces in _outputs(7):
         text = "".join(out_pieces)
         ends = list(accumulate(len(p) for p in out_pieces))
@@ -244,12 +243,12 @@ def test_slem_replay_on_simulator_text_against_character_offsets() -> None:
             length = rng.randint(0, 30)
             drafts.append(text[starts[j] : starts[j] + length] + "~")
             spelled.append(min(starts[j] + length, len(text)))
-        r = slem_replay(out_pieces, drafts, k)
+        r = slem_replay(out_pieces, drafts)
         n = len(out_pieces)
         j, accepted, drafted = 1, 0, 0
         while j < n:
             m = bisect_right(ends, spelled[j]) - j  # whole tokens within the spelled text
-            d = min(k, m + 1, n - j - 1)  # the leftover "~" is one more drafted target token
+            d = min(m + 1, n - j - 1)  # the leftover "~" is one more drafted target token
             if d <= 0:
                 j += 1
                 continue
