@@ -52,12 +52,12 @@ from counterfactual.replay import FIRST_TOKENS, Replay
 __all__ = [
     "MAP_HASH_SIZE",
     "MOD_POOL_SIZE",
+    "SPEC_TYPES",
     "LlamaKnobs",
     "LlamaServer",
     "NgramMap",
     "NgramModPool",
     "NgramModProposer",
-    "parse_llamacpp_knobs",
 ]
 
 MOD_POOL_SIZE = 4 * 1024 * 1024  # common_speculative_impl_ngram_mod: mod(n_match, 4*1024*1024)
@@ -304,26 +304,6 @@ class LlamaKnobs:
         if self.n_match < 1 or self.n_max < 1 or self.n_min < 0 or self.slots < 1:
             raise ValueError(f"llama.cpp knobs {self}: n_match, n_max, slots >= 1; n_min >= 0")
 
-    @property
-    def label(self) -> str:
-        if self.spec_type == "ngram-mod":
-            text = f"ngram-mod n_match={self.n_match} n_min={self.n_min} n_max={self.n_max}"
-        else:
-            text = f"ngram-map-k size_n={self.n_match} size_m={self.n_max} min_hits={self.n_min}"
-        return f"{text} slots={self.slots}"
-
-    def server_args(self) -> list[str]:
-        """The ``llama-server`` flags that run this configuration."""
-        if self.spec_type == "ngram-mod":
-            spec = ["--spec-ngram-mod-n-match", str(self.n_match),
-                    "--spec-ngram-mod-n-min", str(self.n_min),
-                    "--spec-ngram-mod-n-max", str(self.n_max)]  # fmt: skip
-        else:
-            spec = ["--spec-ngram-map-k-size-n", str(self.n_match),
-                    "--spec-ngram-map-k-size-m", str(self.n_max),
-                    "--spec-ngram-map-k-min-hits", str(self.n_min)]  # fmt: skip
-        return ["--spec-type", self.spec_type, *spec, "--parallel", str(self.slots)]
-
     def with_depth(self, k: int) -> LlamaKnobs:
         return LlamaKnobs(self.spec_type, self.n_match, self.n_min, k, self.slots, self.n_ctx)
 
@@ -332,8 +312,6 @@ class LlamaKnobs:
 
 
 SPEC_TYPES = ("ngram-mod", "ngram-map-k")
-# llama.cpp's defaults (common.h, read from xllamacpp's CommonParams()).
-DEFAULTS = {"ngram-mod": (24, 48, 64), "ngram-map-k": (12, 1, 48)}  # n_match, n_min, n_max
 
 
 @dataclass(slots=True)
@@ -467,40 +445,3 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
-
-
-def parse_llamacpp_knobs(text: str) -> LlamaKnobs:
-    """``"ngram-mod"`` or ``"ngram-mod:n_match=4,n_min=1,n_max=8,slots=2"`` (``ngram-map-k``:
-    ``size_n``, ``size_m``, ``min_hits``; the rest llama.cpp's defaults, one slot) → the knobs.
-
-    Raises:
-        ValueError: naming the piece that is not a known type or ``NAME=INTEGER``.
-    """
-    spec_type, _, rest = text.strip().partition(":")
-    if spec_type not in SPEC_TYPES:
-        raise ValueError(f"llama.cpp proposer {text!r}: expected one of {', '.join(SPEC_TYPES)}")
-    n_match, n_min, n_max = DEFAULTS[spec_type]
-    names = (
-        {"n_match": "n_match", "n_min": "n_min", "n_max": "n_max"}
-        if spec_type == "ngram-mod"
-        else {"size_n": "n_match", "min_hits": "n_min", "size_m": "n_max"}
-    )
-    values: dict[str, int] = {"n_match": n_match, "n_min": n_min, "n_max": n_max, "slots": 1}
-    n_ctx: int | None = None
-    for piece in filter(None, (p.strip() for p in rest.split(","))):
-        name, _, value = piece.partition("=")
-        field_name = names.get(name) or (name if name in ("slots", "n_ctx") else None)
-        if field_name is None:
-            known = ", ".join([*names, "slots", "n_ctx"])
-            raise ValueError(f"{spec_type} knob {piece!r}: expected one of {known}")
-        try:
-            number = int(value)
-        except ValueError:
-            raise ValueError(f"{spec_type} knob {piece!r}: expected an integer") from None
-        if field_name == "n_ctx":
-            n_ctx = number
-        else:
-            values[field_name] = number
-    return LlamaKnobs(
-        spec_type, values["n_match"], values["n_min"], values["n_max"], values["slots"], n_ctx
-    )

@@ -4,6 +4,8 @@ tests/llamacpp/test_counterfactual.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from counterfactual.llamacpp_ngram import (
@@ -12,8 +14,10 @@ from counterfactual.llamacpp_ngram import (
     LlamaServer,
     NgramMap,
     NgramModPool,
-    parse_llamacpp_knobs,
 )
+from counterfactual.llamacpp_replay import parse_llamacpp_knobs, server_args
+from counterfactual.matrix import ALL, build_matrix
+from counterfactual.render import render_markdown
 
 
 def mod(n_match: int, n_min: int, n_max: int, slots: int = 1) -> LlamaServer:
@@ -165,14 +169,122 @@ def test_the_draft_is_cut_to_the_tokens_left_and_the_context() -> None:
 
 def test_knobs_parse_llamacpp_names_and_refuse_others() -> None:
     k = parse_llamacpp_knobs("ngram-mod:n_match=4,n_min=1,n_max=8,slots=2")
-    assert k == LlamaKnobs("ngram-mod", 4, 1, 8, 2)
-    assert parse_llamacpp_knobs("ngram-mod") == LlamaKnobs("ngram-mod", 24, 48, 64)
-    m = parse_llamacpp_knobs("ngram-map-k:size_n=2,size_m=8")
-    assert (m.n_match, m.n_max, m.n_min) == (2, 8, 1)
-    assert m.server_args()[:2] == ["--spec-type", "ngram-map-k"]
+    assert k == (LlamaKnobs("ngram-mod", 4, 1, 8, 2), True)
+    assert parse_llamacpp_knobs("ngram-mod") == (LlamaKnobs("ngram-mod", 24, 48, 64), False)
+    m, depth = parse_llamacpp_knobs("ngram-map-k:size_n=2,size_m=8")
+    assert (m.n_match, m.n_max, m.n_min, depth) == (2, 8, 1, True)
+    assert server_args(m) == ["--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-n", "2",
+                              "--spec-ngram-map-k-size-m", "8", "--spec-ngram-map-k-min-hits",
+                              "1", "--parallel", "1"]  # fmt: skip
     with pytest.raises(ValueError, match="ngram-map-k knob 'n_match=2'"):
         parse_llamacpp_knobs("ngram-map-k:n_match=2")
     with pytest.raises(ValueError, match="expected one of ngram-mod, ngram-map-k"):
         parse_llamacpp_knobs("ngram-cache")
     with pytest.raises(ValueError, match="expected an integer"):
         parse_llamacpp_knobs("ngram-mod:n_max=x")
+
+
+def _record(i: int, prompt: list[int], output: list[int], category: str, legs: list[Any]) -> Any:
+    return {
+        "exchange_id": f"x{i}",
+        "category": category,
+        "greedy": True,
+        "legs": legs,
+        "tokens": {
+            "source": "test",
+            "leg": "primary",
+            "prompt": prompt,
+            "output": output,
+            "drafters": {},
+            "legs": {},
+        },
+    }
+
+
+def _llama_leg(drafted: int | None, accepted: int | None, k: int = 3) -> dict[str, Any]:
+    acceptance = (
+        {}
+        if drafted is None
+        else {
+            "source": "llamacpp_timings",
+            "num_draft_tokens": drafted,
+            "num_accepted_tokens": accepted,
+        }
+    )
+    return {
+        "role": "candidate",
+        "backend": "cand",
+        "outcome": "completed",
+        "status": 200,
+        "acceptance": acceptance,
+        "speculative": {"method": "ngram-mod", "num_speculative_tokens": k},
+        "engine": {"settings": {"engine": "llamacpp", "max_num_seqs": 2}},
+    }
+
+
+def _traffic() -> list[tuple[list[int], list[int], str]]:
+    # Request 0 teaches the pool (1,2)→3, (2,3)→4; request 1's output runs into them (see the
+    # shared-pool case above); request 2, in another category, drafts from its own prompt.
+    return [([1, 2, 3, 4], [4, 5], "a"), ([9, 9], [1, 2, 3, 4, 8], "a"),
+            ([5, 6, 7, 5, 6], [7, 5, 6, 7, 5, 6], "b")]  # fmt: skip
+
+
+def test_matrix_rows_replay_one_llamacpp_server_per_configuration_in_record_order() -> None:
+    knobs = LlamaKnobs("ngram-mod", 2, 1, 3, slots=2)
+    traffic = _traffic()
+    records = [_record(i, p, o, c, []) for i, (p, o, c) in enumerate(traffic)]
+    m = build_matrix(lambda: iter(records), depths=(1, 2), windows=((2, 2),), llamacpp=(knobs,))
+    # Ground truth: the same server fed the same requests in the same order.
+    server = knobs.server()
+    expected = [server.serve(p, o) for p, o, _ in traffic]
+    rows = {(r["category"], r["output_length_bucket"]): r for r in m.rows
+            if r["proposer"] == "ngram-mod"}  # fmt: skip
+    overall = rows[(ALL, ALL)]
+    assert overall["replay_class"] == "exact_given_history"
+    assert overall["num_speculative_tokens"] == 3
+    assert overall["llamacpp"]["n_match"] == 2 and overall["llamacpp"]["slots"] == 2
+    assert overall["llamacpp"]["server_args"][:2] == ["--spec-type", "ngram-mod"]
+    assert "exact given the history" in overall["replay_note"]
+    drafted = sum(r.draft_tokens for r in expected)
+    accepted = sum(r.accepted for r in expected)
+    assert accepted > 0  # the history made request 1 draft
+    assert overall["draft_acceptance_rate"] == pytest.approx(accepted / drafted)
+    a = list(expected[:2])
+    assert rows[("a", ALL)]["draft_acceptance_rate"] == pytest.approx(
+        sum(r.accepted for r in a) / sum(r.draft_tokens for r in a)
+    )
+    # Read in another order, the history differs and so do the counts: order is part of the
+    # replay (request 1 before request 0 drafts nothing).
+    backwards = build_matrix(lambda: iter(records[::-1]), depths=(1,), windows=((2, 2),),
+                             llamacpp=(knobs,))  # fmt: skip
+    row = next(r for r in backwards.rows if r["proposer"] == "ngram-mod"
+               and r["category"] == ALL and r["output_length_bucket"] == ALL)  # fmt: skip
+    assert row["drafted_per_pass"] < overall["drafted_per_pass"]
+
+
+def test_a_llamacpp_candidate_is_checked_request_by_request_against_its_timings() -> None:
+    knobs = LlamaKnobs("ngram-mod", 2, 1, 3, slots=2)
+    traffic = _traffic()
+    server = knobs.server()
+    truth = [server.serve(p, o) for p, o, _ in traffic]
+    legs = [_llama_leg(r.draft_tokens, r.accepted) if r.drafts else _llama_leg(None, None)
+            for r in truth]  # fmt: skip
+    legs[2] = _llama_leg(truth[2].draft_tokens + 1, truth[2].accepted)  # one request off
+    records = [_record(i, p, o, c, [legs[i]]) for i, (p, o, c) in enumerate(traffic)]
+    # The candidate's n_match and n_min are not served: the declared knob set of its type and
+    # depth is taken.
+    m = build_matrix(lambda: iter(records), depths=(3,), windows=((2, 2),), llamacpp=(knobs,))
+    (live,) = m.live_llamacpp
+    assert live["backend"] == "cand" and live["proposer"] == "ngram-mod"
+    assert (live["requests"], live["requests_equal"], live["greedy_requests_equal"]) == (3, 2, 2)
+    assert live["predicted"]["draft_tokens"] == sum(r.draft_tokens for r in truth)
+    assert live["measured"]["draft_tokens"] == sum(r.draft_tokens for r in truth) + 1
+    assert "cand" not in m.live_skipped
+    assert m.as_json()["live_llamacpp"] == [live]
+    assert "llama.cpp n-gram candidates" in render_markdown(m)
+    # Not declared: llama.cpp's defaults for n_match and n_min (24 and 48) with the recorded
+    # depth and slots — which draft nothing on these short requests.
+    d = build_matrix(lambda: iter(records), depths=(3,), windows=((2, 2),))
+    (default,) = d.live_llamacpp
+    assert default["llamacpp"]["n_match"] == 24 and default["llamacpp"]["slots"] == 2
+    assert default["predicted"]["draft_tokens"] == 0
