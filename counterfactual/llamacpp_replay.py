@@ -234,12 +234,14 @@ class LlamaLiveCheck:
 def feed_live(
     checks: dict[tuple[str, LlamaKnobs], LlamaLiveCheck],
     record: Record,
-    declared: Iterable[LlamaKnobs] = (),
+    backends: Mapping[str, LlamaKnobs],
 ) -> None:
-    """Every llama.cpp n-gram candidate leg of ``record`` (read in order) into its live check."""
+    """Every leg of ``record`` (read in order) to a llama.cpp n-gram candidate ``backends`` names
+    (backend → what it runs, learned from any of its legs: a leg recorded before the server had
+    drafted carries no depth) into that candidate's live check."""
     t = record.tokens
     for leg in record.legs:
-        knobs = live_knobs(leg, declared) if leg.role == "candidate" else None
+        knobs = backends.get(leg.backend) if leg.role == "candidate" else None
         if knobs is None or not leg.ok:
             continue
         check = checks.get((leg.backend, knobs))

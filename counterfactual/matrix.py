@@ -252,6 +252,9 @@ def build_matrix(
     live: set[Config] = set()
     drafter_names: set[str] = set()
     confident: set[str] = set()  # drafters whose records carry their probabilities
+    # llama.cpp n-gram candidates: what each runs, learned from any of its legs (the depth is
+    # recorded only once the server drafted), so every request it served feeds its live check.
+    llama_backends: dict[str, LlamaKnobs] = {}
     for record in map(read, open_records()):
         for leg in record.legs:
             if leg.role == "candidate":
@@ -261,6 +264,7 @@ def build_matrix(
                 knobs = live_knobs(leg, llamacpp)
                 if knobs is not None:
                     live.add(llamacpp_config(knobs))
+                    llama_backends.setdefault(leg.backend, knobs)
         tok = _tokens(record)
         if tok is not None:
             drafter_names.update(tok[2])
@@ -314,7 +318,7 @@ def build_matrix(
             points.append((b, slots, step))
             if role == "primary":
                 primary_batches.append(b)
-        feed_live(llama_checks, record, llamacpp)
+        feed_live(llama_checks, record, llama_backends)
         tok = _tokens(record)
         if tok is None:
             continue
