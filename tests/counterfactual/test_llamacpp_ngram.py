@@ -4,10 +4,12 @@ tests/llamacpp/test_counterfactual.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from core import jsonx
 from counterfactual.llamacpp_ngram import (
     MOD_POOL_SIZE,
     LlamaKnobs,
@@ -18,6 +20,7 @@ from counterfactual.llamacpp_ngram import (
 from counterfactual.llamacpp_replay import parse_llamacpp_knobs, server_args
 from counterfactual.matrix import ALL, build_matrix
 from counterfactual.render import render_markdown
+from specshadow.main import main as cli_main
 
 
 def mod(n_match: int, n_min: int, n_max: int, slots: int = 1) -> LlamaServer:
@@ -288,3 +291,29 @@ def test_a_llamacpp_candidate_is_checked_request_by_request_against_its_timings(
     (default,) = d.live_llamacpp
     assert default["llamacpp"]["n_match"] == 24 and default["llamacpp"]["slots"] == 2
     assert default["predicted"]["draft_tokens"] == 0
+
+
+def test_the_cli_scores_llamacpp_knob_sets_at_every_depth_and_refuses_bad_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "records.jsonl"
+    records = [_record(i, p, o, c, []) for i, (p, o, c) in enumerate(_traffic())]
+    store.write_bytes(b"".join(jsonx.dumps(r) + b"\n" for r in records))
+    out = tmp_path / "out"
+    args = ["counterfactual", "--store", str(store), "--out", str(out), "--no-rejections",
+            "--depths", "1-2", "--windows", "2-2"]  # fmt: skip
+    assert cli_main([*args, "--llamacpp", "ngram-mod:n_match=2,n_min=1,n_max=5"]) == 0
+    rows = jsonx.loads((out / "counterfactual.json").read_bytes())
+    depths = sorted(
+        r["num_speculative_tokens"]
+        for r in rows
+        if r["proposer"] == "ngram-mod"
+        and r["category"] == ALL
+        and r["output_length_bucket"] == ALL
+    )
+    assert depths == [1, 2, 5]  # every --depths depth, and the one the knobs name
+    capsys.readouterr()
+    assert cli_main([*args, "--llamacpp", "ngram-map-k:size_n=x"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "specshadow counterfactual: ngram-map-k knob 'size_n=x': expected an integer"
+    )
