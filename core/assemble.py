@@ -294,6 +294,12 @@ class Assembler:
         entries = logprobs.get("content")  # chat: [{"token": …, "logprob": …}, …]
         if isinstance(entries, list):
             tokens = [str(e.get("token", "")) for e in entries]
+            # llama.cpp names each token's id there (``"id": 201``): its generated ids.
+            ids = [e.get("id") for e in entries]
+            if ids and all(type(t) is int for t in ids):
+                if acc.token_ids is None:
+                    acc.token_ids = []
+                acc.token_ids.extend(ids)
         else:
             raw = logprobs.get("tokens")  # completions: ["tok", …]
             if not isinstance(raw, list):

@@ -12,7 +12,9 @@ engine's steps for one configuration along one output), ``grid`` (the configurat
 the target's token was where drafts were rejected; token texts; drafter vocabularies), ``speed``
 (the step-time model: predicted speed-up from acceptance), ``matrix`` (records → one row per
 configuration × category × output length, and the picks), ``rows`` (the cells and rows),
-``live`` (live candidates: predicted against measured, drift), ``render`` (Markdown and the
+``live`` (live candidates: predicted against measured, drift), ``llamacpp_ngram`` and
+``llamacpp_replay`` (llama.cpp's ``ngram-mod`` and ``ngram-map-k``: the port, a replayed server,
+the rows and the live check against llama.cpp's timings), ``render`` (Markdown and the
 policy fragment), ``labels`` (the acceptance and rejection labels of ``specshadow records
 export``'s rows) and ``cli`` (``specshadow counterfactual``). Pure Python, no numpy: the gateway
 extra stays slim. Method and limits: docs/counterfactual.md.

@@ -19,6 +19,7 @@ from typing import Any
 from core import jsonx
 from core.faults import NothingToDo
 from counterfactual.grid import DEFAULT_DEPTHS, DEFAULT_WINDOWS, parse_depths, parse_windows
+from counterfactual.llamacpp_ngram import LlamaKnobs
 from counterfactual.matrix import Matrix
 from counterfactual.rules import DEFAULT_RULES, Rule, parse_rule
 from records.cli import add_store_argument
@@ -80,6 +81,19 @@ def token_texts(
         return None, f"no token texts ({exc}): rejections are not classified"
 
 
+def _llamacpp_knobs(texts: Iterable[str], depths: tuple[int, ...]) -> tuple[LlamaKnobs, ...]:
+    """``--llamacpp`` knob sets, each at every depth (and at its own, when it names one)."""
+    from counterfactual.llamacpp_replay import parse_llamacpp_knobs
+
+    out: list[LlamaKnobs] = []
+    for text in texts:
+        knobs, own = parse_llamacpp_knobs(text)
+        out += [knobs.with_depth(k) for k in depths if knobs.with_depth(k) not in out]
+        if own and knobs not in out:
+            out.append(knobs)
+    return tuple(out)
+
+
 def _run(args: argparse.Namespace) -> int:
     from counterfactual.matrix import build_matrix
     from counterfactual.retokenize import TokenizerError, find_tokenizer, needs_tokens, retokenized
@@ -92,6 +106,7 @@ def _run(args: argparse.Namespace) -> int:
         from counterfactual.suffix_replay import parse_suffix_knobs
 
         suffix = tuple(parse_suffix_knobs(text) for text in args.suffix or ())
+        llamacpp = _llamacpp_knobs(args.llamacpp or (), depths)
         rules: tuple[Rule, ...] = (
             tuple(parse_rule(text) for text in args.rule) if args.rule else DEFAULT_RULES
         )
@@ -157,6 +172,7 @@ def _run(args: argparse.Namespace) -> int:
                 pieces=pieces,
                 drafter_vocabulary=vocabulary,
                 suffix=suffix,
+                llamacpp=llamacpp,
             )
     except (SourceError, NothingToDo):
         raise  # worded once, by the console script
@@ -255,6 +271,15 @@ def register(subparsers: Any) -> None:
         help="also score suffix decoding (vLLM method 'suffix') at every depth; KNOBS: "
         "depth=24,cache=10000,factor=1.0,min_prob=0.1 (any subset; the rest vLLM's defaults); "
         "repeat for more knob sets. Records are replayed in the order read (docs)",
+    )
+    p.add_argument(
+        "--llamacpp",
+        action="append",
+        metavar="TYPE[:KNOBS]",
+        help="also score llama.cpp's n-gram proposers, one replayed server per knob set fed the "
+        "records in order: ngram-mod[:n_match=24,n_min=48,slots=1] or "
+        "ngram-map-k[:size_n=12,min_hits=1,slots=1], at every --depths depth (n_max / size_m; "
+        "a depth given in KNOBS is scored too); repeat for more knob sets (docs)",
     )
     p.add_argument(
         "--per-request",

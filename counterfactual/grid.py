@@ -3,7 +3,9 @@
 The default grid is vLLM's n-gram proposer at ``num_speculative_tokens`` 1…8 over the usual lookup
 windows — vLLM's default ``(5, 5)`` and the ``(1, 3)``, ``(2, 4)``, ``(3, 5)`` windows its docs and
 users reach for — plus every drafter the records carry predictions for, at the same depths. A
-live candidate's configuration is always added, so predicted and measured meet.
+live candidate's configuration is always added, so predicted and measured meet. llama.cpp's
+``ngram-mod`` and ``ngram-map-k`` (``--llamacpp``) are configurations of their own: one replayed
+server per knob set and depth (:mod:`.llamacpp_replay`).
 
 Beside fixed ``k``, every proposer family is scored under the dynamic rules of
 :mod:`.rules` (Hugging Face's heuristic, SGLang-style EMA tiers, vLLM's elastic EWMA; the
@@ -18,12 +20,22 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from counterfactual.llamacpp_ngram import LlamaKnobs
+from counterfactual.llamacpp_replay import knobs_label, row_json, server_args
 from counterfactual.rules import DEFAULT_RULES, ReplayClass, Rule, replay_class
 from counterfactual.suffix_replay import SuffixKnobs
 
-__all__ = ["DEFAULT_DEPTHS", "DEFAULT_WINDOWS", "Config", "config_json", "grid", "parse_windows"]
+__all__ = [
+    "DEFAULT_DEPTHS",
+    "DEFAULT_WINDOWS",
+    "Config",
+    "config_json",
+    "grid",
+    "llamacpp_config",
+    "parse_windows",
+]
 
-Proposer = Literal["ngram", "draft_model", "suffix"]
+Proposer = Literal["ngram", "draft_model", "suffix", "ngram-mod", "ngram-map-k"]
 DEFAULT_DEPTHS: tuple[int, ...] = tuple(range(1, 9))
 DEFAULT_WINDOWS: tuple[tuple[int, int], ...] = ((1, 3), (2, 4), (3, 5), (5, 5))
 
@@ -39,24 +51,32 @@ class Config:
     drafter: str | None = None  # draft-model configurations: the drafter backend
     rule: Rule | None = None  # a dynamic draft-length rule (k is then its cap)
     suffix: SuffixKnobs | None = None  # suffix decoding's other knobs (counterfactual/suffix.py)
+    # llama.cpp's ngram-mod / ngram-map-k (counterfactual/llamacpp_ngram.py); its n_max is k.
+    llamacpp: LlamaKnobs | None = None
 
     @property
     def replay_class(self) -> ReplayClass:
         return replay_class(self.rule, self.proposer)
 
     @property
-    def family(self) -> tuple[str, int | None, int | None, str | None, SuffixKnobs | None]:
-        """Everything but the depth: configurations that differ only in k."""
+    def family(
+        self,
+    ) -> tuple[str, int | None, int | None, str | None, SuffixKnobs | None, LlamaKnobs | None]:
+        """Everything but the depth: configurations that differ only in k (a llama.cpp
+        configuration is a replayed server of its own at every depth)."""
         return (
             self.proposer,
             self.prompt_lookup_min,
             self.prompt_lookup_max,
             self.drafter,
             self.suffix,
+            self.llamacpp,
         )
 
     @property
     def label(self) -> str:
+        if self.llamacpp is not None:
+            return knobs_label(self.llamacpp)
         if self.suffix is not None:
             return f"suffix k={self.num_speculative_tokens} {self.suffix.label}"
         if self.rule is not None:
@@ -73,7 +93,10 @@ class Config:
         return f"draft {self.drafter} k={self.num_speculative_tokens}"
 
     def speculative_config(self) -> dict[str, object]:
-        """The ``--speculative-config`` JSON for vLLM (the drafter's model path is the operator's)."""
+        """The ``--speculative-config`` JSON for vLLM (the drafter's model path is the operator's);
+        for a llama.cpp configuration, its ``llama-server`` flags."""
+        if self.llamacpp is not None:
+            return {"spec_type": self.proposer, "server_args": server_args(self.llamacpp)}
         if self.suffix is not None:
             return {
                 "method": "suffix",
@@ -108,6 +131,7 @@ def config_json(c: Config) -> dict[str, object]:
         "rule_params": None if c.rule is None else c.rule.params_json(),
         "replay_class": c.replay_class,
         **({} if c.suffix is None else c.suffix.row_json()),
+        **({} if c.llamacpp is None else row_json(c.llamacpp)),
     }
 
 
@@ -120,10 +144,13 @@ def grid(
     rules: Iterable[Rule] = DEFAULT_RULES,
     drafter_rules: Iterable[Rule] = (),
     suffix: Iterable[SuffixKnobs] = (),
+    llamacpp: Iterable[LlamaKnobs] = (),
 ) -> tuple[Config, ...]:
     """Every configuration to score, sorted (fixed ``k`` first), without duplicates.
 
-    ``rules`` apply to every family, ``drafter_rules`` (the confidence threshold) to drafters."""
+    ``rules`` apply to the n-gram and drafter families, ``drafter_rules`` (the confidence
+    threshold) to drafters; each ``llamacpp`` knob set is one configuration (its ``n_max`` the
+    depth)."""
     rules, drafter_rules = tuple(rules), tuple(drafter_rules)
     configs = {Config("ngram", k, lo, hi) for lo, hi in windows for k in depths}
     configs |= {Config("draft_model", k, drafter=d) for d in drafters for k in depths}
@@ -134,8 +161,15 @@ def grid(
         for r in (*rules, *drafter_rules)
     }
     configs |= {Config("suffix", k, suffix=s) for s in suffix for k in depths}
+    configs |= {llamacpp_config(kn) for kn in llamacpp}
     configs |= set(extra)
     return tuple(sorted(configs, key=sort_key))
+
+
+def llamacpp_config(k: LlamaKnobs) -> Config:
+    """The configuration of one llama.cpp n-gram server (its depth is ``n_max``)."""
+    proposer: Proposer = "ngram-mod" if k.spec_type == "ngram-mod" else "ngram-map-k"
+    return Config(proposer, k.n_max, llamacpp=k)
 
 
 def sort_key(c: Config) -> tuple[object, ...]:

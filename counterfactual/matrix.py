@@ -37,9 +37,12 @@ from counterfactual.grid import (
     Config,
     config_json,
     grid,
+    llamacpp_config,
     sort_key,
 )
 from counterfactual.live import LiveCheck, agrees, baseline_agrees, live_json
+from counterfactual.llamacpp_ngram import LlamaKnobs, LlamaServer
+from counterfactual.llamacpp_replay import LlamaLiveCheck, feed_live, live_knobs
 from counterfactual.rejections import classify_output, shares
 from counterfactual.replay import (
     Replay,
@@ -77,6 +80,8 @@ class Matrix:
     out_of_vocabulary: dict[str, Any] | None = None
     # Candidates with no live check, and why (never an empty ``live`` without a word).
     live_skipped: dict[str, str] = field(default_factory=dict)
+    # llama.cpp n-gram candidates: per-request drafted/accepted against their timings.
+    live_llamacpp: list[dict[str, Any]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """The summary (``counterfactual_summary.json``); the rows are ``counterfactual.json``."""
@@ -88,6 +93,7 @@ class Matrix:
             "picks": self.picks,
             "deploy": [config_json(c) for c in self.deploy],
             "live": self.live,
+            "live_llamacpp": self.live_llamacpp,
             "live_skipped": [
                 {"backend": b, "reason": r} for b, r in sorted(self.live_skipped.items())
             ],
@@ -223,6 +229,7 @@ def build_matrix(
     pieces: Mapping[int, str] | None = None,
     drafter_vocabulary: frozenset[int] | None = None,
     suffix: tuple[SuffixKnobs, ...] = (),
+    llamacpp: tuple[LlamaKnobs, ...] = (),
 ) -> Matrix:
     """Score the grid on every record with tokens; ``open_records`` is called twice.
 
@@ -236,18 +243,28 @@ def build_matrix(
     defaults). A live suffix candidate is scored either way. Suffix decoding's global tree holds
     earlier responses, so records are replayed in the order ``open_records`` yields them
     (production's order; :mod:`.suffix`).
+    ``llamacpp``: llama.cpp ``ngram-mod`` / ``ngram-map-k`` configurations (``n_max`` the depth),
+    each one replayed server fed the records in order (:mod:`.llamacpp_replay`); a live llama.cpp
+    n-gram candidate is replayed on what it served and checked against its own timings.
     ``per_request`` receives, for every scored record, its replay under every configuration
     (:func:`request_json`) — streamed, never kept.
     """
     live: set[Config] = set()
     drafter_names: set[str] = set()
     confident: set[str] = set()  # drafters whose records carry their probabilities
+    # llama.cpp n-gram candidates: what each runs, learned from any of its legs (the depth is
+    # recorded only once the server drafted), so every request it served feeds its live check.
+    llama_backends: dict[str, LlamaKnobs] = {}
     for record in map(read, open_records()):
         for leg in record.legs:
             if leg.role == "candidate":
                 c = live_config(leg)
                 if c is not None:
                     live.add(c)
+                knobs = live_knobs(leg, llamacpp)
+                if knobs is not None:
+                    live.add(llamacpp_config(knobs))
+                    llama_backends.setdefault(leg.backend, knobs)
         tok = _tokens(record)
         if tok is not None:
             drafter_names.update(tok[2])
@@ -270,6 +287,7 @@ def build_matrix(
         },
         rules=replayed,
         suffix=suffix,
+        llamacpp=llamacpp,
     )
     max_k = max(c.num_speculative_tokens for c in configs)
     families: dict[tuple[Any, ...], list[Config]] = {}
@@ -278,11 +296,13 @@ def build_matrix(
     bound_configs = tuple(
         Config(f[0], r.cap, f[1], f[2], f[3], rule=r)
         for f in families
-        if f[0] != "suffix"
+        if f[0] in ("ngram", "draft_model")
         for r in bounds
     )
     # One suffix cache per knob set, fed across records (the history is the point).
     suffix_caches: dict[SuffixKnobs, Any] = {}  # the library's cache, else the port's
+    llama_checks: dict[tuple[str, LlamaKnobs], LlamaLiveCheck] = {}
+    llama_servers: dict[LlamaKnobs, LlamaServer] = {}  # one replayed server per configuration
 
     cells: dict[tuple[Config, str, str], Cell] = {}
     checks: dict[tuple[str, Config], LiveCheck] = {}
@@ -298,6 +318,7 @@ def build_matrix(
             points.append((b, slots, step))
             if role == "primary":
                 primary_batches.append(b)
+        feed_live(llama_checks, record, llama_backends)
         tok = _tokens(record)
         if tok is None:
             continue
@@ -318,8 +339,12 @@ def build_matrix(
                 tally[1] += sum(t not in drafter_vocabulary for t in output)
         results: dict[Config, Replay] = {}
         for family, members in families.items():
-            proposer, lo, hi, drafter, knobs = family
+            proposer, lo, hi, drafter, knobs, llama = family
             predicted: list[int] | None = None
+            if llama is not None:
+                server = llama_servers.get(llama) or llama_servers.setdefault(llama, llama.server())
+                results[members[0]] = server.serve(prompt, output)
+                continue
             if knobs is not None:
                 cache = suffix_caches.get(knobs)
                 if cache is None:
@@ -408,7 +433,14 @@ def build_matrix(
         picks=picks,
         deploy=deploy,
         live=[live_json(ch) for ch in checks.values()],
-        live_skipped={b: why for b, why in skipped.items() if b not in {k[0] for k in checks}},
+        live_skipped={
+            b: why
+            for b, why in skipped.items()
+            if b not in {k[0] for k in checks} | {k[0] for k in llama_checks}
+        },
+        live_llamacpp=[
+            ch.as_json(config_json(llamacpp_config(ch.knobs))) for ch in llama_checks.values()
+        ],
         model=model,
         records=records,
         scored=scored,

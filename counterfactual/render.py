@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from counterfactual.grid import Config
+from counterfactual.llamacpp_replay import server_args
 from counterfactual.matrix import ALL, Matrix
 from counterfactual.rules import how_to_run
 
@@ -94,6 +95,18 @@ def render_markdown(m: Matrix, *, top: int = 8) -> str:
                 f"{_interval(live['measured_mean_acceptance_length'])} | "
                 f"{_f((live['relative_gap'] or 0) * 100, 1)} % | "
                 f"{'⚠ ' + live['note'] if live['flag'] else 'ok'} |"
+            )
+    if m.live_llamacpp:
+        lines += ["", "## Predicted against measured (llama.cpp n-gram candidates, drafted / "
+                  "accepted tokens per request)", "",
+                  "| backend | configuration | requests equal | predicted | measured |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for live in m.live_llamacpp:
+            p, q = live["predicted"], live["measured"]
+            lines.append(
+                f"| {live['backend']} | {live['label']} | {live['requests_equal']} of "
+                f"{live['requests']} | {p['accepted']} / {p['draft_tokens']} | "
+                f"{q['accepted']} / {q['draft_tokens']} |"
             )
     for backend, why in sorted(m.live_skipped.items()):
         lines += ["", f"No live check against the prediction for {backend}: {why}."]
@@ -235,6 +248,8 @@ def _rejections_section(m: Matrix) -> list[str]:
 
 
 def _backend_name(c: Config) -> str:
+    if c.llamacpp is not None:
+        return f"{c.proposer}-k{c.num_speculative_tokens}-n{c.llamacpp.n_match}"
     if c.proposer == "ngram":
         return f"ngram-k{c.num_speculative_tokens}-{c.prompt_lookup_min}-{c.prompt_lookup_max}"
     if c.suffix is not None:
@@ -266,10 +281,15 @@ def policy_fragment(m: Matrix) -> str | None:
         spec = c.speculative_config()
         out.append(f"  {_backend_name(c)}:")
         out.append("    url: http://REPLACE-ME:8000")
-        out.append("    kind: vllm")
-        out.append(f"    # vllm serve TARGET --speculative-config '{_json(spec)}'")
+        if c.llamacpp is not None:
+            out.append("    kind: llamacpp")
+            args = " ".join(server_args(c.llamacpp))
+            out.append(f"    # llama-server -m TARGET.gguf {args}")
+        else:
+            out.append("    kind: vllm")
+            out.append(f"    # vllm serve TARGET --speculative-config '{_json(spec)}'")
         out.append("    speculative:")
-        method = c.proposer if c.proposer in ("ngram", "suffix") else "draft_model"
+        method = c.proposer
         out.append(f"      method: {method}")
         out.append(f"      num_speculative_tokens: {c.num_speculative_tokens}")
         if c.proposer == "ngram":

@@ -166,7 +166,7 @@ def replay_class(rule: Rule | None, proposer: str) -> ReplayClass:
     """What the replay of a configuration is: exact, exact given the drafter, or a bound."""
     if rule is not None and rule.name == "batch_schedule":
         return "bound"
-    if proposer == "suffix":
+    if proposer in ("suffix", "ngram-mod", "ngram-map-k"):
         return "exact_given_history"
     return "exact" if proposer == "ngram" else "exact_given_drafter"
 

@@ -56,10 +56,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class TokenEndpoint:
-    """A backend the tap may call: its policy name and base URL (no ``/v1``)."""
+    """A backend the tap may call: its policy name, base URL (no ``/v1``) and kind."""
 
     name: str
     url: str
+    kind: str | None = None  # ``llamacpp``: its own /apply-template and /tokenize (see _ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,14 +109,16 @@ def logprob_ids(tokens: Sequence[str] | None) -> tuple[int, ...] | None:
 
 def _generated_ids(exchange: Exchange) -> dict[str, tuple[int, ...]]:
     """Backend → the token ids its leg generated, for completed one-choice legs that sent them
-    (``return_token_ids``, or logprobs with ``return_tokens_as_token_ids``)."""
+    all (``return_token_ids``, logprobs with ``return_tokens_as_token_ids``, or llama.cpp's
+    logprobs ``id``s)."""
     out: dict[str, tuple[int, ...]] = {}
     for leg in exchange.legs:
         rec = leg.recording
         if leg.outcome == "completed" and rec is not None and len(rec.choices) == 1:
             choice = rec.choices[0]
             ids = choice.token_ids or logprob_ids(choice.tokens)
-            if ids:
+            # Fewer ids than the leg's output count: incomplete (llama.cpp's streams drop some)
+            if ids and (rec.output_tokens is None or len(ids) == rec.output_tokens):
                 out[leg.backend] = ids
     return out
 
@@ -342,7 +345,17 @@ class TokenTap(Tap):
             return jsonx.loads(raw)
 
     async def _ids(self, plan: TokenPlan, body: Mapping[str, Any]) -> tuple[int, ...]:
-        answer = await self._post(plan.tokenizer.url + "/tokenize", body, plan.timeout_s)
+        url = plan.tokenizer.url
+        if plan.tokenizer.kind == "llamacpp":  # text in ``content``: a chat prompt rendered by
+            # its /apply-template first, then special tokens added and parsed as its server does
+            if "messages" in body:
+                chat = {k: body[k] for k in ("messages", "tools") if k in body}
+                text = (await self._post(url + "/apply-template", chat, plan.timeout_s))["prompt"]
+                special = True
+            else:
+                text, special = body["prompt"], body.get("add_special_tokens", True) is not False
+            body = {"content": text, "add_special": special, "parse_special": special}
+        answer = await self._post(url + "/tokenize", body, plan.timeout_s)
         ids = answer["tokens"]
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             raise ValueError("/tokenize: 'tokens' is not a list of integers")

@@ -5,7 +5,8 @@ never mutate their inputs. What a leg gets:
 
 - body: the client's JSON with the leg's model rewrite, streaming forced with usage reporting
   (so every leg is timed the same way), vLLM's ``include_metrics`` for ``vllm``/``sim`` backends,
-  vLLM's ``return_token_ids`` for them while the policy scores counterfactuals, and the policy's
+  vLLM's ``return_token_ids`` for them while the policy scores counterfactuals (``logprobs``
+  with one top entry for ``llamacpp`` chat legs: llama.cpp sends ids only there), and the policy's
   seed/temperature overrides. Responses API bodies get ``stream: true`` (usage
   comes in ``response.completed``; no ``stream_options``) and always ``store: false``: a shadow
   never persists a conversation upstream. (Requests continuing one with ``previous_response_id``
@@ -56,6 +57,11 @@ def shape_shadow_body(
         out["include_metrics"] = True
     if shaping.token_ids and vllm_like and route != "responses":
         out["return_token_ids"] = True
+    llamacpp_ids = shaping.token_ids and leg.backend.kind == "llamacpp" and route == "chat"
+    if llamacpp_ids and not out.get("logprobs"):
+        # llama.cpp sends generated ids only inside logprobs (``content[].id``).
+        out["logprobs"] = True
+        out["top_logprobs"] = 1
     if shaping.override_seed is not None:
         out["seed"] = shaping.override_seed
     if shaping.override_temperature is not None:

@@ -57,7 +57,7 @@ def token_plan(policy: CompiledPolicy) -> TokenPlan | None:
     if c is None:
         return None
     return TokenPlan(
-        tokenizer=TokenEndpoint(c.tokenizer.name, c.tokenizer.url),
+        tokenizer=TokenEndpoint(c.tokenizer.name, c.tokenizer.url, c.tokenizer.kind),
         share=c.share,
         drafters=tuple(TokenEndpoint(d.name, d.url) for d in c.drafters),
         max_in_flight=c.max_in_flight,
