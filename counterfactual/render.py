@@ -141,7 +141,8 @@ def rules_table(m: Matrix) -> Table:
         return head, []
     families: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in overall:
-        key = (r["proposer"], r["prompt_lookup_min"], r["prompt_lookup_max"], r["drafter"])
+        key = (r["proposer"], r["prompt_lookup_min"], r["prompt_lookup_max"], r["drafter"],
+               r.get("cross_vocab_rule"))  # fmt: skip
         families.setdefault(key, []).append(r)
     shown: list[dict[str, Any]] = []
     for rows in families.values():
@@ -254,6 +255,8 @@ def _backend_name(c: Config) -> str:
         return f"ngram-k{c.num_speculative_tokens}-{c.prompt_lookup_min}-{c.prompt_lookup_max}"
     if c.suffix is not None:
         return f"suffix-k{c.num_speculative_tokens}-d{c.suffix.max_tree_depth}"
+    if c.cross_vocab is not None:
+        return f"draft-{c.drafter}-k{c.num_speculative_tokens}-{c.cross_vocab}"
     return f"draft-{c.drafter}-k{c.num_speculative_tokens}"
 
 
@@ -295,6 +298,8 @@ def policy_fragment(m: Matrix) -> str | None:
         if c.proposer == "ngram":
             out.append(f"      prompt_lookup_min: {c.prompt_lookup_min}")
             out.append(f"      prompt_lookup_max: {c.prompt_lookup_max}")
+        if c.cross_vocab is not None:
+            out.append("      cross_vocabulary: true")
         out.append(f'      label: "{c.label}"')
     out.append("legs:  # add to your rule's legs")
     out.extend(f"  - {{backend: {_backend_name(c)}, role: candidate}}" for c in engines)
