@@ -284,6 +284,12 @@ def test_cli_tli_and_slem_rows_equal_the_hand_computed_steps(
             )
             assert srow["draft_acceptance_rate"] == pytest.approx(accepted / drafted)
     assert "cross-vocabulary drafter xd: intersection 5 tokens" in capsys.readouterr().out
+    md = (out / "counterfactual.md").read_text("utf-8")
+    assert "## Cross-vocabulary drafters" in md and f"{truth_misses} of 236 positions" in md
+    # The pick is TLI (SLEM is never picked: vLLM does not serve it), deployed as vLLM runs it.
+    assert summary["picks"][ALL]["config"]["label"] == "draft xd k=2 tli"
+    fragment = (out / "candidates.yaml").read_text("utf-8")
+    assert '"use_heterogeneous_vocab":true' in fragment and "cross_vocabulary: true" in fragment
 
 
 def test_bad_cross_vocab_arguments_are_one_line_and_exit_2(
