@@ -4,7 +4,8 @@ Writes ``counterfactual.json`` (the rows: a JSON list, one per configuration × 
 length), ``counterfactual_summary.json`` (picks, live checks, the step-time model),
 ``counterfactual.md`` (the picks and the best configurations), when something is worth deploying
 ``candidates.yaml`` (the policy fragment), and with ``--per-request`` ``requests.jsonl`` (every
-record under every configuration).
+record under every configuration). With ``--cross-vocab`` a drafter with its own tokenizer is
+asked about the records first (:mod:`.crossvocab_drafter`; offline, bounded calls).
 """
 
 from __future__ import annotations
