@@ -4,7 +4,8 @@ Writes ``counterfactual.json`` (the rows: a JSON list, one per configuration × 
 length), ``counterfactual_summary.json`` (picks, live checks, the step-time model),
 ``counterfactual.md`` (the picks and the best configurations), when something is worth deploying
 ``candidates.yaml`` (the policy fragment), and with ``--per-request`` ``requests.jsonl`` (every
-record under every configuration).
+record under every configuration). With ``--cross-vocab`` a drafter with its own tokenizer is
+asked about the records first (:mod:`.crossvocab_drafter`; offline, bounded calls).
 """
 
 from __future__ import annotations
@@ -107,6 +108,13 @@ def _run(args: argparse.Namespace) -> int:
 
         suffix = tuple(parse_suffix_knobs(text) for text in args.suffix or ())
         llamacpp = _llamacpp_knobs(args.llamacpp or (), depths)
+        from counterfactual.crossvocab_drafter import parse_cross_vocab
+
+        cross_specs = tuple(parse_cross_vocab(text) for text in args.cross_vocab or ())
+        if len({x.name for x in cross_specs}) < len(cross_specs):
+            raise ValueError("--cross-vocab: each drafter needs its own NAME")
+        if args.cross_vocab_max_records < 0:
+            raise ValueError("--cross-vocab-max-records: expected >= 0")
         rules: tuple[Rule, ...] = (
             tuple(parse_rule(text) for text in args.rule) if args.rule else DEFAULT_RULES
         )
@@ -163,6 +171,8 @@ def _run(args: argparse.Namespace) -> int:
                 from counterfactual.rejections import load_drafter_vocabulary
 
                 vocabulary = load_drafter_vocabulary(args.drafter_vocab)
+            cross = _cross_vocab(cross_specs, lambda: iter_records(sources), depths,
+                                 args.cross_vocab_max_records)  # fmt: skip
             matrix = build_matrix(
                 lambda: iter_records(sources),
                 depths=depths,
@@ -173,6 +183,7 @@ def _run(args: argparse.Namespace) -> int:
                 drafter_vocabulary=vocabulary,
                 suffix=suffix,
                 llamacpp=llamacpp,
+                cross_vocab=cross,
             )
     except (SourceError, NothingToDo):
         raise  # worded once, by the console script
@@ -202,6 +213,36 @@ def _run(args: argparse.Namespace) -> int:
     for name, path in paths.items():
         print(f"{name}: {path}")
     return 0
+
+
+def _cross_vocab(
+    specs: tuple[Any, ...],
+    open_records: Callable[[], Iterable[Any]],
+    depths: tuple[int, ...],
+    max_slem_records: int,
+) -> tuple[Any, ...]:
+    """Each ``--cross-vocab`` drafter asked about every record with token ids (offline)."""
+    if not specs:
+        return ()
+    from counterfactual.crossvocab_drafter import score_drafter
+    from records.reader import read
+
+    work = [
+        (r.exchange_id, list(r.tokens.prompt), list(r.tokens.output))
+        for r in map(read, open_records())
+        if r.tokens is not None and r.tokens.prompt is not None and r.tokens.output
+    ]
+    out = []
+    for spec in specs:
+        scores = score_drafter(spec, work, depths=depths, max_slem_records=max_slem_records)
+        print(
+            f"cross-vocabulary drafter {spec.name}: intersection {scores.intersection.size} "
+            f"tokens; {scores.calls} calls ({scores.failed} failed); "
+            f"{scores.no_candidate}/{scores.positions} positions with no top-{spec.top} "
+            "candidate in the intersection (counted as rejected)"
+        )
+        out.append(scores)
+    return tuple(out)
 
 
 @contextlib.contextmanager
@@ -280,6 +321,24 @@ def register(subparsers: Any) -> None:
         "records in order: ngram-mod[:n_match=24,n_min=48,slots=1] or "
         "ngram-map-k[:size_n=12,min_hits=1,slots=1], at every --depths depth (n_max / size_m; "
         "a depth given in KNOBS is scored too); repeat for more knob sets (docs)",
+    )
+    p.add_argument(
+        "--cross-vocab",
+        action="append",
+        metavar="NAME=URL,target_tokenizer=DIR,drafter_tokenizer=DIR[,KNOBS]",
+        help="also score a drafter with its own tokenizer, served alone by vLLM at URL, at every "
+        "--depths depth: by TLI (vLLM's use_heterogeneous_vocab; one /v1/completions with "
+        "prompt_logprobs per record) and with rules=tli+slem by SLEM too (one call per output "
+        "position and depth, first --cross-vocab-max-records records). DIRs: the target's and "
+        "the drafter's Hugging Face tokenizer folders. KNOBS: top=20 (prompt_logprobs), "
+        "rules=tli|slem|tli+slem, model=NAME, timeout_s=60, concurrency=2; repeatable (docs)",
+    )
+    p.add_argument(
+        "--cross-vocab-max-records",
+        type=int,
+        default=20,
+        metavar="N",
+        help="SLEM is scored on the first N records with token ids only (default %(default)s)",
     )
     p.add_argument(
         "--per-request",

@@ -39,6 +39,10 @@ text counts one more drafted (rejected) target token, so drafted tokens are a lo
 (accepted counts are exact under the assumption). The candidates carry no
 logits, so transformers' ``assisted_decoding`` accepts a candidate iff it equals the target's
 own (argmax or sampled) token: "accepted iff equal" holds for sampled requests as well.
+
+Inputs: records carry no cross-vocabulary drafter's predictions; ``specshadow counterfactual
+--cross-vocab`` asks the drafter for them offline (:mod:`.crossvocab_drafter`) and the matrix
+scores them at every depth (rows with ``cross_vocabulary: true``).
 """
 
 from __future__ import annotations

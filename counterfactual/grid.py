@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from counterfactual.crossvocab import SLEM_CLASS, TLI_CLASS
 from counterfactual.llamacpp_ngram import LlamaKnobs
 from counterfactual.llamacpp_replay import knobs_label, row_json, server_args
 from counterfactual.rules import DEFAULT_RULES, ReplayClass, Rule, replay_class
@@ -35,6 +36,7 @@ __all__ = [
     "parse_windows",
 ]
 
+CrossVocabRule = Literal["tli", "slem"]
 Proposer = Literal["ngram", "draft_model", "suffix", "ngram-mod", "ngram-map-k"]
 DEFAULT_DEPTHS: tuple[int, ...] = tuple(range(1, 9))
 DEFAULT_WINDOWS: tuple[tuple[int, int], ...] = ((1, 3), (2, 4), (3, 5), (5, 5))
@@ -53,15 +55,28 @@ class Config:
     suffix: SuffixKnobs | None = None  # suffix decoding's other knobs (counterfactual/suffix.py)
     # llama.cpp's ngram-mod / ngram-map-k (counterfactual/llamacpp_ngram.py); its n_max is k.
     llamacpp: LlamaKnobs | None = None
+    # A drafter with its own tokenizer (counterfactual/crossvocab.py): "tli" (vLLM's
+    # use_heterogeneous_vocab) or "slem" (Hugging Face's Universal Assisted Generation).
+    cross_vocab: CrossVocabRule | None = None
 
     @property
     def replay_class(self) -> ReplayClass:
+        if self.cross_vocab == "slem":
+            return "approximate"
         return replay_class(self.rule, self.proposer)
 
     @property
     def family(
         self,
-    ) -> tuple[str, int | None, int | None, str | None, SuffixKnobs | None, LlamaKnobs | None]:
+    ) -> tuple[
+        str,
+        int | None,
+        int | None,
+        str | None,
+        SuffixKnobs | None,
+        LlamaKnobs | None,
+        CrossVocabRule | None,
+    ]:
         """Everything but the depth: configurations that differ only in k (a llama.cpp
         configuration is a replayed server of its own at every depth)."""
         return (
@@ -71,6 +86,7 @@ class Config:
             self.drafter,
             self.suffix,
             self.llamacpp,
+            self.cross_vocab,
         )
 
     @property
@@ -79,6 +95,8 @@ class Config:
             return knobs_label(self.llamacpp)
         if self.suffix is not None:
             return f"suffix k={self.num_speculative_tokens} {self.suffix.label}"
+        if self.cross_vocab is not None:
+            return f"draft {self.drafter} k={self.num_speculative_tokens} {self.cross_vocab}"
         if self.rule is not None:
             if self.proposer == "ngram":
                 where = f"ngram lookup {self.prompt_lookup_min}-{self.prompt_lookup_max}"
@@ -110,6 +128,20 @@ class Config:
                 "prompt_lookup_min": self.prompt_lookup_min,
                 "prompt_lookup_max": self.prompt_lookup_max,
             }
+        if self.cross_vocab == "slem":  # not a vLLM method: transformers' generate() runs it
+            return {
+                "assistant_model": f"<{self.drafter} model>",
+                "assistant_tokenizer": f"<{self.drafter} tokenizer>",
+                "num_assistant_tokens": self.num_speculative_tokens,
+                "num_assistant_tokens_schedule": "constant",
+            }
+        if self.cross_vocab == "tli":  # greedy drafts only (vLLM's restriction)
+            return {
+                "method": "draft_model",
+                "model": f"<{self.drafter} model>",
+                "num_speculative_tokens": self.num_speculative_tokens,
+                "use_heterogeneous_vocab": True,
+            }
         return {
             "model": f"<{self.drafter} model>",
             "num_speculative_tokens": self.num_speculative_tokens,
@@ -132,6 +164,15 @@ def config_json(c: Config) -> dict[str, object]:
         "replay_class": c.replay_class,
         **({} if c.suffix is None else c.suffix.row_json()),
         **({} if c.llamacpp is None else row_json(c.llamacpp)),
+        **(
+            {}
+            if c.cross_vocab is None
+            else {
+                "cross_vocabulary": True,
+                "cross_vocab_rule": c.cross_vocab,
+                "replay_note": TLI_CLASS if c.cross_vocab == "tli" else SLEM_CLASS,
+            }
+        ),
     }
 
 

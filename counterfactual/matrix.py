@@ -28,9 +28,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.classify import ALL
+from counterfactual.crossvocab import slem_offers, tli_replay
 from counterfactual.grid import (
     DEFAULT_DEPTHS,
     DEFAULT_WINDOWS,
@@ -58,6 +59,9 @@ from counterfactual.suffix_replay import SuffixKnobs, suffix_offers
 from records.reader import Leg, Record, read
 from records.rules import output_length_bucket
 
+if TYPE_CHECKING:
+    from counterfactual.crossvocab_drafter import CrossVocabScores
+
 __all__ = ["ALL", "Matrix", "build_matrix", "config_json", "live_config", "request_json"]
 
 # A record as stored (a JSON object) or already read; every field is read through the reader.
@@ -82,6 +86,10 @@ class Matrix:
     live_skipped: dict[str, str] = field(default_factory=dict)
     # llama.cpp n-gram candidates: per-request drafted/accepted against their timings.
     live_llamacpp: list[dict[str, Any]] = field(default_factory=list)
+    # Cross-vocabulary drafters (--cross-vocab): per drafter, its intersection, what it was
+    # asked, and per category the output tokens outside the intersection and, per depth, the
+    # TLI rejections that were rejections by construction.
+    cross_vocabulary: list[dict[str, Any]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """The summary (``counterfactual_summary.json``); the rows are ``counterfactual.json``."""
@@ -102,6 +110,7 @@ class Matrix:
             if self.output_classes is None
             else {cat: shares({}, counts) for cat, counts in sorted(self.output_classes.items())},
             "out_of_vocabulary": self.out_of_vocabulary,
+            "cross_vocabulary": self.cross_vocabulary,
         }
 
 
@@ -230,6 +239,7 @@ def build_matrix(
     drafter_vocabulary: frozenset[int] | None = None,
     suffix: tuple[SuffixKnobs, ...] = (),
     llamacpp: tuple[LlamaKnobs, ...] = (),
+    cross_vocab: tuple[CrossVocabScores, ...] = (),
 ) -> Matrix:
     """Score the grid on every record with tokens; ``open_records`` is called twice.
 
@@ -246,6 +256,8 @@ def build_matrix(
     ``llamacpp``: llama.cpp ``ngram-mod`` / ``ngram-map-k`` configurations (``n_max`` the depth),
     each one replayed server fed the records in order (:mod:`.llamacpp_replay`); a live llama.cpp
     n-gram candidate is replayed on what it served and checked against its own timings.
+    ``cross_vocab``: drafters with their own tokenizer, already asked about the records
+    (:mod:`.crossvocab_drafter`), scored at every depth by TLI and/or SLEM (:mod:`.crossvocab`).
     ``per_request`` receives, for every scored record, its replay under every configuration
     (:func:`request_json`) — streamed, never kept.
     """
@@ -284,6 +296,12 @@ def build_matrix(
                 for d in sorted(confident & drafter_names)
                 for r in drafter_rules
             ),
+            *(
+                Config("draft_model", k, drafter=xs.spec.name, cross_vocab=rule)
+                for xs in cross_vocab
+                for rule in xs.spec.rules
+                for k in depths
+            ),
         },
         rules=replayed,
         suffix=suffix,
@@ -296,7 +314,7 @@ def build_matrix(
     bound_configs = tuple(
         Config(f[0], r.cap, f[1], f[2], f[3], rule=r)
         for f in families
-        if f[0] in ("ngram", "draft_model")
+        if f[0] in ("ngram", "draft_model") and f[6] is None
         for r in bounds
     )
     # One suffix cache per knob set, fed across records (the history is the point).
@@ -304,6 +322,11 @@ def build_matrix(
     llama_checks: dict[tuple[str, LlamaKnobs], LlamaLiveCheck] = {}
     llama_servers: dict[LlamaKnobs, LlamaServer] = {}  # one replayed server per configuration
 
+    xscores = {xs.spec.name: xs for xs in cross_vocab}
+    # drafter → category → [output tokens, outside the intersection]; (drafter, category, k) →
+    # [TLI rejections, of them by construction]
+    xtally: dict[str, dict[str, list[int]]] = {xs.spec.name: {} for xs in cross_vocab}
+    xrejected: dict[tuple[str, str, int], list[int]] = {}
     cells: dict[tuple[Config, str, str], Cell] = {}
     checks: dict[tuple[str, Config], LiveCheck] = {}
     skipped: dict[str, str] = {}  # candidate backend → why it has no live check (first reason)
@@ -339,8 +362,12 @@ def build_matrix(
                 tally[1] += sum(t not in drafter_vocabulary for t in output)
         results: dict[Config, Replay] = {}
         for family, members in families.items():
-            proposer, lo, hi, drafter, knobs, llama = family
+            proposer, lo, hi, drafter, knobs, llama, xv = family
             predicted: list[int] | None = None
+            if xv is not None:
+                _cross_vocab(xscores[drafter or ""], xv, members, record.exchange_id, output,
+                             results, (category, ALL), xtally, xrejected)  # fmt: skip
+                continue
             if llama is not None:
                 server = llama_servers.get(llama) or llama_servers.setdefault(llama, llama.server())
                 results[members[0]] = server.serve(prompt, output)
@@ -427,6 +454,25 @@ def build_matrix(
         if c.rule is None and c.num_speculative_tokens == max(depths) and bk == ALL:
             rows.extend(bound_row(b, cat, bk, cells) for b in bound_configs if b.family == c.family)
     picks = _picks(rows, configs)
+    xjson = [
+        {
+            **xs.as_json(),
+            "categories": {
+                cat: {
+                    "output_tokens": n,
+                    "outside_intersection": miss,
+                    "outside_share": miss / n if n else None,
+                    "tli_rejections": {
+                        str(k): {"rejections": v[0], "by_construction": v[1]}
+                        for (d, c, k), v in sorted(xrejected.items())
+                        if d == xs.spec.name and c == cat
+                    },
+                }
+                for cat, (n, miss) in sorted(xtally[xs.spec.name].items())
+            },
+        }
+        for xs in cross_vocab
+    ]
     deploy = _deploy(picks, configs)
     return Matrix(
         rows=rows,
@@ -445,6 +491,7 @@ def build_matrix(
         records=records,
         scored=scored,
         configs=configs + bound_configs,
+        cross_vocabulary=xjson,
         output_classes=output_classes,
         out_of_vocabulary=None
         if drafter_vocabulary is None
@@ -462,6 +509,48 @@ def build_matrix(
             },
         },
     )
+
+
+def _cross_vocab(
+    xs: CrossVocabScores,
+    rule: str,
+    members: list[Config],
+    exchange_id: str,
+    output: list[int],
+    results: dict[Config, Replay],
+    cats: tuple[str, str],
+    tally: dict[str, dict[str, list[int]]],
+    rejected: dict[tuple[str, str, int], list[int]],
+) -> None:
+    """One record under a cross-vocabulary drafter's configurations (``rule``: tli or slem)."""
+    name = xs.spec.name
+    if rule == "tli":
+        argmax = xs.tli.get(exchange_id)
+        if argmax is None or len(argmax) != len(output):
+            return
+        outside = 0
+        for c in members:
+            r, outside, by_construction = tli_replay(
+                xs.intersection, output, argmax, c.num_speculative_tokens
+            )
+            results[c] = r
+            for cat in cats:
+                v = rejected.setdefault((name, cat, c.num_speculative_tokens), [0, 0])
+                v[0] += len(r.rejected_at)
+                v[1] += by_construction
+        for cat in cats:
+            t = tally[name].setdefault(cat, [0, 0])
+            t[0] += len(output)
+            t[1] += outside
+        return
+    texts = xs.output_texts(output)
+    for c in members:
+        drafts = xs.slem.get((exchange_id, c.num_speculative_tokens))
+        if drafts is None or len(drafts) != len(output):
+            continue
+        available, match = slem_offers(texts, drafts)
+        # A step verifies every target token the draft's text re-encodes to: no cap but that.
+        results[c] = replay(len(output), max([1, *available]), available, match)
 
 
 def _order(item: tuple[tuple[Config, str, str], Cell]) -> tuple[Any, ...]:
@@ -483,7 +572,8 @@ def _picks(rows: list[dict[str, Any]], configs: tuple[Config, ...]) -> dict[str,
     (nothing to draft from, or drafts that cost more than they save)."""
     best: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        if row["output_length_bucket"] == ALL:
+        # SLEM is transformers' assisted generation, not a configuration vLLM serves.
+        if row["output_length_bucket"] == ALL and row.get("cross_vocab_rule") != "slem":
             best.setdefault(row["category"], []).append(row)
     out: dict[str, dict[str, Any]] = {}
     for cat, candidates in best.items():
@@ -526,7 +616,13 @@ _CONFIG_KEYS = (
 
 
 def _family(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (row["proposer"], row["prompt_lookup_min"], row["prompt_lookup_max"], row["drafter"])
+    return (
+        row["proposer"],
+        row["prompt_lookup_min"],
+        row["prompt_lookup_max"],
+        row["drafter"],
+        row.get("cross_vocab_rule"),
+    )
 
 
 def _deploy(picks: Mapping[str, Mapping[str, Any]], configs: tuple[Config, ...]) -> list[Config]:

@@ -141,7 +141,8 @@ def rules_table(m: Matrix) -> Table:
         return head, []
     families: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in overall:
-        key = (r["proposer"], r["prompt_lookup_min"], r["prompt_lookup_max"], r["drafter"])
+        key = (r["proposer"], r["prompt_lookup_min"], r["prompt_lookup_max"], r["drafter"],
+               r.get("cross_vocab_rule"))  # fmt: skip
         families.setdefault(key, []).append(r)
     shown: list[dict[str, Any]] = []
     for rows in families.values():
@@ -213,6 +214,44 @@ def vocabulary_table(m: Matrix) -> Table:
     ]
 
 
+def crossvocab_table(m: Matrix) -> Table:
+    """Per cross-vocabulary drafter and category: output tokens outside the intersection, and at
+    each depth the TLI rejections that were rejections by construction."""
+    head = ["drafter", "category", "output tokens", "outside the intersection", "share",
+            "TLI rejections by construction (k: of all)"]  # fmt: skip
+    rows = []
+    for xs in m.cross_vocabulary:
+        for cat, v in xs["categories"].items():
+            by_k = ", ".join(
+                f"{k}: {r['by_construction']}/{r['rejections']}"
+                for k, r in v["tli_rejections"].items()
+            )
+            share = v["outside_share"]
+            rows.append([xs["drafter"], cat, str(v["output_tokens"]),
+                         str(v["outside_intersection"]),
+                         "" if share is None else f"{_f(share * 100, 1)} %", by_k])  # fmt: skip
+    return head, rows
+
+
+def _crossvocab_section(m: Matrix) -> list[str]:
+    head, rows = crossvocab_table(m)
+    if not m.cross_vocabulary:
+        return []
+    lines = [
+        "",
+        "## Cross-vocabulary drafters",
+        "",
+        *(
+            f"- `{xs['drafter']}` ({xs['url']}): intersection {xs['intersection_size']} tokens; "
+            f"{xs['no_candidate_in_top']} of {xs['tli_positions']} positions had no top-"
+            f"{xs['top_logprobs']} candidate inside it (scored as rejected); SLEM on "
+            f"{xs['slem_records']} records; {xs['calls']} calls, {xs['failed_calls']} failed."
+            for xs in m.cross_vocabulary
+        ),
+    ]
+    return [*lines, "", *_md(head, rows)] if rows else lines
+
+
 def _md(head: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
             *("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows)]  # fmt: skip
@@ -244,7 +283,7 @@ def _rejections_section(m: Matrix) -> list[str]:
         assert m.out_of_vocabulary is not None
         lines += ["", f"## Outside the declared drafter vocabulary "
                   f"({m.out_of_vocabulary['vocabulary_size']} tokens)", "", *_md(head, rows)]  # fmt: skip
-    return lines
+    return lines + _crossvocab_section(m)
 
 
 def _backend_name(c: Config) -> str:
@@ -254,6 +293,8 @@ def _backend_name(c: Config) -> str:
         return f"ngram-k{c.num_speculative_tokens}-{c.prompt_lookup_min}-{c.prompt_lookup_max}"
     if c.suffix is not None:
         return f"suffix-k{c.num_speculative_tokens}-d{c.suffix.max_tree_depth}"
+    if c.cross_vocab is not None:
+        return f"draft-{c.drafter}-k{c.num_speculative_tokens}-{c.cross_vocab}"
     return f"draft-{c.drafter}-k{c.num_speculative_tokens}"
 
 
@@ -295,6 +336,8 @@ def policy_fragment(m: Matrix) -> str | None:
         if c.proposer == "ngram":
             out.append(f"      prompt_lookup_min: {c.prompt_lookup_min}")
             out.append(f"      prompt_lookup_max: {c.prompt_lookup_max}")
+        if c.cross_vocab is not None:
+            out.append("      cross_vocabulary: true")
         out.append(f'      label: "{c.label}"')
     out.append("legs:  # add to your rule's legs")
     out.extend(f"  - {{backend: {_backend_name(c)}, role: candidate}}" for c in engines)

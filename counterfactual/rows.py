@@ -46,8 +46,10 @@ class Cell:
         self.mal.add(r.drafts, r.accepted)
         self.tpp.add(r.passes, r.output_tokens)
         self.draft_tokens += r.draft_tokens
-        if not self.by_position:
-            self.by_position = [0] * self.k
+        if len(self.by_position) < max(self.k, len(r.accepted_by_position)):
+            # A string-level (SLEM) step may accept more target tokens than its depth.
+            wanted = max(self.k, len(r.accepted_by_position))
+            self.by_position += [0] * (wanted - len(self.by_position))
         for i, v in enumerate(r.accepted_by_position):
             self.by_position[i] += v
         self.greedy += greedy

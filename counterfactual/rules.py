@@ -46,7 +46,7 @@ __all__ = [
     "parse_rule",
 ]
 
-ReplayClass = Literal["exact", "exact_given_drafter", "exact_given_history", "bound"]
+ReplayClass = Literal["exact", "exact_given_drafter", "exact_given_history", "bound", "approximate"]
 RuleName = Literal["heuristic", "ema_tiers", "elastic", "confidence", "batch_schedule"]
 RULE_NAMES: tuple[str, ...] = ("heuristic", "ema_tiers", "elastic", "confidence", "batch_schedule")
 Param = tuple[str, float | tuple[float, ...]]

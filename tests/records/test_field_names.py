@@ -59,6 +59,10 @@ NOT_RECORDS: dict[str, tuple[frozenset[str], str]] = {
     "core/recorder.py": (frozenset({"prompt_tokens"}), OPENAI + ": the usage object"),
     "core/request_body.py": (frozenset({"role", "text"}), OPENAI),
     "counterfactual/cli.py": (frozenset({"label", "reason"}), MATRIX),
+    "counterfactual/crossvocab_drafter.py": (
+        frozenset({"concurrency", "text"}),
+        "the --cross-vocab knobs and vLLM's /v1/completions answer",
+    ),
     "counterfactual/live.py": (frozenset({"flag", "greedy", "sampled"}), MATRIX),
     "counterfactual/matrix.py": (
         frozenset(
