@@ -1,8 +1,10 @@
 """Start, await and stop real vLLM OpenAI-compatible servers (plain, n-gram, draft model) on CPU.
 
 One :class:`VllmServer` owns one ``vllm.entrypoints.openai.api_server`` process group and one work
-folder (vLLM's caches, RPC sockets, TMPDIR and, by default, the log), and removes both on stop, so
-nothing is left behind. It is a context manager, sync (``with``) or async (``async with``; the
+folder (the inductor cache, RPC sockets, TMPDIR and, by default, the log), and removes both on
+stop, so nothing is left behind; vLLM's own cache of model-class inspections is shared by every
+server of the environment (:attr:`~backends.setup.VllmEnv.vllm_cache`), saving each start a fresh
+interpreter. It is a context manager, sync (``with``) or async (``async with``; the
 blocking waits run in a worker thread). :func:`start_servers` launches several at once and waits
 for all of them — on a 2-core machine three start in about the time of one and a half.
 
@@ -131,8 +133,9 @@ def server_command(spec: VllmServerSpec, env: VllmEnv, port: int) -> list[str]:
 def server_environment(
     base: Mapping[str, str], env: VllmEnv, work_dir: Path, cores: str | None = None
 ) -> dict[str, str]:
-    """``base`` plus vLLM's CPU settings, with every file vLLM writes kept inside ``work_dir``;
-    ``cores`` binds the worker's OpenMP threads (``VLLM_CPU_OMP_THREADS_BIND``)."""
+    """``base`` plus vLLM's CPU settings, with every file vLLM writes kept inside ``work_dir``
+    but its model-class cache, shared by every server of ``env`` (:attr:`VllmEnv.vllm_cache`:
+    without it each start pays one more interpreter importing vLLM); ``cores`` binds the worker's OpenMP threads (``VLLM_CPU_OMP_THREADS_BIND``)."""
     out = {k: v for k, v in base.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
     out.update(
         VLLM_TARGET_DEVICE="cpu",
@@ -141,7 +144,7 @@ def server_environment(
         TRANSFORMERS_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1",
-        VLLM_CACHE_ROOT=str(work_dir / "vllm-cache"),
+        VLLM_CACHE_ROOT=str(env.vllm_cache),
         TORCHINDUCTOR_CACHE_DIR=str(work_dir / "inductor"),
         VLLM_RPC_BASE_PATH=str(work_dir / "rpc"),
         TMPDIR=str(work_dir / "tmp"),
@@ -227,7 +230,7 @@ class VllmServer:
     def launch(self) -> None:
         """Start the process; return at once (see :meth:`wait_ready`)."""
         self._work_dir = Path(tempfile.mkdtemp(prefix=f"specshadow-vllm-{self.spec.name}-"))
-        for sub in ("vllm-cache", "inductor", "rpc", "tmp", "hf"):
+        for sub in ("inductor", "rpc", "tmp", "hf"):
             (self._work_dir / sub).mkdir()
         cmd = server_command(self.spec, self.env, self.port)
         environment = server_environment(os.environ, self.env, self._work_dir, self.spec.cores)

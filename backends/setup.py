@@ -57,6 +57,16 @@ class VllmEnv:
     def vllm_script(self) -> Path:
         return self.venv / "bin" / "vllm"
 
+    @property
+    def vllm_cache(self) -> Path:
+        """vLLM's own cache (``VLLM_CACHE_ROOT``), kept beside the environment across servers.
+
+        vLLM inspects the model's class in a fresh interpreter (one more import of vLLM and torch)
+        unless ``VLLM_CACHE_ROOT/modelinfos`` holds the answer; it writes that file atomically,
+        so servers starting at once may share it. Measured on this 2-core machine: one plain
+        server ready in 33 s (19.7 s of CPU) with an empty cache, 23.5 s (12.8 s) with it."""
+        return self.venv.parent / "vllm-cache"
+
 
 def cache_root() -> Path:
     """``$SPECSHADOW_CACHE``, else ``~/.cache/specshadow``."""

@@ -210,15 +210,19 @@ async def vllm_demo_backends(urls: str | None) -> AsyncIterator[DemoBackends]:
         primary, candidate, baseline = parse_vllm_urls(urls)
         yield DemoBackends(primary, candidate, baseline, "vllm", SERVED_MODEL_NAME, "vLLM")
         return
-    from backends.server import VllmServerSpec, start_servers, stop_servers
+    from backends.server import VllmServerSpec, spread_cores, start_servers, stop_servers
     from backends.setup import setup
 
     print("starting vLLM CPU servers: plain, n-gram, plain (about 1–2 minutes)", flush=True)
     env = await asyncio.to_thread(setup)
+    # The primary's engine on a core of its own, the two mirrored legs beside each other on the
+    # next: vLLM's own default binds every server's engine to the first core, where a request's
+    # legs take turns (docs/vllm.md, "Servers").
+    primary_core, mirror_core = spread_cores(2)
     specs = [
-        VllmServerSpec("primary", "plain"),
-        VllmServerSpec("candidate", "ngram"),
-        VllmServerSpec("baseline", "plain"),
+        VllmServerSpec("primary", "plain", cores=primary_core),
+        VllmServerSpec("candidate", "ngram", cores=mirror_core),
+        VllmServerSpec("baseline", "plain", cores=mirror_core),
     ]
     servers = await asyncio.to_thread(start_servers, specs, env)
     try:

@@ -156,10 +156,11 @@ def test_both_legs_are_timed_and_compared(run: Run) -> None:
 def test_the_candidate_stream_carries_several_tokens_per_pass(run: Run) -> None:
     per_pass = [r["legs"][1]["acceptance"]["tokens_per_pass"] for r in run.records]
     primary = [r["legs"][0]["tokens_per_event"] for r in run.records[::2]]
-    # Plain decoding: one token per event, except where a CPU-starved API server merged two
-    # steps into one write (seen in CI); most events are still single tokens.
+    # Plain decoding: one token per event, except where the API server fell behind its engine
+    # and merged several steps into one write; most streams are still single tokens. How many
+    # it merges is the machine's doing (a plain stream read 3.56 tokens per event once its
+    # engine had a core of its own), so the two legs' means are not compared.
     assert sum(p == 1.0 for p in primary) >= len(primary) / 2
-    assert sum(per_pass) / len(per_pass) > sum(primary) / len(primary)
     assert sum(per_pass) / len(per_pass) > 1.2  # n-gram drafts accepted (measured ≈2 here)
 
 

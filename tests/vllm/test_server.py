@@ -112,8 +112,10 @@ def test_ngram_and_draft_commands_carry_their_speculative_config(tmp_path: Path)
 def test_server_environment_keeps_vllm_files_inside_the_work_dir(tmp_path: Path) -> None:
     base = {"PATH": "/usr/bin", "VIRTUAL_ENV": "/gateway/.venv", "HOME": "/root"}
     env = server_environment(base, fake_env(tmp_path), tmp_path / "work")
-    for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "VLLM_RPC_BASE_PATH", "TMPDIR"):
+    for key in ("TORCHINDUCTOR_CACHE_DIR", "VLLM_RPC_BASE_PATH", "TMPDIR"):
         assert env[key].startswith(str(tmp_path / "work"))
+    # vLLM's model-class inspections: kept beside the environment, shared by its servers.
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm-cache")
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert env["PYTHONPATH"] == str(tmp_path / "pystub")
     assert env["PATH"].startswith(str(tmp_path / "venv/bin"))
