@@ -5,7 +5,9 @@ report's pick per category, a canary of each pick, a bad deploy rolled back by t
 their own, and the final report.
 
 ``--vllm`` (real vLLM CPU servers: plain, n-gram, plain, started with :mod:`backends` or
-reused with ``--vllm-urls``): the shadow part of the story —
+reused with ``--vllm-urls``) and ``--llamacpp`` (llama.cpp's own server: plain, draft model,
+plain, started with :mod:`backends.llamacpp` or reused with ``--llamacpp-urls``): the shadow part
+of the story —
 
 1. Start the gateway in front of the primary with a policy that mirrors a share of traffic to the
    candidate and the baseline, writing comparison records to an embedded store.
@@ -98,6 +100,19 @@ def register(sub: Any) -> None:
         "up`) instead of starting three",
     )
     p.add_argument(
+        "--llamacpp",
+        action="store_true",
+        help="real llama.cpp servers (plain primary, draft-model candidate, plain baseline) instead "
+        "of simulators; `specshadow llamacpp setup` builds them on first use",
+    )
+    p.add_argument(
+        "--llamacpp-urls",
+        metavar="PRIMARY,CANDIDATE,BASELINE",
+        default=None,
+        help="with --llamacpp: use these running llama.cpp servers (base URLs, e.g. from "
+        "`specshadow llamacpp up`) instead of starting three",
+    )
+    p.add_argument(
         "--max-tokens",
         type=int,
         default=None,
@@ -135,7 +150,12 @@ def run_demo(args: argparse.Namespace) -> int:
     from report import build_report
 
     started = time.perf_counter()
-    vllm = bool(getattr(args, "vllm", False))
+    if getattr(args, "vllm", False) and getattr(args, "llamacpp", False):
+        from core.faults import BadInput
+
+        raise BadInput("--vllm and --llamacpp are two demos; give one")
+    # A real engine (vLLM or llama.cpp): the same shadow story, sized for the tiny CPU models.
+    vllm = bool(getattr(args, "vllm", False) or getattr(args, "llamacpp", False))
     _resolve_defaults(args, vllm)
     rows = read_trace(args.trace) if args.trace else bundled_trace()
     if vllm:
@@ -154,7 +174,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if not args.quiet:
         print_table(exchanges)
     print_summary(exchanges)
-    print_vllm_evidence(exchanges)
+    print_vllm_evidence(exchanges, "llama.cpp" if getattr(args, "llamacpp", False) else "vLLM")
     write_results(out / "loadgen.jsonl", results)
     summary = summarize(results)
     print(
@@ -164,7 +184,11 @@ def run_demo(args: argparse.Namespace) -> int:
     records = list(query_records(store_path))
     result_rows = [r.to_json() for r in results]
     print_equivalence(records)
-    source = "demo (vLLM CPU: plain, n-gram, plain)"
+    source = (
+        "demo (llama.cpp: plain, draft model, plain)"
+        if getattr(args, "llamacpp", False)
+        else "demo (vLLM CPU: plain, n-gram, plain)"
+    )
     paths = build_report(records, result_rows, out / "report", sources=[source])
     print(f"\nrecords  {store_path}  ({len(records)} comparison records)")
     print(f"results  {out / 'loadgen.jsonl'}")
@@ -193,12 +217,40 @@ def _prompt_chars(body: Mapping[str, Any]) -> int:
     return sum(len(m.get("content") or "") for m in messages if isinstance(m, Mapping))
 
 
-def parse_vllm_urls(text: str) -> tuple[str, str, str]:
+def parse_vllm_urls(text: str, *, flag: str = "--vllm-urls") -> tuple[str, str, str]:
     """``PRIMARY,CANDIDATE,BASELINE`` base URLs (a trailing ``/`` or ``/v1`` is dropped)."""
     urls = [u.strip().rstrip("/").removesuffix("/v1") for u in text.split(",")]
     if len(urls) != 3 or not all(urls):
-        raise ValueError(f"--vllm-urls needs PRIMARY,CANDIDATE,BASELINE, got {text!r}")
+        raise ValueError(f"{flag} needs PRIMARY,CANDIDATE,BASELINE, got {text!r}")
     return urls[0], urls[1], urls[2]
+
+
+@asynccontextmanager
+async def llamacpp_demo_backends(urls: str | None) -> AsyncIterator[DemoBackends]:
+    """Running llama.cpp servers: the given ones, or plain / draft model / plain started (and
+    stopped) here."""
+    from backends.llamacpp import SERVED_MODEL_NAME
+
+    label = "llama.cpp"
+    if urls is not None:
+        primary, candidate, baseline = parse_vllm_urls(urls, flag="--llamacpp-urls")
+        yield DemoBackends(primary, candidate, baseline, "llamacpp", SERVED_MODEL_NAME, label)
+        return
+    from backends.llamacpp import LlamaServerSpec, setup, start_servers, stop_servers
+
+    print("starting llama.cpp servers: plain, draft model, plain", flush=True)
+    env = await asyncio.to_thread(setup)
+    specs = [
+        LlamaServerSpec("primary", "plain"),
+        LlamaServerSpec("candidate", "draft"),
+        LlamaServerSpec("baseline", "plain"),
+    ]
+    servers = await asyncio.to_thread(start_servers, specs, env)
+    try:
+        p, c, b = (s.base_url for s in servers)
+        yield DemoBackends(p, c, b, "llamacpp", SERVED_MODEL_NAME, label)
+    finally:
+        await asyncio.to_thread(stop_servers, servers)
 
 
 @asynccontextmanager
@@ -238,7 +290,11 @@ async def replay_through_gateway(
     """Backends and gateway up, the trace replayed through it, everything down again."""
     from loadgen.runner import run_loadgen
 
-    backends = vllm_demo_backends(getattr(args, "vllm_urls", None))
+    backends = (
+        llamacpp_demo_backends(getattr(args, "llamacpp_urls", None))
+        if getattr(args, "llamacpp", False)
+        else vllm_demo_backends(getattr(args, "vllm_urls", None))
+    )
     sink = MemorySink()
     async with backends as b:
         store = demo_policy(b.primary, b.candidate, b.baseline, args.ratio, kind=b.kind)
@@ -253,7 +309,7 @@ async def replay_through_gateway(
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
             gateway_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-            kind = "n-gram" if b.kind == "vllm" else "speculative"
+            kind = {"vllm": "n-gram", "llamacpp": "draft model"}.get(b.kind, "speculative")
             print(f"primary   (plain)        {b.primary}")
             print(f"candidate ({kind + ')':<14} {b.candidate}")
             print(f"baseline  (plain)        {b.baseline}")
@@ -335,7 +391,7 @@ def print_summary(exchanges: Sequence[Exchange]) -> None:
     print(f"\nmirrored {len(mirrored)} of {len(exchanges)} requests")
 
 
-def print_vllm_evidence(exchanges: Sequence[Exchange]) -> None:
+def print_vllm_evidence(exchanges: Sequence[Exchange], engine: str = "vLLM") -> None:
     """The candidate's acceptance, three ways (docs/concepts.md, "Acceptance, three ways"), pooled over the demo's requests."""
     from evidence.acceptance import leg_acceptance, summarize
 
@@ -352,9 +408,10 @@ def print_vllm_evidence(exchanges: Sequence[Exchange]) -> None:
     mal = pooled.mean_acceptance_length
     tpp = pooled.tokens_per_pass_mean
     print(
-        "\ncandidate acceptance (vLLM per-request metrics, pooled): "
+        f"\ncandidate acceptance ({engine} per-request metrics, pooled): "
         f"rate {rate if rate is not None else float('nan'):.2f}, "
-        f"mean acceptance length {mal if mal is not None else float('nan'):.2f}; "
+        # llama.cpp reports no drafting steps per request, so no mean acceptance length.
+        f"mean acceptance length {f'{mal:.2f}' if mal is not None else 'n/a'}; "
         f"stream shape: {tpp if tpp is not None else float('nan'):.2f} tokens per target pass"
     )
 
