@@ -354,14 +354,21 @@ def score_drafter(
         except _CALL_ERRORS as exc:
             return rid, k, j, exc
 
+    def failed(i: int, got: object) -> bool:
+        """Count a call; a failed first call is the drafter unreachable (one line, exit 2),
+        a later one is counted and its record or position left out."""
+        scores.calls += 1
+        if not isinstance(got, Exception):
+            return False
+        if i == 0:
+            raise OSError(f"cross-vocabulary drafter {spec.name}: {url}: {got}")
+        scores.failed += 1
+        return True
+
     with ThreadPoolExecutor(max_workers=spec.concurrency) as pool:
         if "tli" in spec.rules:
             for i, (rid, got) in enumerate(pool.map(tli, work)):
-                scores.calls += 1
-                if isinstance(got, Exception):
-                    if i == 0:
-                        raise OSError(f"cross-vocabulary drafter {spec.name}: {url}: {got}")
-                    scores.failed += 1
+                if failed(i, got):
                     continue
                 argmax, misses = got
                 scores.tli[rid] = argmax
@@ -380,11 +387,7 @@ def score_drafter(
                 for k in depths:
                     scores.slem[(rid, k)] = [None] * len(output)
             for i, (rid, k, j, got) in enumerate(pool.map(slem, jobs)):
-                scores.calls += 1
-                if isinstance(got, Exception):
-                    if i == 0:
-                        raise OSError(f"cross-vocabulary drafter {spec.name}: {url}: {got}")
-                    scores.failed += 1
+                if failed(i, got):
                     continue
                 scores.slem[(rid, k)][j] = got
     return scores
