@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -372,6 +372,22 @@ def _learning(target: _InfoTarget) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class ProbeView:
+    """A :class:`ServerInfoProbe`'s answers for some backends at one moment (its ``view``), with
+    the probe's own ``engine`` and ``reported`` lookups; a backend outside it is unknown."""
+
+    known: Mapping[str, tuple[EngineConfig | None, ReportedSpec | None]]
+
+    def engine(self, name: str) -> EngineConfig | None:
+        got = self.known.get(name)
+        return got[0] if got is not None else None
+
+    def reported(self, name: str) -> ReportedSpec | None:
+        got = self.known.get(name)
+        return got[1] if got is not None else None
+
+
+@dataclass(frozen=True, slots=True)
 class InfoTarget:
     """One backend to ask: base URL (no ``/v1``), kind, and the policy's declaration."""
 
@@ -433,6 +449,12 @@ class ServerInfoProbe:
         """The backend's reduced engine configuration (reported, else declared; None: unknown)."""
         target = self._targets.get(name)
         return target.engine if target is not None else self._declared.get(name)
+
+    def view(self, names: Iterable[str]) -> ProbeView:
+        """What the probe knows of ``names`` now, frozen: a record built later (the evidence
+        worker lags the event loop) carries the configuration its legs ran on, not a later one.
+        Two dict lookups per name; the objects are immutable and replaced, never changed."""
+        return ProbeView({n: (self.engine(n), self.reported(n)) for n in names})
 
     def status(self, name: str) -> ProbeStatus | None:
         target = self._targets.get(name)

@@ -16,7 +16,8 @@ A failing consumer is logged and counted (``consumer_failures``) and never stops
 exchange whose evidence cannot be built is logged and counted in ``failed``. The backend pollers, when
 given — the metrics scraper (``/metrics``) and the server-info probe (what speculation each
 backend runs) — run as tasks between :meth:`start` and :meth:`stop`; records carry what they
-know.
+know. What each backend runs is read when the exchange is submitted (a :class:`ProbeView`), so a
+worker that lags records the configuration the legs ran on, not one polled after them.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from evidence.compare import compare, is_greedy
 from evidence.counts import reconcile
 from evidence.quality import leg_quality, speculation_skip
 from evidence.scrape import MetricsScraper, window_json
-from evidence.serverinfo import ServerInfoProbe, resolve
+from evidence.serverinfo import ProbeView, ServerInfoProbe, resolve
 from records.writer import BackendFacts, build_record
 
 log = logging.getLogger(__name__)
@@ -49,9 +50,12 @@ def build_evidence(
     *,
     capture_default: CaptureSpec = CAPTURE_OFF,
     scraper: MetricsScraper | None = None,
-    probe: ServerInfoProbe | None = None,
+    probe: ServerInfoProbe | ProbeView | None = None,
 ) -> Evidence:
     """Classify, measure acceptance and compare one exchange (pure, apart from the pollers).
+
+    ``probe``: what each backend runs — the worker passes the :class:`ProbeView` it took when the
+    exchange was submitted, so the record carries the configuration its legs ran on.
 
     Acceptance reads each leg's own count; everything that compares legs reads them counted on
     one footing (:func:`evidence.counts.reconcile`), and so does every consumer."""
@@ -104,7 +108,7 @@ def build_evidence(
     )
 
 
-def _fingerprints(probe: ServerInfoProbe | None, exchange: Exchange) -> dict[str, str]:
+def _fingerprints(probe: ServerInfoProbe | ProbeView | None, exchange: Exchange) -> dict[str, str]:
     """Each leg's backend → its engine configuration's fingerprint, where the probe knows it."""
     if probe is None:
         return {}
@@ -117,7 +121,7 @@ def _fingerprints(probe: ServerInfoProbe | None, exchange: Exchange) -> dict[str
 
 
 def backend_facts(
-    scraper: MetricsScraper | None = None, probe: ServerInfoProbe | None = None
+    scraper: MetricsScraper | None = None, probe: ServerInfoProbe | ProbeView | None = None
 ) -> BackendFacts:
     """What the pollers know, in the record's shape (the writer only lays it out): a backend's
     metrics window, the scrape nearest a leg, a leg's speculation as declared and reported, and
@@ -134,7 +138,9 @@ def backend_facts(
     )
 
 
-def _engine_json(probe: ServerInfoProbe | None, backend: str) -> Mapping[str, Any] | None:
+def _engine_json(
+    probe: ServerInfoProbe | ProbeView | None, backend: str
+) -> Mapping[str, Any] | None:
     engine = probe.engine(backend) if probe is not None else None
     return engine.to_json() if engine is not None else None
 
@@ -170,7 +176,7 @@ class EvidenceWorker:
         )
         self._flushers = _steps(consumers, "flush")
         self._closers = _steps(consumers, "close")
-        self._sink: ThreadedSink[Exchange] = ThreadedSink(
+        self._sink: ThreadedSink[tuple[Exchange, ProbeView | None]] = ThreadedSink(
             "evidence",
             self._handle,
             maxsize=maxsize,
@@ -202,8 +208,14 @@ class EvidenceWorker:
         return self._sink.handled
 
     def submit(self, exchange: Exchange) -> None:
-        """Queue ``exchange``; never blocks, never raises (a full queue drops and counts)."""
-        self._sink.submit(exchange)
+        """Queue ``exchange``; never blocks, never raises (a full queue drops and counts).
+
+        What the probe knows of the exchange's backends is read here, on the event loop, not
+        when the worker gets to it: a worker that lags must not record a configuration change
+        that came after the exchange ran (a report splits its evidence at that change)."""
+        probe = self.probe
+        view = probe.view(leg.backend for leg in exchange.legs) if probe is not None else None
+        self._sink.submit((exchange, view))
 
     async def start(self) -> None:
         """Start the worker thread and the scraper (idempotent)."""
@@ -241,9 +253,10 @@ class EvidenceWorker:
 
     # -- worker thread -------------------------------------------------------------------------
 
-    def _handle(self, exchange: Exchange) -> None:
+    def _handle(self, item: tuple[Exchange, ProbeView | None]) -> None:
+        exchange, view = item
         evidence = build_evidence(
-            exchange, capture_default=self.capture_default, scraper=self.scraper, probe=self.probe
+            exchange, capture_default=self.capture_default, scraper=self.scraper, probe=view
         )  # raising here counts the exchange in ``failed`` (ThreadedSink)
         for handle in self._handlers:
             try:

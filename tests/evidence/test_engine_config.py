@@ -281,3 +281,58 @@ async def test_the_probe_falls_back_to_inference_config_and_reads_sglang(servers
     assert v.values["version"] == "0.40.0" and v.values["enable_prefix_caching"] is False
     assert s.sources["version"] == "sglang_server_info" and s.values["version"] == "0.5.4"
     assert s.values["quantization"] == "fp8" and s.values["tensor_parallel_size"] == 2
+
+
+async def test_a_record_carries_the_engine_its_legs_ran_on_when_the_worker_lags(
+    servers: Any,
+) -> None:
+    """The evidence worker builds records behind the event loop; a configuration polled after
+    an exchange was submitted must not reach that exchange's record (a report splits its
+    evidence at a change). Deterministic: the worker's thread is not started until after the
+    backend was upgraded and polled, so the first exchange is built with the worker "lagging"."""
+    from aiohttp import web
+
+    from evidence.worker import EvidenceWorker
+    from records.reader import read
+    from tests.conftest import start_server
+    from tests.evidence.legs import exchange, leg
+
+    answer = {"version": "0.40.0"}
+
+    async def version(_: web.Request) -> web.Response:
+        return web.json_response(answer)
+
+    async def config(_: web.Request) -> web.Response:
+        return web.json_response({"vllm_config": {"model_config": {"model": "m"}}})
+
+    app = web.Application()
+    app.router.add_get("/version", version)
+    app.router.add_get("/inference/v1/config", config)
+    server = await start_server(app)
+    servers.append(server)
+    url = str(server.make_url("")).rstrip("/")
+    probe = ServerInfoProbe({"primary": InfoTarget(url, "vllm")})
+    seen: list[Any] = []
+    worker = EvidenceWorker([seen.append], probe=probe)
+
+    def one() -> Any:
+        return exchange(primary=leg("primary", backend="primary"), shadows=[])
+
+    async with aiohttp.ClientSession() as session:
+        await probe.poll_once(session)
+        worker.submit(one())  # ran on 0.40.0; the worker thread is not running yet
+        answer["version"] = "0.41.0"
+        await probe.poll_once(session)
+        worker.submit(one())  # ran on 0.41.0
+    await worker.start()  # the worker gets to both only now
+    assert await worker.flush(timeout_s=30.0)
+    await worker.stop()
+    versions = []
+    for evidence in seen:
+        primary = read(evidence.record).primary
+        engine = primary.engine if primary is not None else None
+        assert engine is not None and engine.settings is not None
+        versions.append(engine.settings["version"])
+    assert versions == ["0.40.0", "0.41.0"]
+    fingerprints = [e.engines["primary"] for e in seen]
+    assert fingerprints[0] != fingerprints[1]

@@ -85,13 +85,19 @@ async def test_an_engine_upgrade_mid_window_splits_the_evidence(
         sim.engine.update(version="0.33.0")
         for n in range(1, 200):
             await send(1, session)
-            for _ in range(100):
-                if len(versions.seen[backend]) >= sent:
-                    break
-                await asyncio.sleep(0.02)
+            await evidence_of(sent)
             if versions.seen[backend][-1] == "0.33.0":
                 return n
         raise AssertionError(versions.seen[backend][-5:])
+
+    async def evidence_of(n: int) -> None:
+        """Wait until the evidence consumer has seen ``n`` exchanges (it runs on the worker
+        thread, behind the sink); a deadline only turns a hang into a failure."""
+        for _ in range(3000):
+            if len(versions.seen["prim"]) >= n:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"the evidence consumer saw {len(versions.seen['prim'])} of {n}")
 
     await asyncio.sleep(0.3)  # the probe's first answers
     async with aiohttp.ClientSession() as session:
