@@ -156,12 +156,14 @@ def test_both_legs_are_timed_and_compared(run: Run) -> None:
 def test_the_candidate_stream_carries_several_tokens_per_pass(run: Run) -> None:
     per_pass = [r["legs"][1]["acceptance"]["tokens_per_pass"] for r in run.records]
     primary = [r["legs"][0]["tokens_per_event"] for r in run.records[::2]]
-    # Plain decoding: one token per event, except where the API server fell behind its engine
-    # and merged several steps into one write; most streams are still single tokens. How many
-    # it merges is the machine's doing (a plain stream read 3.56 tokens per event once its
-    # engine had a core of its own), so the two legs' means are not compared.
-    assert sum(p == 1.0 for p in primary) >= len(primary) / 2
-    assert sum(per_pass) / len(per_pass) > 1.2  # n-gram drafts accepted (measured ≈2 here)
+    # Plain decoding writes one token per event unless vLLM's API server falls behind its engine
+    # and merges steps into one write. How often is the machine's doing, not the gateway's: a
+    # plain stream read 3.56 tokens per event once its engine had a core of its own, and one
+    # busy run read 16 (the whole answer in one write), so only the count invariant is held
+    # and the two legs are not compared.
+    assert all(p is not None and p >= 1.0 for p in primary), primary
+    # Merged writes can only raise it: n-gram drafts were accepted (measured ≈2 here).
+    assert sum(per_pass) / len(per_pass) > 1.2
 
 
 def test_each_server_says_what_it_runs(run: Run) -> None:
