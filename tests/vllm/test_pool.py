@@ -57,39 +57,3 @@ def test_a_configuration_starts_on_the_first_ask_and_every_ask_shares_it(tmp_pat
     assert pool.extras == {}
     assert all(pid is None or session_pids(pid) == [] for _, pid, _ in pool.started)
     assert all(d is not None and not d.exists() for _, _, d in pool.started)
-
-
-def test_the_held_servers_are_the_fixtures_and_stop_leaving_nothing(tmp_path: Path) -> None:
-    """``tests/vllm/hold.py`` (scripts/check starts the vllm tier's servers ahead of the tier):
-    the fixture's four specs, their URLs in the form ``SPECSHADOW_VLLM_URLS`` reads, each one
-    answering; told to stop, no process and no work folder left."""
-    import threading
-    import urllib.request
-
-    from tests.vllm.conftest import SERVER_SPECS, reused_servers
-    from tests.vllm.hold import hold
-
-    env = fake_env(tmp_path, SERVE_200)
-    out = tmp_path / "urls"
-    stop = threading.Event()
-    result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(hold(out, env, stop)))
-    thread.start()
-    try:
-        for _ in range(6000):  # a deadline only turns a hang into a failure
-            if out.exists() or not thread.is_alive():
-                break
-            stop.wait(0.01)
-        text = out.read_text()
-        names = [item.partition("=")[0] for item in text.split(",")]
-        assert names == [spec.name for spec in SERVER_SPECS]
-        reused = reused_servers(text, env)
-        for spec in SERVER_SPECS:
-            assert reused[spec.name].spec.cores == spec.cores
-            url = reused[spec.name].base_url.removesuffix("/v1")
-            with urllib.request.urlopen(url + "/health", timeout=10) as r:
-                assert r.status == 200
-    finally:
-        stop.set()
-        thread.join(timeout=120)
-    assert result == [0]
