@@ -180,9 +180,8 @@ class _Engine:
         completed = False
         step_s = config.step_s + (config.spec_step_overhead_s if config.speculative else 0.0)
         try:
-            await asyncio.sleep(
-                config.prefill_base_s + config.prefill_per_token_s * plan.prompt_tokens
-            )
+            prefill_s = config.prefill_base_s + config.prefill_per_token_s * plan.prompt_tokens
+            await asyncio.sleep(prefill_s)
             prev_ns = record.arrival_ns
             pos = 0
             for index, step in enumerate(plan.steps):
@@ -190,6 +189,7 @@ class _Engine:
                     await asyncio.sleep(step_s)
                 now_ns = time.perf_counter_ns()
                 record.step_ns.append(now_ns)
+                record.step_cost_s.append(step_s if index else prefill_s)
                 if index == 0:
                     record.first_token_ns = now_ns
                 record.last_token_ns = now_ns

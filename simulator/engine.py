@@ -151,7 +151,8 @@ class BatchEngine:
                 )
                 self._running.append(seq)
                 admitted.append(seq)
-            target_ns += int(self.step_seconds(admitted) * 1e9)
+            cost_s = self.step_seconds(admitted)
+            target_ns += int(cost_s * 1e9)
             now = time.perf_counter_ns()
             if target_ns > now:
                 await asyncio.sleep((target_ns - now) / 1e9)
@@ -160,12 +161,13 @@ class BatchEngine:
             self.steps += 1
             now = time.perf_counter_ns()
             for seq in list(self._running):
-                self._emit(seq, now)
+                self._emit(seq, now, cost_s)
 
-    def _emit(self, seq: _Sequence, now_ns: int) -> None:
+    def _emit(self, seq: _Sequence, now_ns: int, cost_s: float) -> None:
         step = seq.next_step
         record = seq.record
         record.step_ns.append(now_ns)
+        record.step_cost_s.append(cost_s)
         if seq.index == 0:
             record.first_token_ns = now_ns
         record.last_token_ns = now_ns

@@ -57,6 +57,9 @@ class RequestRecord:
     last_token_ns: int | None = None
     finished_ns: int | None = None
     step_ns: list[int] = field(default_factory=list)  # when each step's tokens were emitted
+    # What the cost model charged each of those steps (seconds): the engine step's duration,
+    # prefill included; the wall gaps between ``step_ns`` follow it on an idle host.
+    step_cost_s: list[float] = field(default_factory=list)
     events: list[SentEvent] = field(default_factory=list)
     sampling: dict[str, Any] | None = None  # a sampled answer's parameters (SampledWith)
 
@@ -144,6 +147,7 @@ class RequestRecord:
             "last_token_ns": self.last_token_ns,
             "finished_ns": self.finished_ns,
             "step_ns": list(self.step_ns),
+            "step_cost_s": list(self.step_cost_s),
             "events": [
                 {"kind": e.kind, "sent_ns": e.sent_ns, "tokens": e.tokens} for e in self.events
             ],

@@ -10,6 +10,7 @@ from itertools import pairwise
 from typing import Any
 
 import aiohttp
+import pytest
 
 from simulator import SimConfig
 from simulator.app import BATCH
@@ -50,13 +51,15 @@ async def fire(
     return await asyncio.gather(*(one(i) for i in range(n)))
 
 
-def step_gaps_s(sim: Any, n: int) -> list[float]:
-    """Server-side gaps between a request's steps (its ground truth), decode steps only."""
-    gaps = []
+def step_costs_s(sim: Any, n: int) -> list[float]:
+    """What the cost model charged each decode step of the first ``n`` requests (the simulator's
+    own account: the wall gaps follow it on an idle host, which a functional test cannot hold)."""
+    costs = []
     for i in range(n):
         record = sim.state.get(f"r{i}")
-        gaps += [(b - a) / 1e9 for a, b in pairwise(record.step_ns)][1:]
-    return gaps
+        assert len(record.step_cost_s) == len(record.step_ns)  # one charge per emitted step
+        costs += record.step_cost_s[1:]
+    return costs
 
 
 async def test_a_step_takes_the_floor_plus_a_slot_per_running_request(
@@ -64,13 +67,14 @@ async def test_a_step_takes_the_floor_plus_a_slot_per_running_request(
 ) -> None:
     sim = await start_sim(SimConfig(**BATCHED))
     await fire(session, sim.base_url, 1)
-    alone = statistics.median(step_gaps_s(sim, 1))
-    assert abs(alone - (FLOOR_S + SLOT_S)) < 0.003, alone
+    alone = step_costs_s(sim, 1)
+    assert alone and all(c == pytest.approx(FLOOR_S + SLOT_S, rel=1e-12) for c in alone), alone
     sim = await start_sim(SimConfig(**BATCHED))
     await fire(session, sim.base_url, 8)
-    batched = statistics.median(step_gaps_s(sim, 8))
-    # Eight requests arrive together and run together: every step verifies eight slots.
-    assert abs(batched - (FLOOR_S + 8 * SLOT_S)) < 0.004, batched
+    batched = statistics.median(step_costs_s(sim, 8))
+    # Eight requests arrive together and run together: most steps verify eight slots (one that
+    # arrives a step late shifts a few; the median is the batch's).
+    assert batched == pytest.approx(FLOOR_S + 8 * SLOT_S, rel=1e-12), batched
     assert sim.app[BATCH].steps < 8 * 24  # one engine step served all eight
 
 
@@ -90,13 +94,9 @@ async def test_a_speculative_step_costs_its_drafts_plus_one_slot_and_keeps_the_p
     assert record is not None and truth is not None
     assert record.per_step_drafted == truth.per_step_drafted  # the same plan, drafts and all
     assert record.per_step_accepted == truth.per_step_accepted
-    # Each decode step took the floor plus (drafted + 1) verification slots of this request.
-    gaps = [(b - a) / 1e9 for a, b in pairwise(record.step_ns)]
+    # Each decode step was charged the floor plus (drafted + 1) verification slots of this request.
     expected = [FLOOR_S + SLOT_S * (d + 1) for d in record.per_step_drafted[1:]]
-    errors = [g - e for g, e in zip(gaps, expected, strict=True)]
-    # No step is charged less than its slots on average (one step's timestamp can be late and the
-    # next on time, a gap 1.4 ms short in one clean CI run: the mean, not each gap, is held).
-    assert statistics.median(errors) < 0.003 and statistics.mean(errors) > -0.001, errors
+    assert record.step_cost_s[1:] == pytest.approx(expected, rel=1e-12)
 
 
 async def test_the_load_gauges_show_the_batch_and_the_queue(
@@ -117,3 +117,20 @@ async def test_the_load_gauges_show_the_batch_and_the_queue(
     assert max(r for r, _ in seen) == 2  # never more than max_num_seqs in the batch
     assert max(w for _, w in seen) >= 3  # the rest waited
     assert sim.metrics.running._value.get() == 0 and sim.metrics.waiting._value.get() == 0
+
+
+@pytest.mark.timing
+async def test_the_wall_gaps_between_steps_follow_what_the_cost_model_charged(
+    start_sim: StartSim, session: aiohttp.ClientSession
+) -> None:
+    """Timing tier (run alone, once): the engine sleeps to absolute deadlines, so the wall gaps
+    between a request's steps follow the charged costs — median within 3 ms, none charged less on
+    average (one late timestamp makes one gap long and the next short: the mean, not each gap)."""
+    spec = {**BATCHED, "mode": "speculative", "num_speculative_tokens": 4, "acceptance": 0.8}
+    sim = await start_sim(SimConfig(**spec))
+    await fire(session, sim.base_url, 1, stream=False)
+    record = sim.state.get("r0")
+    assert record is not None
+    gaps = [(b - a) / 1e9 for a, b in pairwise(record.step_ns)]
+    errors = [g - c for g, c in zip(gaps, record.step_cost_s[1:], strict=True)]
+    assert statistics.median(errors) < 0.003 and statistics.mean(errors) > -0.001, errors
