@@ -9,7 +9,7 @@ a 2-core machine (docs/vllm.md):
 - TTFT: the bench's clock contains the gateway's, so its TTFT is larger by the gateway's own path
   plus loopback and the bench client's processing. Measured per-request offset p50 2.3–2.9 ms, of
   which the gateway's share (request in → upstream out, chunk in → out) was ~0.2 ms. Asserted:
-  offset p50 in (0, 10] ms, the gateway's share < 2 ms, medians within max(10 ms, 10 %).
+  offset p50 in (0, 10] ms and the gateway's share < 2 ms; the unpaired medians are reported.
 - TPOT and ITL: the constant offsets cancel; measured |Δ median| ≤ 0.07 ms (ITL also sees the
   bench's extra ~0 gap after vLLM's role-only first chunk, −0.25 ms once). Asserted:
   |Δ median| ≤ max(1.0 ms, 10 %); ITL's mean gap too, and its median only where the bench
@@ -69,11 +69,10 @@ def test_bench_ttft_exceeds_the_gateways_by_a_small_systematic_offset(
     assert 0 < agreement.ttft_offset_p50_ms <= TTFT_OFFSET_MAX_MS
     own = agreement.gateway_pre_upstream_p50_ms + (agreement.gateway_overhead_p50_ms or 0.0)
     assert own < GATEWAY_SHARE_MAX_MS
-    # The medians of the two samples, unpaired: their difference spreads with the TTFT itself (a
-    # loaded run, two busy loops: medians 241.5 / 231.1 ms, 10.4 apart, while the paired
-    # per-request offset above stayed under 10 ms), so it is held as TPOT and ITL are.
-    ttft = agreement.metric("ttft")
-    assert abs(ttft.offset_ms) <= max(TTFT_OFFSET_MAX_MS, STEADY_REL_TOL * ttft.gateway_median_ms)
+    # The two samples' medians, unpaired, are reported (format_agreement), not held: under the
+    # flake gate's two busy loops they were 10.4 and 32.7 ms apart (medians 231-258 ms) in two runs
+    # whose paired per-request offset, the claim itself, stayed within (0, 10] ms. The median of
+    # two samples picks different requests when TTFT spreads; the pairing is what removes that.
 
 
 def test_bench_tpot_median_matches_the_gateways(agreement: Agreement) -> None:
