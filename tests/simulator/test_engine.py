@@ -124,8 +124,9 @@ async def test_the_wall_gaps_between_steps_follow_what_the_cost_model_charged(
     start_sim: StartSim, session: aiohttp.ClientSession
 ) -> None:
     """Timing tier (run alone, once): the engine sleeps to absolute deadlines, so the wall gaps
-    between a request's steps follow the charged costs — median within 3 ms, none charged less on
-    average (one late timestamp makes one gap long and the next short: the mean, not each gap)."""
+    between a request's steps follow the charged costs: the median gap within 3 ms of its charge.
+    Not the mean: a step that wakes late makes the next gap short by as much (under the flake
+    gate's two busy loops one gap of five read 15.9 ms short, the median 0.13 ms)."""
     spec = {**BATCHED, "mode": "speculative", "num_speculative_tokens": 4, "acceptance": 0.8}
     sim = await start_sim(SimConfig(**spec))
     await fire(session, sim.base_url, 1, stream=False)
@@ -133,4 +134,4 @@ async def test_the_wall_gaps_between_steps_follow_what_the_cost_model_charged(
     assert record is not None
     gaps = [(b - a) / 1e9 for a, b in pairwise(record.step_ns)]
     errors = [g - c for g, c in zip(gaps, record.step_cost_s[1:], strict=True)]
-    assert statistics.median(errors) < 0.003 and statistics.mean(errors) > -0.001, errors
+    assert abs(statistics.median(errors)) < 0.003, errors
