@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +38,21 @@ class Versions:
 
     def __init__(self) -> None:
         self.seen: dict[str, list[str | None]] = {"prim": [], "cand": []}
+        self.changed = threading.Condition()  # notified after each exchange (worker thread)
 
     def handle(self, evidence: Evidence) -> None:
         r = read(evidence.record)
-        for name, leg in (("prim", r.primary), ("cand", r.candidate_leg("cand"))):
-            engine = leg.engine if leg is not None else None
-            settings = engine.settings if engine is not None else None
-            self.seen[name].append(settings.get("version") if settings is not None else None)
+        with self.changed:
+            for name, leg in (("prim", r.primary), ("cand", r.candidate_leg("cand"))):
+                engine = leg.engine if leg is not None else None
+                settings = engine.settings if engine is not None else None
+                self.seen[name].append(settings.get("version") if settings is not None else None)
+            self.changed.notify_all()
+
+    def wait_for(self, n: int, timeout_s: float = 30.0) -> bool:
+        """Block until ``n`` exchanges were seen (a deadline only turns a hang into a failure)."""
+        with self.changed:
+            return self.changed.wait_for(lambda: len(self.seen["prim"]) >= n, timeout_s)
 
 
 async def test_an_engine_upgrade_mid_window_splits_the_evidence(
@@ -91,13 +100,10 @@ async def test_an_engine_upgrade_mid_window_splits_the_evidence(
         raise AssertionError(versions.seen[backend][-5:])
 
     async def evidence_of(n: int) -> None:
-        """Wait until the evidence consumer has seen ``n`` exchanges (it runs on the worker
-        thread, behind the sink); a deadline only turns a hang into a failure."""
-        for _ in range(3000):
-            if len(versions.seen["prim"]) >= n:
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError(f"the evidence consumer saw {len(versions.seen['prim'])} of {n}")
+        """Wait until the evidence consumer (on the worker thread, behind the sink) has seen
+        ``n`` exchanges."""
+        if not await asyncio.to_thread(versions.wait_for, n):
+            raise AssertionError(f"the evidence consumer saw {len(versions.seen['prim'])} of {n}")
 
     await asyncio.sleep(0.3)  # the probe's first answers
     async with aiohttp.ClientSession() as session:
