@@ -30,6 +30,9 @@ EngineAcceptanceSource = Literal[
     "usage_prediction_tokens",
     "llamacpp_timings",
 ]
+# Which lower bound on a streamed leg's target passes set its tokens per pass: its output-bearing
+# events, or output − accepted from the engine's counts when a loaded server merged passes.
+TokensPerPassSource = Literal["stream_shape", "engine_counts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +94,7 @@ class LegAcceptance:
     num_accepted_tokens: int | None
     source: EngineAcceptanceSource | None  # of the five fields above
     tokens_per_pass: float | None
-    tokens_per_pass_source: Literal["stream_shape"] | None
+    tokens_per_pass_source: TokensPerPassSource | None
     coverage: float | None
 
 

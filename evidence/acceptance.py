@@ -17,7 +17,9 @@ Three sources, never conflated (docs/concepts.md, "Acceptance, three ways"); eac
   leg. A speculative engine emits one verification step's tokens together, so this estimates
   tokens per *target pass* — including the steps where the proposer had no draft, which is why it
   sits below ``mean_acceptance_length``. Only from exact token counts (usage or logprobs) of a
-  completed stream; ``None`` otherwise.
+  completed stream; ``None`` otherwise. A loaded serving process merges passes into one event,
+  so where the engine's counts say more passes (output − accepted > events), those set it and
+  the source reads ``engine_counts`` (:func:`tokens_per_pass`).
 - ``prometheus`` — the backend's ``vllm:spec_decode_*`` counters over a window
   (:mod:`evidence.scrape`): per backend, not per request; recorded next to the per-request values.
 
@@ -34,7 +36,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from core.evidence import NO_ACCEPTANCE, EngineAcceptanceSource, LegAcceptance
+from core.evidence import (
+    NO_ACCEPTANCE,
+    EngineAcceptanceSource,
+    LegAcceptance,
+    TokensPerPassSource,
+)
 from core.jsonx import as_int, as_number
 from core.timings import EXACT_TOKENS, Recording
 
@@ -150,8 +157,18 @@ def _prediction_tokens(usage: Mapping[str, Any] | None) -> EngineCounts | None:
     )
 
 
-def tokens_per_pass(rec: Recording) -> float | None:
-    """The stream-shape estimate, or None when the leg cannot support it (see module doc)."""
+def tokens_per_pass(
+    rec: Recording, accepted: int | None = None
+) -> tuple[float, TokensPerPassSource] | None:
+    """Tokens per target pass of a completed stream with exact token counts, and which bound set
+    it; None when the leg cannot support it (see module doc).
+
+    Both the stream's events and, where the engine counted its accepted drafts, output − accepted
+    are lower bounds on the target passes: a serving process that falls behind its engine sends
+    several passes as one event, and an engine counts the drafts it accepted past a stop or
+    ``max_tokens`` that the output cut. The larger is the better bound, exact unless both
+    happened on one leg. (llama.cpp streams one event per token, more than its passes: there the
+    events win, 1.0 per event, as the stream shape always said; its counts say the rest.)"""
     if (
         not rec.streaming
         or rec.outcome != "completed"
@@ -160,7 +177,10 @@ def tokens_per_pass(rec: Recording) -> float | None:
         or rec.tokens_source not in EXACT_TOKENS
     ):
         return None
-    return rec.output_tokens / rec.output_events
+    out, events = rec.output_tokens, rec.output_events
+    if accepted is not None and 0 <= accepted < out and out - accepted > events:
+        return out / (out - accepted), "engine_counts"
+    return out / events, "stream_shape"
 
 
 def leg_acceptance(rec: Recording | None) -> LegAcceptance:
@@ -177,7 +197,8 @@ def leg_acceptance(rec: Recording | None) -> LegAcceptance:
             mal = 1.0 + accepted / drafts
         if rate is None and draft_tokens and accepted is not None:
             rate = accepted / draft_tokens
-    per_pass = tokens_per_pass(rec)
+    shape = tokens_per_pass(rec, accepted)
+    per_pass, per_pass_source = shape if shape is not None else (None, None)
     coverage = None
     if per_pass is not None and mal is not None and mal > 1.0:
         coverage = min(1.0, max(0.0, (per_pass - 1.0) / (mal - 1.0)))
@@ -189,7 +210,7 @@ def leg_acceptance(rec: Recording | None) -> LegAcceptance:
         num_accepted_tokens=accepted,
         source=counts.source if counts is not None else None,
         tokens_per_pass=per_pass,
-        tokens_per_pass_source="stream_shape" if per_pass is not None else None,
+        tokens_per_pass_source=per_pass_source,
         coverage=coverage,
     )
 

@@ -45,6 +45,37 @@ def test_stream_shape_estimates_tokens_per_pass_and_coverage():
     assert half.coverage == pytest.approx(0.5)
 
 
+def spec_with(accepted: int) -> dict[str, dict[str, int]]:
+    return {"speculative_decoding": {"num_drafts": 4, "num_draft_tokens": 16,
+                                     "num_accepted_tokens": accepted}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("per_event", "accepted", "expected"),
+    [
+        # 12 tokens, 8 accepted: 4 passes. A loaded API server sent them as 2 events of 6; the
+        # stream alone would say 6 tokens per pass, the engine's counts say 4 passes.
+        (6, 8, (3.0, "engine_counts")),
+        # Unmerged: 4 events, the same 4 passes: the stream's shape.
+        (3, 8, (3.0, "stream_shape")),
+        # The engine counted 10 accepted, 2 of them past the stop the output cut (12 − 10 = 2
+        # passes, fewer than the 4 events the stream had): the events are the better bound.
+        (3, 10, (3.0, "stream_shape")),
+        # llama.cpp streams one event per token whatever it accepted: 12 events, 1.0, as before.
+        (1, 8, (1.0, "stream_shape")),
+    ],
+)
+def test_tokens_per_pass_takes_the_larger_of_two_lower_bounds_on_the_passes(
+    per_event: int, accepted: int, expected: tuple[float, str]
+) -> None:
+    rec = leg(pieces=["a"] * 12, per_event=per_event, logprobs=True, metrics=spec_with(accepted))
+    acc = leg_acceptance(rec.recording)
+    assert (acc.tokens_per_pass, acc.tokens_per_pass_source) == expected
+    # Coverage follows: every pass drafted (4 drafts in 4 passes) when the passes are right.
+    if expected[0] == 3.0 and accepted == 8:
+        assert acc.coverage == pytest.approx(1.0)
+
+
 def test_estimated_token_counts_give_no_stream_shape():
     acc = leg_acceptance(leg(pieces=["abc"] * 8, per_event=2).recording)  # no usage, no logprobs
     assert acc.tokens_per_pass is None and acc.source is None

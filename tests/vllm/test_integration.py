@@ -55,12 +55,11 @@ COUNTERS = (
 # accepted but never sends them). So events − (output_tokens − accepted) is 0 for a stream that
 # stopped and in 0..k for one cut at max_tokens — unless vLLM's API server fell behind its engine
 # and merged several passes into one event (a CPU-starved API process), which only ever lowers it.
-# Measured over 18 candidate legs on an idle box: 4 at +1 (cut), the rest 0. Held per leg: that
-# bound on every leg, and on at least 80 % of legs no merging. How far a merge moves a leg is the
-# machine's doing, not the estimator's (on one CI run's starved box the pooled figure read 3.33
-# tokens per event against 2.99 per pass), so merged legs are counted and printed, not pooled.
+# Measured over 18 candidate legs on an idle box: 4 at +1 (cut), the rest 0; under the flake
+# gate's two busy loops 13 of 18 merged. So the record's tokens per pass takes output − accepted
+# where that says more passes than the stream's events, and is held per leg to the bounds the
+# counts give, merged or not; how many legs merged (the machine's doing) is printed, not held.
 NUM_SPECULATIVE_TOKENS = VllmServerSpec("x", "ngram").num_speculative_tokens
-EXACT_LEGS_MIN_SHARE = 0.8  # legs with 0 <= extra <= cut (no merging)
 
 
 @dataclass(frozen=True)
@@ -322,39 +321,40 @@ def candidate_legs(*phases: Phase) -> list[dict[str, Any]]:
     return [leg(r, "candidate") for phase in phases for r in phase.records]
 
 
-def test_stream_shape_estimate_agrees_with_vllms_per_request_counts(shadow_run: ShadowRun) -> None:
-    """tokens per event ≈ tokens per target pass = output_tokens / (output_tokens − accepted).
+def test_tokens_per_pass_is_bounded_by_vllms_per_request_counts_on_every_leg(
+    shadow_run: ShadowRun,
+) -> None:
+    """tokens per pass = output_tokens / passes, passes = output_tokens − accepted + discarded.
 
     Not vLLM's ``mean_acceptance_length``: that counts only the steps in which the proposer
     drafted (docs/concepts.md, "Acceptance, three ways"); the gap is coverage, recorded as such.
+    The record takes the larger of two lower bounds on the passes — the stream's events (a loaded
+    API server merges passes into one event) and output − accepted (vLLM counts the tokens a
+    ``max_tokens`` cut discarded as accepted) — so on every leg, whatever the machine's load, it
+    lies between output / (output − accepted + discarded at most) and output / (output − accepted).
+    How many legs merged is the machine's doing: printed, not held.
     """
     legs = candidate_legs(shadow_run.ngram, shadow_run.draft)
-    merged: list[tuple[int, int, int]] = []  # (output tokens, events, passes) of merged legs
+    merged = 0
     for item in legs:
         acc = item["acceptance"]
-        out, n_events = item["output_tokens"], item["events"]
-        n_passes = out - acc["num_accepted_tokens"]
-        assert acc["tokens_per_pass"] == pytest.approx(out / n_events)
-        assert acc["tokens_per_pass_source"] == "stream_shape"
-        extra = n_events - n_passes
+        out, events = item["output_tokens"], item["events"]
+        floor = out - acc["num_accepted_tokens"]  # passes, less any a cut discarded
         cut = NUM_SPECULATIVE_TOKENS if item["finish_reason"] == "length" else 0
-        assert extra <= cut, item  # merging only removes events; nothing adds one
-        if extra < 0:
-            # vLLM's API server sent several passes as one event: over-estimated by an amount
-            # no stream can see.
-            merged.append((out, n_events, n_passes))
-            continue
-        if acc["mean_acceptance_length"] > 1 and acc["tokens_per_pass"] > 1:
-            # Unmerged: out/events <= out/passes = 1 + accepted/passes <= 1 + accepted/drafts.
+        assert floor > 0 and events <= floor + cut, item  # merging only removes events
+        merged += events < floor
+        # What the record says, computed here from the raw counts.
+        source = "engine_counts" if floor > events else "stream_shape"
+        assert acc["tokens_per_pass_source"] == source, item
+        assert acc["tokens_per_pass"] == pytest.approx(out / max(events, floor))
+        # Against the truth, which lies in [floor, floor + cut] passes.
+        assert out / (floor + cut) - 1e-9 <= acc["tokens_per_pass"] <= out / floor + 1e-9
+        if cut == 0 and acc["mean_acceptance_length"] > 1:
+            # Exact when nothing was cut: out/passes = 1 + accepted/passes <= 1 + accepted/drafts.
+            assert acc["tokens_per_pass"] == pytest.approx(out / floor)
             assert acc["tokens_per_pass"] <= acc["mean_acceptance_length"] + 1e-9
             assert 0 < acc["coverage"] <= 1
-    if merged:
-        m_out, m_events, m_passes = (sum(col) for col in zip(*merged, strict=True))
-        print(
-            f"merged legs {len(merged)}/{len(legs)}: tokens per event {m_out / m_events:.3f}"
-            f" vs per pass {m_out / m_passes:.3f}"
-        )
-    assert len(legs) - len(merged) >= EXACT_LEGS_MIN_SHARE * len(legs), merged
+    print(f"legs whose API server merged passes into fewer events: {merged} of {len(legs)}")
 
 
 @pytest.mark.parametrize("phase_name", ["ngram", "draft"])
