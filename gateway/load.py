@@ -3,10 +3,11 @@
 A shadow sees only the mirrored share of traffic, so every leg carries the load its backend ran
 at when the leg was dispatched (:class:`~core.exchange.LegLoad`). This is the part the gateway
 measures itself, for any backend (with or without ``/metrics``): the legs it has in flight to the
-backend, this one included, and its dispatch rate over the last ``window_s`` seconds. Both legs
-of an exchange are dispatched within microseconds of each other, so the ratio of their rates — the
-exchange's load parity, per replica — is a ratio of counts over one window and needs no clock
-agreement with any backend.
+backend, this one included, and its dispatch rate over the last ``window_s`` seconds. A shadow
+leg's dispatch is stamped with the instant its exchange mirrored it (microseconds before the
+primary's), not when its task ran — on a starved event loop that can be hundreds of ms later — so
+the ratio of an exchange's rates (its load parity, per replica) is a ratio of counts over one
+window at one instant and needs no clock agreement with any backend.
 
 ``dispatch`` and ``done`` run on the event loop for every leg: a deque append, an amortised pop
 of expired timestamps, three array appends (the mark below; half the marks are dropped at once
@@ -81,11 +82,14 @@ class BackendLoad:
         self._mark_count.append(count)
 
     def dispatch(self, replicas: int, now_ns: int | None = None) -> LegLoad:
-        """A leg leaves for this backend now: count it and return the load it meets."""
+        """A leg leaves for this backend now (``now_ns``: at that ``perf_counter_ns`` instant, its
+        exchange's, a moment ago): count it and return the load it meets."""
         now = time.perf_counter_ns() if now_ns is None else now_ns
+        times = self._times
+        if times and now < times[-1]:  # the window's times stay in order (they expire in order)
+            now = times[-1]
         if self._first_ns is None:
             self._first_ns = now
-        times = self._times
         horizon = now - self.window_ns
         while times and times[0] < horizon:
             times.popleft()

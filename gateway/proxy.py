@@ -115,6 +115,7 @@ class Call:
             stream=self.draft.stream,
             operation=self.operation,
             route=self.route,
+            mirrored_ns=time.perf_counter_ns(),
         )
         self.shadows, drop_reason = self.gw.shadows.launch(self.policy, legs, shadow_request)
         self.draft.drop_reason = self.draft.drop_reason or drop_reason

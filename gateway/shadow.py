@@ -271,6 +271,12 @@ class ShadowRequest:
     stream: bool  # the client asked for a stream
     operation: str  # GenAI operation name of the route (``chat``, ``text_completion``)
     route: Route = "chat"
+    # When the exchange mirrored its legs (``perf_counter_ns``): each leg's load is stamped with
+    # it, not with when its task got to run, so both legs of an exchange measure their rates at
+    # one instant (on a starved event loop a leg's task can run hundreds of ms later, and its
+    # rate over a young window read up to a quarter off the primary's: not load-matched). None:
+    # stamped when dispatched.
+    mirrored_ns: int | None = None
 
     @property
     def unanswerable(self) -> str | None:
@@ -463,7 +469,7 @@ class ShadowDispatcher:
             if category:  # gateway-owned, so never in the allow-list: set here on purpose
                 headers[CATEGORY_HEADER] = category
             backend_load = self.loads[backend.name]
-            run.dispatch(backend_load.dispatch(backend.replicas), backend_load)
+            run.dispatch(backend_load.dispatch(backend.replicas, request.mirrored_ns), backend_load)
             client = self.client(backend)
             async with client.open(
                 "POST", request.path_qs, headers=headers, data=body, retry=False

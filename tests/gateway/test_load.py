@@ -14,6 +14,7 @@ import pytest
 
 from gateway.load import BackendLoad
 from gateway.settings import Settings
+from policies.shape import shape_shadow_body
 from records.sqlite_store import query_records
 from specshadow.app import build_app
 from tests.conftest import FAST_UPSTREAM, start_server
@@ -154,3 +155,57 @@ def test_the_books_marks_stay_bounded_and_an_interval_older_than_them_reads_none
     assert load.mean_in_flight(0, 400) is None  # dropped long ago
     # The last legs: in flight half of every microsecond.
     assert load.mean_in_flight(990_000, 999_000) == pytest.approx(0.5)
+
+
+async def test_both_legs_of_an_exchange_meet_their_rates_at_the_instant_it_mirrored(
+    sims: Any,
+    servers: list[Any],
+    write_policy: Callable[[str], str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A starved event loop runs a shadow leg's task late; its load is still stamped with the
+    instant the exchange mirrored it. Simulated: the first shadow leg's set-up blocks the loop
+    for 1.2 s. Stamped when its task ran, that leg's window would start 1.2 s after the primary's,
+    and the second exchange (2 dispatches each) would read 2 / 1.0 s against 2 / 1.3 s: parity
+    1.3, outside the ±25 % band (a CI run under two busy loops lost a verdict to such pairs)."""
+    calls = 0
+
+    def starved(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            time.sleep(1.2)  # the loop is busy elsewhere: nothing else runs meanwhile
+        return shape_shadow_body(*args, **kwargs)
+
+    monkeypatch.setattr("gateway.shadow.shape_shadow_body", starved)
+    primary = await sims(batching="continuous", step_s=0.002, prefill_base_s=0.0)
+    candidate = await sims(batching="continuous", step_s=0.002, prefill_base_s=0.0)
+    settings = Settings(
+        policy_path=write_policy(
+            policy(primary.base_url, candidate.base_url, ratio=1.0, primary_replicas=1)
+        ),
+        store_path=str(tmp_path / "r.sqlite"),
+        load_window_s=10.0,
+        shutdown_timeout_s=2.0,
+        upstream=FAST_UPSTREAM,
+    )
+    server = await start_server(build_app(settings))
+    url = str(server.make_url("")).rstrip("/")
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+    async with aiohttp.ClientSession() as session:
+        for i in range(2):  # one after the other: the second leaves after the first's stall
+            headers = {"x-request-id": f"q{i}"}
+            async with session.post(f"{url}/v1/chat/completions", json=body, headers=headers) as r:
+                assert r.status == 200
+                await r.read()
+    await server.close()  # records flush
+    records = sorted(query_records(tmp_path / "r.sqlite"), key=lambda r: r["request_id"])
+    assert [r["request_id"] for r in records] == ["q0", "q1"] and calls == 2
+    second = records[1]
+    primary_leg, candidate_leg = second["legs"]
+    assert primary_leg["load"]["rate_rps"] < 2.0  # over more than a second: the stall is in it
+    assert candidate_leg["load"]["rate_rps"] == pytest.approx(
+        primary_leg["load"]["rate_rps"], rel=1e-3
+    )
+    assert second["load_parity"] == pytest.approx(1.0, rel=1e-3)
