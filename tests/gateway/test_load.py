@@ -165,20 +165,33 @@ async def test_both_legs_of_an_exchange_meet_their_rates_at_the_instant_it_mirro
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A starved event loop runs a shadow leg's task late; its load is still stamped with the
-    instant the exchange mirrored it. Simulated: the first shadow leg's set-up blocks the loop
-    for 1.2 s. Stamped when its task ran, that leg's window would start 1.2 s after the primary's,
-    and the second exchange (2 dispatches each) would read 2 / 1.0 s against 2 / 1.3 s: parity
-    1.3, outside the ±25 % band (a CI run under two busy loops lost a verdict to such pairs)."""
+    instant the exchange mirrored it. Simulated on the gateway's clock, no wall-clock wait: the
+    clock the gateway stamps loads with jumps 1.2 s during the first shadow leg's set-up. Stamped
+    when its task ran, that leg's window would start 1.2 s after the primary's, and the second
+    exchange (2 dispatches each) would read 2 / 1.0 s against 2 / 1.2 s: parity 1.2 (a CI run
+    under two busy loops lost a verdict to such pairs)."""
+    late_ns = 0
+
+    class Clock:  # the time module, with perf_counter_ns late by late_ns
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+        @staticmethod
+        def perf_counter_ns() -> int:
+            return time.perf_counter_ns() + late_ns
+
     calls = 0
 
     def starved(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
+        nonlocal calls, late_ns
         calls += 1
         if calls == 1:
-            time.sleep(1.2)  # the loop is busy elsewhere: nothing else runs meanwhile
+            late_ns = int(1.2e9)  # the loop was busy elsewhere for 1.2 s
         return shape_shadow_body(*args, **kwargs)
 
     monkeypatch.setattr("gateway.shadow.shape_shadow_body", starved)
+    monkeypatch.setattr("gateway.load.time", Clock())
+    monkeypatch.setattr("gateway.proxy.time", Clock())
     primary = await sims(batching="continuous", step_s=0.002, prefill_base_s=0.0)
     candidate = await sims(batching="continuous", step_s=0.002, prefill_base_s=0.0)
     settings = Settings(
@@ -204,7 +217,7 @@ async def test_both_legs_of_an_exchange_meet_their_rates_at_the_instant_it_mirro
     assert [r["request_id"] for r in records] == ["q0", "q1"] and calls == 2
     second = records[1]
     primary_leg, candidate_leg = second["legs"]
-    assert primary_leg["load"]["rate_rps"] < 2.0  # over more than a second: the stall is in it
+    assert primary_leg["load"]["rate_rps"] < 2.0  # over more than a second: the jump is in it
     assert candidate_leg["load"]["rate_rps"] == pytest.approx(
         primary_leg["load"]["rate_rps"], rel=1e-3
     )
