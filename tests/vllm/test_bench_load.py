@@ -1,9 +1,9 @@
-"""Smoke: ``bench.vllm_load`` runs end to end on the session's real vLLM servers (five-second
-phases: 7 and 13 arrivals of the fixed-seed schedule at 1 and 2 requests/s).
+"""Smoke: ``bench.vllm_load`` runs end to end on the session's real vLLM servers, at one rate
+(2 requests/s, three-second phases: 8 arrivals of the fixed-seed schedule in each).
 
 Proves the harness works — the direct A/B and both mirrors run, the gateway's records feed the
 report, every row of the table is filled — and that the 10 % mirror is never called adopt. It
-judges no speed-up: five seconds of a shared 2-core machine say nothing about one (the measured
+judges no speed-up: three seconds of a shared 2-core machine say nothing about one (the measured
 table is in docs/vllm.md).
 """
 
@@ -29,20 +29,20 @@ def test_the_load_bench_fills_every_row_and_never_adopts_a_ten_percent_mirror(
     urls = f"{vllm_servers['plain'].base_url},{vllm_servers['ngram'].base_url}"
     out = tmp_path / "load.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.vllm_load", "--urls", urls, "--low", "1.0", "--high",
-         "2.0", "--duration", "5", "--json", str(out)],
+        [sys.executable, "-m", "bench.vllm_load", "--urls", urls, "--rates", "2.0",
+         "--duration", "3", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=500, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     rows = json.loads(out.read_text())
-    assert [(r["rate_rps"], r["mirror"]) for r in rows] == [
-        (1.0, "load_matched"), (1.0, "0.1"), (2.0, "load_matched"), (2.0, "0.1"),
-    ]  # fmt: skip
+    # One rate is enough for a smoke: a second one runs the same code again (the table's two
+    # rates are docs/vllm.md's measured run).
+    assert [(r["rate_rps"], r["mirror"]) for r in rows] == [(2.0, "load_matched"), (2.0, "0.1")]
     for r in rows:
         assert r["truth"] is not None and r["truth"] > 0 and r["truth_after"] is not None
         assert r["verdict"] in ("adopt", "do_not_adopt", "not_enough_data", "not_load_matched")
         if r["mirror"] == "0.1":
             assert r["verdict"] != "adopt"
         else:
-            assert r["pairs"] >= 3  # every request mirrored
+            assert r["pairs"] >= 3  # every request mirrored (8 sent)
     assert "plain vs n-gram on vLLM's CPU build" in proc.stdout
