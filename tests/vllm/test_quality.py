@@ -178,8 +178,10 @@ def test_the_lossless_ngram_candidate_is_not_rejected(
 ) -> None:
     # A lossless candidate is rejected at most at the test's family-wise level: at the default
     # 5 % one clean CI run in twenty would fail here by construction (one did: distinct bigrams,
-    # Holm-corrected). Judged at 1 %, the false-alarm rate this assertion accepts is 1 %.
-    eq = analyze(quality_records, alpha=0.01).candidates["ngram"].equivalence["all"]
+    # Holm-corrected). Judged at 0.5 %, as tests/report/test_quality_gateway.py judges its
+    # lossless candidate, the false-alarm rate this assertion accepts is 0.5 % (with 2,000
+    # permutations, Holm's first step then needs a metric beyond every permutation).
+    eq = analyze(quality_records, alpha=0.005).candidates["ngram"].equivalence["all"]
     print("ngram:", eq.verdict, eq.decided_by, eq.n, eq.mmd, eq.reasons)
     assert eq.n >= EXCHANGES - 3
     assert eq.verdict != "not_equivalent", eq.reasons
