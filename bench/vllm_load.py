@@ -1,8 +1,7 @@
 """Load-true verdicts on real vLLM: plain vs n-gram through the gateway, at a low and a high
 arrival rate, mirrored load-matched and at 10 % — against a direct A/B at the same rate.
 
-``python -m bench.vllm_load [--urls PLAIN,NGRAM] [--low R] [--high R] [--rates R,…] [--duration S]
-[--json F]`` (``--rates`` names the rates outright, in order, instead of ``--low`` and ``--high``)
+``python -m bench.vllm_load [--urls PLAIN,NGRAM] [--rates R,…] [--duration S] [--json F]``
 
 - **The truth** at each rate: the same open-loop schedule (gamma arrivals, shape 4) and prompts
   sent straight to the plain server and to the n-gram server at the same time — as a full
@@ -147,7 +146,7 @@ async def run_all(plain: str, ngram: str, args: argparse.Namespace) -> list[dict
     machine that drifted between phases shows as two truths that disagree."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for rate in rates_of(args):
+        for rate in args.rates:
             before = await direct(plain, ngram, rate, args.duration)
             got = [
                 await mirrored(plain, ngram, rate, ratio, args.duration, Path(tmp))
@@ -169,24 +168,17 @@ def parse_rates(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(
             f"not a comma-separated list of numbers: {text!r}"
         ) from None
-    if not rates or any(not r > 0 for r in rates):
+    if any(not r > 0 for r in rates):
         raise argparse.ArgumentTypeError(f"every rate must be above 0 requests/s: {text!r}")
     return rates
-
-
-def rates_of(args: argparse.Namespace) -> list[float]:
-    """The rates measured, in order: ``--rates`` if given, else ``--low`` and ``--high``."""
-    return list(args.rates) if args.rates else [args.low, args.high]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--urls", default=None, metavar="PLAIN,NGRAM")
-    p.add_argument("--low", type=float, default=0.5, help="requests/s")
-    p.add_argument("--high", type=float, default=4.0, help="requests/s")
     p.add_argument(
-        "--rates", type=parse_rates, default=None, metavar="R,…",
-        help="the rates to measure, requests/s, comma-separated (instead of --low and --high)",
+        "--rates", type=parse_rates, default=[0.5, 4.0], metavar="R,…",
+        help="the arrival rates to measure, requests/s, comma-separated (default 0.5,4)",
     )  # fmt: skip
     p.add_argument("--duration", type=float, default=90.0, help="seconds per phase")
     p.add_argument("--json", default=None)
