@@ -12,8 +12,12 @@ a 2-core machine (docs/vllm.md):
   offset p50 in (0, 10] ms and the gateway's share < 2 ms; the unpaired medians are reported.
 - TPOT and ITL: the constant offsets cancel; measured |Δ median| ≤ 0.07 ms (ITL also sees the
   bench's extra ~0 gap after vLLM's role-only first chunk, −0.25 ms once). Asserted:
-  |Δ median| ≤ max(1.0 ms, 10 %); ITL's mean gap too, and its median only where the bench
-  client read the chunks as they were sent (a starved client reads a burst at once).
+  |Δ median| ≤ max(1.0 ms, 10 %); ITL's mean gap too; the median of the step gaps (≥ 0.5 ms) only
+  where the bench client read the chunks as they were sent (a starved client reads a burst at
+  once) and most gaps are steps on both sides; ITL's median also only where it is well posed, at
+  most 35 % of gaps ≈ 0 on either side (where events arrive in bursts the gaps are two modes, ≈ 0
+  inside a burst and about one engine step between bursts, and with about half of them ≈ 0 the
+  median falls anywhere between the modes).
 """
 
 from __future__ import annotations
@@ -38,6 +42,11 @@ GATEWAY_SHARE_MAX_MS = 2.0
 STEADY_ABS_TOL_MS = 1.0  # one CI run on the shared 2-core machine saw 0.9 ms on ITL
 STEADY_REL_TOL = 0.10
 BURST_SLACK = 0.25  # the bench's share of ≈ 0 gaps beyond the gateway's before its median is moot
+# The most ≈ 0 gaps on either side for which ITL's median is held: it is then the
+# (0.5 − s)/(1 − s) quantile of the step gaps, at most their 23rd percentile, and a few points of
+# difference in s between the sides moves it within the step mode, not out of it.
+MEDIAN_WELL_POSED = 0.35
+STEP_WELL_POSED = 0.5  # the most ≈ 0 gaps on either side for which the step gaps' median is held
 
 
 @pytest.fixture(scope="module", params=["plain", "ngram"])
@@ -90,7 +99,25 @@ def test_bench_itl_matches_the_gateways(agreement: Agreement) -> None:
     # n-gram ITL median 0.05 ms against the gateway's 4.59, TPOT agreeing within 1 ms) — the
     # client's processing, not the server's (docs/vllm.md). Its share of gaps under 0.5 ms says so.
     if b_burst > g_burst + BURST_SLACK:
-        print(f"ITL median not compared: the bench read {b_burst:.0%} of gaps in bursts")
+        print(f"ITL medians not compared: the bench read {b_burst:.0%} of gaps in bursts")
+        return
+    # The step gaps only where they are most gaps on both sides: where most are ≈ 0 the events came
+    # in bursts (two busy loops on the 2 cores: 74-99 % ≈ 0, TPOT median 0), and
+    # the few gaps left are stalls whose reading holds each reader's processing of the burst
+    # before them (bench 121.7 / gateway 110.8 ms, as its TTFT offset grew to 12 ms).
+    shares = f"{b_burst:.0%} / {g_burst:.0%} of gaps ≈ 0"
+    if max(b_burst, g_burst) > STEP_WELL_POSED:
+        print(f"ITL medians not compared: {shares}, the events came in bursts")
+        return
+    # One engine step between events: both sides see the same steps.
+    step = agreement.metric("itl_step")
+    assert abs(step.offset_ms) <= max(STEADY_ABS_TOL_MS, STEADY_REL_TOL * step.gateway_median_ms), (
+        step
+    )
+    # The whole median only where it lies inside the step mode on both sides (one CI run's n-gram
+    # primary: 49 % and 47 % of gaps ≈ 0, medians 1.18 and 4.89 ms, means 3.89 and 4.08 ms).
+    if max(b_burst, g_burst) > MEDIAN_WELL_POSED:
+        print(f"ITL median not compared: {shares}, two modes")
         return
     m = agreement.metric("itl")
     assert abs(m.offset_ms) <= max(STEADY_ABS_TOL_MS, STEADY_REL_TOL * m.gateway_median_ms), m

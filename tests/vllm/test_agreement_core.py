@@ -30,15 +30,21 @@ def sse(delta: dict[str, object] | None, usage: dict[str, int] | None = None) ->
     return f"data: {json.dumps(event)}\n\n".encode()
 
 
-def exchange(request_id: str, *, ttft_ms: int, gap_ms: int, tokens: int) -> Exchange:
-    """A primary leg whose i-th token event arrives at ttft + i·gap (ms after t0)."""
+def exchange(
+    request_id: str, *, ttft_ms: int, gap_ms: int, tokens: int, gaps_us: list[int] | None = None
+) -> Exchange:
+    """A primary leg whose i-th token event arrives at ttft + i·gap (ms after t0), or after the
+    given gaps (µs) between token events."""
     rec = StreamRecorder(t0_ns=0)
     rec.feed(sse({"role": "assistant", "content": ""}), ttft_ms * MS)
+    gaps_ns = [g * 1000 for g in gaps_us] if gaps_us is not None else [gap_ms * MS] * (tokens - 1)
+    at = ttft_ms * MS
     for i in range(tokens):
-        rec.feed(sse({"content": "x"}), (ttft_ms + i * gap_ms) * MS)
+        at += gaps_ns[i - 1] if i else 0
+        rec.feed(sse({"content": "x"}), at)
     usage = {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": tokens + 3}
-    rec.feed(sse(None, usage), (ttft_ms + tokens * gap_ms) * MS)
-    rec.feed(b"data: [DONE]\n\n", (ttft_ms + tokens * gap_ms) * MS)
+    rec.feed(sse(None, usage), at + gap_ms * MS)
+    rec.feed(b"data: [DONE]\n\n", at + gap_ms * MS)
     leg = LegResult(
         role="primary", backend="primary", server_address="127.0.0.1:1", upstream_model="m",
         status=200, outcome="completed", error_type=None,
@@ -83,6 +89,27 @@ def test_compare_runs_pairs_by_request_id_and_reports_the_ttft_offset_only() -> 
     assert result.itl_burst_share == pytest.approx((1 / 8, 0.0))
     assert result.gateway_pre_upstream_p50_ms == pytest.approx(0.2)
     assert result.to_json()["metrics"]["ttft"]["offset_ms"] == pytest.approx(3.0)
+
+
+def test_the_step_median_is_one_engine_step_where_the_whole_median_falls_between_modes() -> None:
+    # A speculating primary: ≈ 0 gaps inside an engine step, 8 ms between steps, about half each.
+    # The gateway reads 8 of 17 gaps ≈ 0 (47 %); the bench, with its extra ≈ 0 gap after the role
+    # chunk and one step read as two events, 10 of 19 (53 %): the whole medians are 8 ms and
+    # 0.1 ms, a mode apart, while the median step gap is 8 ms on both sides.
+    gateway_gaps = [100, 8000] * 8 + [8000]
+    bench_gaps = [0, *gateway_gaps[:-1], 100, 7900]
+    ids = [f"{REQUEST_ID_PREFIX}{i}" for i in range(2)]
+    exchanges = [exchange(r, ttft_ms=20, gap_ms=8, tokens=18, gaps_us=gateway_gaps) for r in ids]
+    bench = bench_result([0.023, 0.023], 0.008, 18)
+    bench["itls"] = [[g / 1e6 for g in bench_gaps] for _ in ids]
+    result = compare_runs(bench, exchanges)
+    itl, step = result.metric("itl"), result.metric("itl_step")
+    assert (itl.bench_median_ms, itl.gateway_median_ms) == pytest.approx((0.1, 8.0))
+    assert (step.bench_median_ms, step.gateway_median_ms) == pytest.approx((8.0, 8.0))
+    assert result.itl_burst_share == pytest.approx((10 / 19, 8 / 17))
+    assert result.itl_mean_ms == pytest.approx(
+        (sum(bench_gaps) / 19 / 1000, sum(gateway_gaps) / 17 / 1000)
+    )
 
 
 def test_compare_runs_skips_failed_bench_requests_and_unknown_ids() -> None:
