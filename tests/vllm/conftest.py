@@ -8,9 +8,13 @@ asserts that they left no process and no work folder behind. Every vLLM test mod
 so the session pays for one start.
 
 A test that needs another configuration asks ``vllm_server(name)`` for it, by the name of one of
-:data:`EXTRA_SPECS` (or of the four): the server starts on the first ask and every later ask, from
-any module, gets the same one. At most :data:`MAX_EXTRAS` extra servers run at once (each holds
-about 3 GB): asking for another stops the one asked for least recently.
+:data:`EXTRA_SPECS` (or of the four), and its module says so with ``pytest.mark.vllm_extra(name)``:
+the session starts every configuration its collected tests mark together with the four, in one
+batch (a start is CPU-bound, and a server started alone leaves one core idle for half its start:
+its worker is bound to one core from the middle of it). A configuration asked for without the mark
+starts on the first ask; every later ask, from any module, gets the same one. At most
+:data:`MAX_EXTRAS` of those run at once: asking for another stops the one asked for least
+recently.
 
 Set ``SPECSHADOW_SKIP_VLLM=1`` to skip these tests on a machine that cannot host vLLM; nothing
 else skips them. For a quick edit-and-rerun loop, ``SPECSHADOW_VLLM_URLS=plain=URL,ngram=URL,
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -54,9 +58,13 @@ def vllm_env() -> VllmEnv:
 # Each server's engine runs one OpenMP thread, and vLLM's ``auto`` binding puts every server's on
 # the first core: a primary and its mirrored candidate took turns on one core while the other
 # idled. Measured here: 16 requests sent to a plain and an n-gram server at once took 19.8 s with
-# both on ``auto``, 6.2 s with each bound to its own core. So the primary (``plain``) has the first
-# core and the servers mirrored beside it the second; ``other`` (mirrored beside ``baseline`` and
-# ``ngram`` in test_quality) goes back to the first.
+# both on ``auto``, 6.2 s with each bound to its own core. So a mirror's primary and candidates are
+# on different cores: ``plain`` (the primary) on the first, the three servers mirrored beside it on
+# the second. The extra configurations are on the first core, so the seven start with their
+# workers split four and three (the second half of a start runs on the bound core: seven with five
+# on one core took 124 s, and its other core idled for about 37 s of them); a test that mirrors
+# ``ngram-k2`` or ``suffix`` makes ``baseline`` (a plain server on the second core) its primary.
+# ``other`` is mirrored beside ``baseline`` and ``ngram`` in test_quality.
 PRIMARY_CORE, MIRROR_CORE = spread_cores(2)
 
 SERVER_SPECS = (
@@ -65,16 +73,16 @@ SERVER_SPECS = (
     VllmServerSpec("ngram", "ngram", cores=MIRROR_CORE),
     VllmServerSpec("draft", "draft", cores=MIRROR_CORE),
 )
-# Configurations some tests need beyond the four, started on the first ask (``vllm_server``).
+# Configurations some tests need beyond the four (``vllm_server``; ``pytest.mark.vllm_extra``).
 EXTRA_SPECS = {
     spec.name: spec
     for spec in (
         # The draft model served plainly under the target's name: "another model" (test_quality).
         VllmServerSpec("other", "plain", weights="draft", cores=PRIMARY_CORE),
         # n-gram at depth 2: what vLLM reports at another depth (test_counterfactual).
-        VllmServerSpec("ngram-k2", "ngram", num_speculative_tokens=2, cores=MIRROR_CORE),
+        VllmServerSpec("ngram-k2", "ngram", num_speculative_tokens=2, cores=PRIMARY_CORE),
         # Suffix decoding (arctic-inference built once, cached): test_suffix_live.
-        VllmServerSpec("suffix", "suffix", num_speculative_tokens=8, cores=MIRROR_CORE),
+        VllmServerSpec("suffix", "suffix", num_speculative_tokens=8, cores=PRIMARY_CORE),
     )
 }
 MAX_EXTRAS = 1
@@ -92,13 +100,32 @@ def reused_servers(text: str, env: VllmEnv) -> dict[str, VllmServer]:
     return out
 
 
+def marked_extras(items: Iterable[pytest.Item]) -> list[str]:
+    """The extra configurations the tests mark with ``pytest.mark.vllm_extra(name, ...)``."""
+    names: dict[str, None] = {}
+    for item in items:
+        for mark in item.iter_markers("vllm_extra"):
+            for name in mark.args:
+                if name not in EXTRA_SPECS:
+                    raise pytest.UsageError(
+                        f"{item.nodeid}: vllm_extra({name!r}): no such configuration "
+                        f"(EXTRA_SPECS: {', '.join(EXTRA_SPECS)})"
+                    )
+                names[name] = None
+    return list(names)
+
+
 @pytest.fixture(scope="session")
-def vllm_servers(vllm_env: VllmEnv) -> Iterator[dict[str, VllmServer]]:
+def vllm_started(
+    request: pytest.FixtureRequest, vllm_env: VllmEnv
+) -> Iterator[dict[str, VllmServer]]:
+    """Every server of the session's first batch by name: the four and the marked extras."""
     reuse = os.environ.get("SPECSHADOW_VLLM_URLS")
     if reuse:
         yield reused_servers(reuse, vllm_env)
         return
-    servers = start_servers(SERVER_SPECS, vllm_env)
+    extras = [EXTRA_SPECS[name] for name in marked_extras(request.session.items)]
+    servers = start_servers((*SERVER_SPECS, *extras), vllm_env)
     leaders = {s.spec.name: s.pid for s in servers}
     work_dirs = [s.work_dir for s in servers]
     try:
@@ -110,9 +137,16 @@ def vllm_servers(vllm_env: VllmEnv) -> Iterator[dict[str, VllmServer]]:
     assert all(d is not None and not d.exists() for d in work_dirs), work_dirs
 
 
+@pytest.fixture(scope="session")
+def vllm_servers(vllm_started: dict[str, VllmServer]) -> dict[str, VllmServer]:
+    """The four servers every vLLM module shares: ``plain``, ``baseline``, ``ngram``, ``draft``."""
+    four = {spec.name for spec in SERVER_SPECS}
+    return {name: server for name, server in vllm_started.items() if name in four}
+
+
 class VllmServerPool:
-    """The run's vLLM servers by configuration name: the four of ``vllm_servers`` and the
-    :data:`EXTRA_SPECS` started on demand (at most :data:`MAX_EXTRAS` at once)."""
+    """The run's vLLM servers by configuration name: those of the session's first batch and the
+    :data:`EXTRA_SPECS` started on demand (at most :data:`MAX_EXTRAS` of those at once)."""
 
     def __init__(self, env: VllmEnv, servers: dict[str, VllmServer]) -> None:
         self.env = env
@@ -141,14 +175,10 @@ class VllmServerPool:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(vllm_env: VllmEnv, vllm_servers: dict[str, VllmServer]) -> Iterator[VllmServerPool]:
-    """``vllm_server("other")``: a configuration's shared server, started on the first ask."""
-    reuse = os.environ.get("SPECSHADOW_VLLM_URLS")
-    pool = VllmServerPool(vllm_env, vllm_servers)
-    if reuse:  # extras named in the list are reused too; others start here
-        pool.servers.update(
-            {k: v for k, v in reused_servers(reuse, vllm_env).items() if k in EXTRA_SPECS}
-        )
+def vllm_server(vllm_env: VllmEnv, vllm_started: dict[str, VllmServer]) -> Iterator[VllmServerPool]:
+    """``vllm_server("other")``: a configuration's shared server (started with the session's first
+    batch when its tests mark it, else on the first ask)."""
+    pool = VllmServerPool(vllm_env, dict(vllm_started))
     try:
         yield pool
     finally:

@@ -3,15 +3,17 @@ candidate runs, predicted from the primary's outputs, against what vLLM reported
 
 A plain vLLM is the primary; the n-gram vLLM (k = 4, lookup 2–4) is the live candidate and the
 tokenizer (its ``/tokenize`` applies the same chat template). Traffic: repetitive prompts (code
-to rewrite, through chat and completions; structured JSON answers) and chat prompts, a third
-greedy, two thirds sampled (temperature 0.8 and the API's default of 1). The gateway's token tap
+to rewrite, through chat and completions; structured JSON answers) and chat prompts, 24 greedy
+and the same 24 sampled (temperature 0.8 and the API's default of 1). The gateway's token tap
 puts the ids in the records; ``specshadow counterfactual`` scores the grid on them. A second
-n-gram server at k = 2 then runs the same traffic: the k = 2 row scored from the k = 4 run must
-be what it reports.
+n-gram server at k = 2 then runs the same traffic (behind the session's other plain server,
+``baseline``): the k = 2 row scored from the k = 4 run must be what it reports.
 
 What must hold (docs/counterfactual.md): k = 1…8 scored for every window; for the live
 configuration the predicted mean acceptance length within ±5 % of vLLM's pooled per-request
-figure on greedy requests and ±10 % over all; longer k never predicts fewer tokens per step.
+figure on greedy requests (sampled ones are reported: their draws are not independent), and the
+replay of the candidate's own ids what its engine counted on every request; at k = 2, ±10 % over
+all requests; longer k never predicts fewer tokens per step.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from specshadow.inprocess import running_gateway
 from specshadow.main import main as cli_main
 from tests.vllm.conftest import VllmServerPool, trace_requests
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.vllm, pytest.mark.vllm_extra("ngram-k2"), pytest.mark.timeout(1200)]
 
 MAX_TOKENS = 64
 CODE = [
@@ -54,7 +56,7 @@ CODE = [
 ]
 
 
-def requests(sampled_copies: int = 2) -> list[tuple[str, str, dict[str, Any]]]:
+def requests(sampled_copies: int = 1) -> list[tuple[str, str, dict[str, Any]]]:
     """(route, category, body) for every request, in order."""
     out: list[tuple[str, str, dict[str, Any]]] = []
     for i, code in enumerate(CODE * 2):
@@ -74,7 +76,8 @@ def requests(sampled_copies: int = 2) -> list[tuple[str, str, dict[str, Any]]]:
         # Sampled twins: temperature 0.8, or the API's default (no temperature: 1).
         sampled.append((route, cat, {**body, "temperature": 0.8} if j % 2 else dict(body)))
     greedy = [(route, cat, {**body, "temperature": 0}) for route, cat, body in out]
-    # Sampled requests agree only in expectation (each run draws anew): twice as many of them.
+    # One copy of each sampled request: what is held on them is exact per request (the engine
+    # check); how prediction and measurement compare on them is reported, not held (below).
     return greedy + sampled * sampled_copies
 
 
@@ -101,7 +104,7 @@ async def run(
     servers: Mapping[str, VllmServer],
     store: Path,
     candidate: str = "ngram",
-    sampled_copies: int = 2,
+    sampled_copies: int = 1,
 ) -> int:
     todo = requests(sampled_copies)
     async with running_gateway(policy(servers, candidate), store_path=store) as gw:
@@ -218,13 +221,14 @@ def test_the_live_configuration_is_predicted_within_the_stated_tolerances(
     assert greedy_gap <= 0.05, live["greedy"]
     # Sampled requests: the candidate answered other draws than production's, so prediction and
     # measurement agree only in expectation, and only if its draws are independent across
-    # requests. Real vLLM's are not: on the same 48 sampled requests production's replay gave
+    # requests. Real vLLM's are not: on the same 48 sampled requests (two copies of each of 24, as
+    # this test once sent) production's replay gave
     # 6 accepted of 72 drafts in every run (its outputs were identical run to run) while the
     # candidate accepted 0 of 84 in one run and about a third in another (the earlier CI run).
     # No per-request test keeps its level on that, so the sampled comparison is reported, not
     # held; the engine check below is exact on sampled requests too.
     sampled = live["sampled"]
-    assert sampled["predicted_mean_acceptance_length"]["n"] >= 40
+    assert sampled["predicted_mean_acceptance_length"]["n"] >= 20
     assert sampled["p_value"] is not None and 0 < sampled["p_value"] <= 1
     # The engine check: the replay on the candidate's own ids is what its engine reported, on
     # every request.
@@ -260,7 +264,7 @@ def test_the_live_configuration_is_predicted_within_the_stated_tolerances(
     assert greedy_n >= 20 and greedy_in == greedy_n, inside
     # Sampled requests are reported, not held: 3-10 of 48 per run fell outside the envelope in
     # four runs, which this test cannot explain, so no fraction of them is a level it can state.
-    assert sampled_n >= 40, inside
+    assert sampled_n >= 20, inside
     assert not live["greedy"]["flag"], live["greedy"]
     if sampled["flag"]:  # then the note says it is the answers, not the replay
         assert "engine check passed" in live["note"], live["note"]
@@ -275,10 +279,10 @@ def at_k2(
     """The same traffic through a second n-gram server at k = 2: what vLLM reports there."""
     k2 = vllm_server("ngram-k2")  # the run's shared k = 2 server
     store = tmp_path_factory.mktemp("cf-k2") / "r.sqlite"
-    # One copy of the sampled requests is enough here: the bounds are held on greedy ones.
-    asyncio.run(
-        run({**vllm_servers, "ngram-k2": k2}, store, candidate="ngram-k2", sampled_copies=1)
-    )
+    # The same mix as the k = 4 run (24 greedy, 24 sampled). The primary is ``baseline``, a plain
+    # server like ``plain``, on the other core than k2's.
+    servers = {"plain": vllm_servers["baseline"], "ngram-k2": k2}
+    asyncio.run(run(servers, store, candidate="ngram-k2"))
     (live,) = build_matrix(lambda: iter_records([store])).live
     return live
 

@@ -45,7 +45,7 @@ from specshadow.inprocess import running_gateway
 from tests.conftest import start_server
 from tests.vllm.conftest import VllmServerPool, trace_requests
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.vllm, pytest.mark.vllm_extra("other"), pytest.mark.timeout(1500)]
 
 EXCHANGES = 60
 MAX_TOKENS = 48

@@ -2,7 +2,7 @@
 ``method: "suffix"`` candidate (k = 8, vLLM's default suffix knobs; arctic-inference built once
 into the cache by backends.setup.ensure_arctic).
 
-A plain vLLM is the primary, the suffix vLLM the candidate and tokenizer; the traffic is
+A plain vLLM (the session's ``baseline`` server) is the primary, the suffix vLLM the candidate and tokenizer; the traffic is
 test_counterfactual's greedy requests (code rewritten twice, structured answers, chat: repeated
 across requests, as agent traffic is), one at a time, so the engine's global tree saw whole
 responses in the order the records hold them — the case the replay is exact for (the engine also
@@ -30,13 +30,14 @@ from records.sqlite_store import query_records
 from tests.vllm.conftest import VllmServerPool
 from tests.vllm.test_counterfactual import run
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.vllm, pytest.mark.vllm_extra("suffix"), pytest.mark.timeout(900)]
 
 
 def test_suffix_prediction_meets_the_engine(
     vllm_servers: dict[str, VllmServer], vllm_server: VllmServerPool, tmp_path: Path
 ) -> None:
-    servers = {"plain": vllm_servers["plain"], "suffix": vllm_server("suffix")}
+    # The primary is ``baseline``, a plain server on the other core than the suffix server's.
+    servers = {"plain": vllm_servers["baseline"], "suffix": vllm_server("suffix")}
     store = tmp_path / "r.sqlite"
     n = asyncio.run(run(servers, store, candidate="suffix", sampled_copies=0))
     records: list[dict[str, Any]] = list(query_records(store))
