@@ -141,15 +141,23 @@ def paired_speedup(plain: Sequence[Any], spec: Sequence[Any], *, skip: float = 0
     return math.exp(statistics.fmean(logs))
 
 
+def truth_seed(rate: float) -> int:
+    """The arrival schedule's seed for the truth at ``rate`` requests/s."""
+    return 100 + round(rate * 100)
+
+
 async def direct_ab(procs: Procs, rates: Sequence[float], duration_s: float) -> dict[float, float]:
     """The truth: at each rate, the same schedule to a plain and a speculative engine at once."""
     plain = await procs.simulator("truth-plain")
     spec = await procs.simulator("truth-spec", *SPECULATIVE)
     truth = {}
-    for i, rate in enumerate(rates):
+    for rate in rates:
+        # Seeded by the rate, not by its place in the list: one rate's schedule (and truth) is the
+        # same whichever other rates a test measures beside it.
+        seed = truth_seed(rate)
         a, b = await asyncio.gather(
-            open_loop(plain, rate, duration_s, seed=100 + i),
-            open_loop(spec, rate, duration_s, seed=100 + i),
+            open_loop(plain, rate, duration_s, seed=seed),
+            open_loop(spec, rate, duration_s, seed=seed),
         )
         truth[rate] = paired_speedup(a, b)
     procs.stop("truth-")

@@ -18,9 +18,12 @@ from tests.e2e.loadtrue import direct_ab, mirrored, processes
 # the timing tier (docs/testing.md), run alone, once.
 pytestmark = [pytest.mark.e2e, pytest.mark.timing, pytest.mark.timeout(900)]
 
-HIGH, LOW, OVER = 19.0, 4.0, 25.0  # requests/s: speculation loses / wins / cannot keep up
+# requests/s: speculation loses / wins / cannot keep up. HIGH is the sweep's top level and LOW its
+# lowest, so the truth is measured at four rates. At 19 requests/s the truth read 0.86 on one
+# schedule and 1.01-1.02 on another: too near 1 to call a losing rate; at 20 it read 0.8-0.91.
+HIGH, LOW, OVER = 20.0, 4.0, 25.0
 SWEEP_RATE = 20.0
-SWEEP = [0.25, 0.5, 0.75, 1.0]
+SWEEP = [0.2, 0.5, 0.75, 1.0]
 TOLERANCE = 0.15
 
 
@@ -33,7 +36,9 @@ def truth() -> dict[float, float]:
             rates = [LOW, HIGH, *(SWEEP_RATE * m for m in SWEEP)]
             return await direct_ab(procs, sorted(set(rates)), duration_s=12.0)
 
-    return asyncio.run(measure())
+    truth = asyncio.run(measure())
+    print(f"\ntruth (paired speed-up by rate): {truth}")
+    return truth
 
 
 def verdict(a: Analysis) -> Any:
@@ -74,6 +79,7 @@ async def test_load_matched_at_a_losing_rate_estimates_the_truth_and_does_not_ad
     assert v.decision != "adopt", v.reasons
     est = v.at_load.e2e if v.at_load is not None else None
     assert est is not None, v.reasons
+    print(f"\nload-matched at {HIGH:g}/s: {est.estimate:.3f} against the truth {truth[HIGH]:.3f}")
     assert abs(est.estimate / truth[HIGH] - 1) <= TOLERANCE, (est, truth[HIGH])
 
 
@@ -84,7 +90,9 @@ async def test_load_matched_at_a_winning_rate_adopts_with_the_true_speed_up(
     v = verdict(a)
     assert v.decision == "adopt", v.reasons
     est = v.at_load.e2e if v.at_load is not None else None
-    assert est is not None and abs(est.estimate / truth[LOW] - 1) <= TOLERANCE, (est, truth[LOW])
+    assert est is not None, v.reasons
+    print(f"\nload-matched at {LOW:g}/s: {est.estimate:.3f} against the truth {truth[LOW]:.3f}")
+    assert abs(est.estimate / truth[LOW] - 1) <= TOLERANCE, (est, truth[LOW])
 
 
 async def test_a_candidate_that_cannot_sustain_the_rate_is_rejected_for_capacity(
