@@ -38,7 +38,9 @@ async def test_plain_timings_are_bounded_by_the_simulated_prefill_and_step_time(
         assert r.ok and r.status == 200 and r.outcome == "completed", r
         assert r.output_tokens == 12 and r.tokens_source == "usage" and r.output_events == 12
         assert r.ttft_s is not None and r.ttft_s >= 0.03
-        assert r.tpot_s is not None and 0.008 * 0.9 <= r.tpot_s <= 0.008 * 4
+        # Lower bounds only: the simulator sleeps at least its step; how much longer is the
+        # machine's (an upper bound of 4 steps was a wall-clock claim).
+        assert r.tpot_s is not None and r.tpot_s >= 0.008 * 0.9
         assert r.e2e_s is not None and r.e2e_s >= r.ttft_s + 11 * 0.008 * 0.9
         assert r.chunk_gap_p50_s is not None and r.chunk_gap_p50_s >= 0.008 * 0.9
         assert r.tokens_per_event == 1.0 and r.category == "chat"

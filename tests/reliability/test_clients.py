@@ -48,8 +48,12 @@ async def test_a_client_leaving_mid_stream_finishes_or_cancels_in_flight_shadows
         assert all(s.recording is not None and s.recording.output_tokens == 40 for s in shadows)
     else:
         assert {s.outcome for s in shadows} == {"cancelled"}
-        # cancelled at once, long before the ~0.8 s the leg would have taken
-        assert all((s.end_ns - t) / 1e9 < 0.3 for s, t in zip(shadows, left_ns, strict=True))
+        # cancelled after the client left and before its 40 tokens: how soon is the machine's
+        # (a 0.3 s bound on the wall clock was one); that it never ran to its end is a count.
+        for shadow, left in zip(shadows, left_ns, strict=True):
+            assert shadow.end_ns > left
+            rec = shadow.recording
+            assert rec is None or (rec.output_tokens or 0) < 40, rec
     async with aiohttp.ClientSession() as session, session.get(f"{gw.url}/admin/shadow") as resp:
         status = await resp.json()
     assert status["in_flight"] == 0 and status["primary_in_flight"] == 0
