@@ -103,13 +103,11 @@ class PrometheusServer:
         except ProcessError as exc:
             pytest.fail(str(exc))
 
-    async def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
-        """An instant query (at ``at``, Unix seconds, else now); returns ``data.result`` (a vector:
-        ``[{"metric": {...}, "value": [t, "v"]}]``)."""
-        params = {"query": promql} if at is None else {"query": promql, "time": f"{at:.3f}"}
+    async def query(self, promql: str) -> list[dict[str, Any]]:
+        """An instant query; returns ``data.result`` (a vector: ``[{"metric": {...}, "value": [t, "v"]}]``)."""
         async with (
             aiohttp.ClientSession() as session,
-            session.get(f"{self.url}/api/v1/query", params=params) as resp,
+            session.get(f"{self.url}/api/v1/query", params={"query": promql}) as resp,
         ):
             payload = await resp.json()
         assert payload.get("status") == "success", payload
