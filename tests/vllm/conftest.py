@@ -1,11 +1,11 @@
 """Session fixtures for tests against real vLLM CPU servers (``@pytest.mark.vllm``).
 
 ``vllm_env`` runs ``specshadow vllm setup`` (cached outside the repo; minutes when cold, instant
-when warm). ``vllm_servers`` starts four servers once per session, all at once (on 2 cores four
-start in about 2 minutes, one alone in about 40 s): ``plain`` (the primary), ``baseline`` (a
-second plain server: the noise floor), ``ngram`` and ``draft`` (the candidates). On teardown it
-asserts that they left no process and no work folder behind. Every vLLM test module shares them,
-so the session pays for one start.
+when warm). ``vllm_started`` starts the session's servers once, all at once, in one batch: the
+four every module uses — ``plain`` (the primary), ``baseline`` (a second plain server: the noise
+floor), ``ngram`` and ``draft`` (the candidates), which ``vllm_servers`` returns — and the extra
+configurations the collected tests mark (below). On teardown it asserts that they left no process
+and no work folder behind. Every vLLM test module shares them, so the session pays for one start.
 
 A test that needs another configuration asks ``vllm_server(name)`` for it, by the name of one of
 :data:`EXTRA_SPECS` (or of the four), and its module says so with ``pytest.mark.vllm_extra(name)``:
