@@ -201,9 +201,16 @@ async def test_byte_identical_outputs_are_never_judged_different(
         assert verdict_all(cand).tpot is not None
 
 
+# A measured speed-up decides the pick: the timing tier (docs/testing.md), run alone, once.
+@pytest.mark.timing
 async def test_three_candidates_without_usage_recommend_the_fast_lossless_one(
     gateway, servers, tmp_path
 ):
+    """The lossy candidate (another answer, exact-match judged on greedy requests) is never
+    recommended; of the two lossless ones the faster is. The bound: the primary sends a token every
+    20 ms, "slow" one every 18 ms and "fast" two every 16 ms (1.1× and 2.5× the primary by the
+    scripts' schedule); the assumption is that the machine's delays, shared by the legs of an
+    exchange, leave "fast" adopted with the larger paired speed-up."""
     other = tuple(" " + w for w in ("A", "different", "answer", "entirely") * 12)
     candidates = {
         "slow": ScriptedLLM(gap_s=0.018),
