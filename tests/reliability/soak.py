@@ -40,6 +40,9 @@ FAULT_HEADER = "x-soak-shadow"
 @dataclass(frozen=True, slots=True)
 class SoakConfig:
     duration_s: float = 20.0
+    # ... and at least this many requests after the warm-up, however slow the machine: the soak's
+    # traffic is a count, so what it exercised does not depend on the machine's speed.
+    min_requests: int = 0
     concurrency: int = 12
     sample_every_s: float = 1.0
     faulty_every: int = 3  # every Nth request goes to a faulty shadow (cycling through kinds)
@@ -81,6 +84,7 @@ class SoakResult:
     stderr_tail: str = ""
     held_at_drain: int = 0  # connections to backends and from clients open after the drain
     still_open: int = 0  # of those, how many were still open 2 keep-alives (+10 s) later
+    warmup_requests: int = 0  # of :attr:`requests`, the warm-up's (the rest are numbered from 0)
 
     @property
     def requests(self) -> int:
@@ -242,16 +246,20 @@ async def run_soak(
             await _one(session, gp.url, i + 1, cfg, result)  # +1: no client leaves in warm-up
         await _drain(gp, cfg.idle_wait_s)
         result.warm = await _sample(gp, started, result.requests, ports)
+        warmed = result.warmup_requests = result.requests
 
         counter = iter(range(10**9))
         deadline = time.monotonic() + cfg.duration_s
 
         async def worker() -> None:
-            while time.monotonic() < deadline:
-                await _one(session, gp.url, next(counter), cfg, result)
+            while True:
+                i = next(counter)
+                if i >= cfg.min_requests and time.monotonic() >= deadline:
+                    return
+                await _one(session, gp.url, i, cfg, result)
 
         async def sampler() -> None:
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline or result.requests < warmed + cfg.min_requests:
                 sample = await _sample(gp, started, result.requests, ports)
                 result.samples.append(sample)
                 if on_sample is not None:
