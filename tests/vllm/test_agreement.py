@@ -8,8 +8,11 @@ a 2-core machine (docs/vllm.md):
 
 - TTFT: the bench's clock contains the gateway's, so its TTFT is larger by the gateway's own path
   plus loopback and the bench client's processing. Measured per-request offset p50 2.3–2.9 ms, of
-  which the gateway's share (request in → upstream out, chunk in → out) was ~0.2 ms. Asserted:
-  offset p50 in (0, 10] ms and the gateway's share < 2 ms; the unpaired medians are reported.
+  which the gateway's share (request in → upstream out, chunk in → out) was ~0.2 ms; on a later
+  machine (kernel 6.18, where a raw 60-line aiohttp relay adds 20–28 ms of TTFT in
+  bench/proxy_overhead.py) the offset read 9.9–22.7 ms and the gateway's share 1.0–1.7 ms.
+  Asserted: offset p50 > 0 and the gateway's share < 5 ms. The offset's size is the bench client's
+  and the machine's (a process hop), not the gateway's: it is reported, like the unpaired medians.
 - TPOT and ITL: the constant offsets cancel; measured |Δ median| ≤ 0.07 ms (ITL also sees the
   bench's extra ~0 gap after vLLM's role-only first chunk, −0.25 ms once). Asserted:
   |Δ median| ≤ max(1.0 ms, 10 %); ITL's mean gap too; the median of the step gaps (≥ 0.5 ms) only
@@ -37,8 +40,9 @@ from specshadow.agreement import Agreement, dataset_prompts, format_agreement, r
 pytestmark = [pytest.mark.vllm, pytest.mark.timing, pytest.mark.timeout(1800)]
 
 REQUESTS = 24
-TTFT_OFFSET_MAX_MS = 10.0
-GATEWAY_SHARE_MAX_MS = 2.0
+# The gateway's own share of the TTFT offset (request in → upstream out, chunk in → out), in ms:
+# measured 0.13–0.17 ms on one machine and 1.0–1.7 ms on a later one (docs/vllm.md).
+GATEWAY_SHARE_MAX_MS = 5.0
 STEADY_ABS_TOL_MS = 1.0  # one CI run on the shared 2-core machine saw 0.9 ms on ITL
 STEADY_REL_TOL = 0.10
 BURST_SLACK = 0.25  # the bench's share of ≈ 0 gaps beyond the gateway's before its median is moot
@@ -72,12 +76,18 @@ def test_every_bench_request_is_paired_with_the_gateways_record_of_it(
     assert agreement.texts_equal == REQUESTS  # the bench saw exactly the primary's text
 
 
-def test_bench_ttft_exceeds_the_gateways_by_a_small_systematic_offset(
+def test_bench_ttft_contains_the_gateways_and_the_gateways_own_share_is_small(
     agreement: Agreement,
 ) -> None:
-    assert 0 < agreement.ttft_offset_p50_ms <= TTFT_OFFSET_MAX_MS
+    assert agreement.ttft_offset_p50_ms > 0  # the bench's interval contains the gateway's
     own = agreement.gateway_pre_upstream_p50_ms + (agreement.gateway_overhead_p50_ms or 0.0)
+    print(
+        f"\nTTFT offset p50 {agreement.ttft_offset_p50_ms:.2f} ms, the gateway's share {own:.2f} ms"
+    )
     assert own < GATEWAY_SHARE_MAX_MS
+    # The rest of the offset is the bench client's processing and the hop between two processes:
+    # 2.3–2.9 ms on one machine, 9.9–22.7 ms on a later one (same code), so not held. What would
+    # show a mispairing (a wrong request's timings) is held exactly: every text equal, by id.
     # The two samples' medians, unpaired, are reported (format_agreement), not held: under the
     # flake gate's two busy loops they were 10.4 and 32.7 ms apart (medians 231-258 ms) in two runs
     # whose paired per-request offset, the claim itself, stayed within (0, 10] ms. The median of
