@@ -90,7 +90,7 @@ def test_bench_ttft_contains_the_gateways_and_the_gateways_own_share_is_small(
     # show a mispairing (a wrong request's timings) is held exactly: every text equal, by id.
     # The two samples' medians, unpaired, are reported (format_agreement), not held: under the
     # flake gate's two busy loops they were 10.4 and 32.7 ms apart (medians 231-258 ms) in two runs
-    # whose paired per-request offset, the claim itself, stayed within (0, 10] ms. The median of
+    # whose paired per-request offset stayed within (0, 10] ms on that machine. The median of
     # two samples picks different requests when TTFT spreads; the pairing is what removes that.
 
 

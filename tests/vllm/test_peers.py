@@ -10,8 +10,10 @@ the generated text) and held to the bounds ``vllm bench serve`` is held to
 (tests/vllm/test_agreement.py, docs/vllm.md), which were set from measurements on this machine:
 
 - TTFT: a peer's clock contains the gateway's, so its TTFT is larger by the gateway's own path
-  plus loopback and the peer's own processing: the per-request offset's p50 in (0, 10] ms
-  (measured 1.5–5.4 ms AIPerf, 1.5–4.9 ms GuideLLM). The two medians are printed, not held: TTFT on
+  plus loopback and the peer's own processing: the per-request offset's p50 > 0 (measured
+  1.5–5.4 ms AIPerf, 1.5–4.9 ms GuideLLM on one machine; 11.8 and 19.0 ms in a clean CI run on a
+  later one with kernel 6.18, where a raw aiohttp relay adds 20–28 ms of TTFT: the size is the
+  peer's and the machine's, reported, not held; the gateway's own share is test_agreement's). The two medians are printed, not held: TTFT on
   the loaded 2-core machine is bimodal (15–60 ms, and 85–470 ms where vLLM flushed a whole answer
   at once), so the medians of 24 moved 5–41 ms apart when a few requests' offsets (a starved
   client process: up to 77 ms once) crossed the gap, while the paired offset stayed put.
@@ -52,11 +54,12 @@ from tests.vllm.peers import (
     run_peer,
 )
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(2400)]
+# Offsets and gaps in milliseconds read by two clocks: timing claims (docs/testing.md). They run in
+# the vllm tier (they need its servers), after its functional tests, once and never retried.
+pytestmark = [pytest.mark.vllm, pytest.mark.timing, pytest.mark.timeout(2400)]
 
 REQUESTS = 24
 OUTPUT_LEN = 48
-TTFT_OFFSET_MAX_MS = 10.0
 STEADY_ABS_TOL_MS = 1.0
 STEADY_REL_TOL = 0.10
 BURST_SLACK = 0.25
@@ -127,8 +130,9 @@ def test_every_peer_request_is_paired_with_the_gateways_record_of_it(peer: PeerA
         assert peer.texts_equal == REQUESTS
 
 
-def test_peer_ttft_exceeds_the_records_by_a_small_systematic_offset(peer: PeerAgreement) -> None:
-    assert 0 < peer.ttft_offset_p50_ms <= TTFT_OFFSET_MAX_MS, peer.format()
+def test_peer_ttft_contains_the_records(peer: PeerAgreement) -> None:
+    assert peer.ttft_offset_p50_ms > 0, peer.format()
+    print(f"\n{peer.peer}: TTFT offset p50 {peer.ttft_offset_p50_ms:.2f} ms (reported, not held)")
 
 
 def test_peer_itl_is_the_records_tpot(peer: PeerAgreement) -> None:
