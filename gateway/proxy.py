@@ -97,6 +97,7 @@ class Call:
     policy: CompiledPolicy
     capture_text: bool
     shadows: ShadowBatch | None = None
+    mirrored_ns: int | None = None  # when :meth:`mirror` started shadow legs (``perf_counter_ns``)
 
     @property
     def operation(self) -> str:
@@ -106,6 +107,7 @@ class Call:
         """Start ``legs`` as shadow legs of this exchange (admission may drop some)."""
         if not legs:
             return
+        self.mirrored_ns = time.perf_counter_ns()
         shadow_request = ShadowRequest(
             path_qs=self.request.path_qs,
             payload=self.payload,
@@ -115,7 +117,7 @@ class Call:
             stream=self.draft.stream,
             operation=self.operation,
             route=self.route,
-            mirrored_ns=time.perf_counter_ns(),
+            mirrored_ns=self.mirrored_ns,
         )
         self.shadows, drop_reason = self.gw.shadows.launch(self.policy, legs, shadow_request)
         self.draft.drop_reason = self.draft.drop_reason or drop_reason
@@ -209,6 +211,10 @@ async def serve_primary(
     request_id = call.request_id
     if policy.mirror.timing == "with_primary":
         call.mirror(legs)
+    # Mirrored with the primary, every leg of the exchange meets its backend's load at the one
+    # instant it mirrored: the primary's few hundred microseconds of set-up after it (milliseconds
+    # on a loaded machine) would otherwise read as a load difference between the legs.
+    at_ns = call.mirrored_ns if policy.mirror.timing == "with_primary" else None
     leg = call.leg("primary", None, draft.requested_model)
     headers = upstream_request_headers(
         request.headers, request_id=request_id, extra=leg.trace_headers().items()
@@ -216,7 +222,7 @@ async def serve_primary(
     gw.in_flight += 1
     primary_load = gw.loads[leg.backend]
     replicas = policy.primary.replicas if policy.primary is not None else 1
-    leg.dispatch(primary_load.dispatch(replicas), primary_load)
+    leg.dispatch(primary_load.dispatch(replicas, at_ns), primary_load)
     try:
         async with gw.primary.open("POST", request.path_qs, headers=headers, data=call.body) as up:
             tee = leg.attach(up)
