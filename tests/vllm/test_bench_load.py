@@ -18,7 +18,9 @@ import pytest
 
 from backends.server import VllmServer
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+# 1200 s: the first vLLM test of a run also waits for the session's servers to start (up to
+# backends.server.READY_TIMEOUT_S) inside its timeout.
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
