@@ -209,12 +209,13 @@ async def serve_primary(
     over to here (it joins the exchange as a candidate leg, so the guards count it)."""
     gw, request, draft, span, policy = call.gw, call.request, call.draft, call.span, call.policy
     request_id = call.request_id
+    at_ns: int | None = None  # the primary meets its load now, unless mirrored with it:
     if policy.mirror.timing == "with_primary":
         call.mirror(legs)
-    # Mirrored with the primary, every leg of the exchange meets its backend's load at the one
-    # instant it mirrored: the primary's few hundred microseconds of set-up after it (milliseconds
-    # on a loaded machine) would otherwise read as a load difference between the legs.
-    at_ns = call.mirrored_ns if policy.mirror.timing == "with_primary" else None
+        # every leg of the exchange meets its backend's load at the one instant it mirrored: the
+        # primary's set-up after it (milliseconds on a loaded machine) would read as a load
+        # difference between the legs
+        at_ns = call.mirrored_ns
     leg = call.leg("primary", None, draft.requested_model)
     headers = upstream_request_headers(
         request.headers, request_id=request_id, extra=leg.trace_headers().items()

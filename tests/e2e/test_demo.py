@@ -106,8 +106,9 @@ def test_the_demo_shadows_picks_canaries_and_rolls_back_on_its_own(tmp_path):
         (stored,) = db.execute("select count(*) from records").fetchone()
     assert stored == int(count) >= (300 if picked else 240)  # every exchange of the matched act
     html = (out / "report" / "report.html").read_text()
-    for section in ("Bottom line", "Head to head", "Candidates", *(["Rollout"] * bool(picked))):
+    for section in ("Bottom line", "Head to head", "Candidates"):
         assert section in html
+    assert "Rollout" in html or not picked  # the canary's section, when there was one
     # The rollout files follow act 2's decision. The final report spans the canary and the
     # rollback too, whose load regimes the shadow pairs never covered: there it may rightly say
     # "not enough data" at the whole window's load (timing decides), so it is not held to one.
