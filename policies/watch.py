@@ -62,13 +62,16 @@ def reload_now(path: str | os.PathLike[str], store: PolicyStore) -> bool:
         policy = load_policy(path, primary_url=store.primary_url)
     except (PolicyError, OSError) as exc:
         error = str(exc) if isinstance(exc, PolicyError) else f"{type(exc).__name__}: {exc}"
-        store.record_failure(error, at_unix_ns=now)
+        # Logged before it is counted: whoever sees the failure count (the status endpoint, a
+        # test polling from the event loop while this runs in a worker thread) finds its log
+        # line already written.
         log.warning(
             "policy reload from %s rejected; keeping generation %d: %s",
             os.fspath(path),
             store.generation,
             error.replace("\n", "; "),
         )
+        store.record_failure(error, at_unix_ns=now)
         return False
     if store.record_reload(policy, at_unix_ns=now):
         log.info(
