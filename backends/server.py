@@ -9,7 +9,7 @@ blocking waits run in a worker thread). :func:`start_servers` launches several a
 for all of them — on a 2-core machine three start in about the time of one and a half.
 
 The command line and environment are built by pure functions (:func:`server_command`,
-:func:`server_environment`), following docs/vllm.md ("Servers"): fp32, 1 GiB KV cache, per-request
+:func:`server_environment`), following docs/vllm.md ("Servers"): fp32, a 256 MiB KV cache, per-request
 metrics with the speculative-decoding summary, the hermes tool parser, and ``--enforce-eager`` by
 default (25–33 s startup instead of 40–50 s).
 """
@@ -70,6 +70,10 @@ MAX_MODEL_LEN = 1024
 # the test session's seven at once took 113 s on one machine and over 300 s on a later one (kernel
 # 6.18 with a DAMON pageout scheme: the engine core initialised 87 s after its API server).
 READY_TIMEOUT_S = 600.0
+# 32,768 tokens of the tiny model: 32 requests at the full --max-model-len. The KV cache is
+# allocated and written at start, so its size is start time: seven servers at once were ready in
+# 279 s with 1 GiB each and in 157 s with 256 MiB (docs/vllm.md, "Servers").
+KV_CACHE_BYTES = 256 * 1024 * 1024
 STOP_TIMEOUT_S = 20.0
 
 
@@ -90,6 +94,8 @@ class VllmServerSpec:
     # Which weights to serve: the target, or the draft model served plainly as if it were the
     # target (under the same served name) — a "different model" for the quality checks.
     weights: Literal["target", "draft"] = "target"
+    # --kv-cache-memory-bytes: the KV cache's size (vLLM's CPU default is 4 GiB).
+    kv_cache_bytes: int = KV_CACHE_BYTES
 
 
 def speculative_config(spec: VllmServerSpec, draft_dir: Path) -> dict[str, object] | None:
@@ -118,6 +124,7 @@ def server_command(spec: VllmServerSpec, env: VllmEnv, port: int) -> list[str]:
         "--port", str(port),
         "--dtype", "float32",
         "--max-model-len", str(MAX_MODEL_LEN),
+        "--kv-cache-memory-bytes", str(spec.kv_cache_bytes),
         "--enable-per-request-metrics",
         "--enable-auto-tool-choice",
         "--tool-call-parser", "hermes",
@@ -139,10 +146,11 @@ def server_environment(
     """``base`` plus vLLM's CPU settings, with every file vLLM writes kept inside ``work_dir``
     but its model-class cache, shared by every server of ``env`` (:attr:`VllmEnv.vllm_cache`:
     without it each start pays one more interpreter importing vLLM); ``cores`` binds the worker's OpenMP threads (``VLLM_CPU_OMP_THREADS_BIND``)."""
-    out = {k: v for k, v in base.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
+    # VLLM_CPU_KVCACHE_SPACE (GiB, vLLM's legacy setting) would override --kv-cache-memory-bytes.
+    dropped = ("VIRTUAL_ENV", "PYTHONHOME", "VLLM_CPU_KVCACHE_SPACE")
+    out = {k: v for k, v in base.items() if k not in dropped}
     out.update(
         VLLM_TARGET_DEVICE="cpu",
-        VLLM_CPU_KVCACHE_SPACE="1",
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",

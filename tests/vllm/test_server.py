@@ -89,6 +89,7 @@ def test_plain_server_command_has_metrics_and_tool_flags_but_no_speculative_conf
         "--enable-per-request-metrics",
         "--tool-call-parser hermes",
         "--enforce-eager",
+        "--kv-cache-memory-bytes 268435456",
     ):
         assert flag in joined
 
@@ -110,13 +111,18 @@ def test_ngram_and_draft_commands_carry_their_speculative_config(tmp_path: Path)
 
 
 def test_server_environment_keeps_vllm_files_inside_the_work_dir(tmp_path: Path) -> None:
-    base = {"PATH": "/usr/bin", "VIRTUAL_ENV": "/gateway/.venv", "HOME": "/root"}
+    base = {
+        "PATH": "/usr/bin",
+        "VIRTUAL_ENV": "/gateway/.venv",
+        "HOME": "/root",
+        "VLLM_CPU_KVCACHE_SPACE": "4",  # vLLM's legacy setting would override the command line
+    }
     env = server_environment(base, fake_env(tmp_path), tmp_path / "work")
     for key in ("TORCHINDUCTOR_CACHE_DIR", "VLLM_RPC_BASE_PATH", "TMPDIR"):
         assert env[key].startswith(str(tmp_path / "work"))
     # vLLM's model-class inspections: kept beside the environment, shared by its servers.
     assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm-cache")
-    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env
     assert env["PYTHONPATH"] == str(tmp_path / "pystub")
     assert env["PATH"].startswith(str(tmp_path / "venv/bin"))
     assert "VIRTUAL_ENV" not in env
@@ -194,6 +200,21 @@ def fake_env(root: Path, python_script: str = "exit 0") -> VllmEnv:
 @pytest.mark.timeout(1800)
 class TestRealServers:
     """Against a plain and an n-gram server started once per session (see conftest)."""
+
+    def test_the_kv_cache_holds_the_tokens_its_size_allows(
+        self, vllm_servers: dict[str, VllmServer]
+    ) -> None:
+        server = vllm_servers["plain"]
+        if server.pid is None:
+            pytest.skip("a reused server (SPECSHADOW_VLLM_URLS): its log is not ours to read")
+        config = jsonx.loads((server.env.target_dir / "config.json").read_bytes())
+        assert config["dtype"] == "float32"
+        # A key and a value per layer, KV head and head dimension, 4 bytes each.
+        per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"]
+        per_token *= config["head_dim"] * 4
+        found = re.search(r"KV cache size: ([\d,]+) tokens", server.log_path.read_text())
+        assert found is not None, server.log_path.read_text()[-2000:]
+        assert int(found[1].replace(",", "")) == server.spec.kv_cache_bytes // per_token == 32_768
 
     async def test_streaming_chat_request_returns_tokens(
         self, vllm_servers: dict[str, VllmServer]
