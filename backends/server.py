@@ -9,9 +9,9 @@ blocking waits run in a worker thread). :func:`start_servers` launches several a
 for all of them — on a 2-core machine three start in about the time of one and a half.
 
 The command line and environment are built by pure functions (:func:`server_command`,
-:func:`server_environment`), following docs/vllm.md ("Servers"): fp32, a 256 MiB KV cache, per-request
-metrics with the speculative-decoding summary, the hermes tool parser, and ``--enforce-eager`` by
-default (25–33 s startup instead of 40–50 s).
+:func:`server_environment`), following docs/vllm.md ("Servers"): fp32, a 256 MiB KV cache,
+per-request metrics with the speculative-decoding summary, the hermes tool parser, and
+``--enforce-eager`` by default (25–33 s startup instead of 40–50 s).
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ class VllmServerSpec:
     # Which weights to serve: the target, or the draft model served plainly as if it were the
     # target (under the same served name) — a "different model" for the quality checks.
     weights: Literal["target", "draft"] = "target"
-    # --kv-cache-memory-bytes: the KV cache's size (vLLM's CPU default is 4 GiB).
+    # --kv-cache-memory-bytes: the KV cache's size (unset, vLLM's CPU worker sizes it as a
+    # fraction of the machine's memory, --gpu-memory-utilization).
     kv_cache_bytes: int = KV_CACHE_BYTES
 
 

@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import pytest_collection_modifyitems  # the suite's grouping hook
 
 @pytest.fixture(scope="session")
-def shared():
+def built_on():
     return os.environ["PYTEST_XDIST_WORKER"]
 """
 
@@ -33,15 +33,15 @@ import os
 import pytest
 
 @pytest.mark.parametrize("i", range(4))
-def test_shared(shared, i):
+def test_fixture(built_on, i):
     with open(os.environ["GROUPS_OUT"], "a") as fh:
-        fh.write(f"shared {{shared}} {{os.environ['PYTEST_XDIST_WORKER']}}\\n")
+        fh.write(f"fixture {built_on} {os.environ['PYTEST_XDIST_WORKER']}\\n")
 
 @pytest.mark.xdist_group("marked")
 @pytest.mark.parametrize("i", range(4))
 def test_marked(i):
     with open(os.environ["GROUPS_OUT"], "a") as fh:
-        fh.write(f"marked - {{os.environ['PYTEST_XDIST_WORKER']}}\\n")
+        fh.write(f"marked - {os.environ['PYTEST_XDIST_WORKER']}\\n")
 
 @pytest.mark.parametrize("i", range(8))
 def test_free(i):
@@ -56,7 +56,7 @@ def test_tests_of_one_session_fixture_and_of_one_mark_each_run_on_one_worker(
     suite.mkdir()
     (suite / "conftest.py").write_text(CONFTEST)
     for name in ("a", "b"):
-        (suite / f"test_{name}.py").write_text(MODULE.format())
+        (suite / f"test_{name}.py").write_text(MODULE)
     out = tmp_path / "groups.txt"
     env = {**os.environ, "GROUPS_OUT": str(out), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
@@ -66,9 +66,9 @@ def test_tests_of_one_session_fixture_and_of_one_mark_each_run_on_one_worker(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [line.split() for line in out.read_text().splitlines()]
-    shared = [row for row in rows if row[0] == "shared"]
+    fixture = [row for row in rows if row[0] == "fixture"]
     marked = [row for row in rows if row[0] == "marked"]
-    assert len(shared) == 8 and len(marked) == 8, rows
+    assert len(fixture) == 8 and len(marked) == 8, rows
     # Every test of the fixture ran where it was built, and that was one worker for both modules.
-    assert {(built, ran) for _, built, ran in shared} == {(shared[0][1], shared[0][1])}, shared
+    assert {(built, ran) for _, built, ran in fixture} == {(fixture[0][1], fixture[0][1])}, fixture
     assert len({ran for _, _, ran in marked}) == 1, marked
