@@ -71,7 +71,12 @@ class PeerAgreement:
     acceptance_compared: int = 0
     acceptance_mismatches: tuple[str, ...] = ()
     tpot_mean_ms: tuple[float, float] = (float("nan"), float("nan"))  # (peer, gateway)
-    gap_mean_ms: tuple[float, float] = (float("nan"), float("nan"))  # (peer, gateway)
+    gap_mean_ms: tuple[float, float] = (float("nan"), float("nan"))  # (peer, gateway), pooled
+    # per request, the peer's mean gap − the gateway's, over the requests with gaps on both sides:
+    # (p50, how many requests, how many of them read the same number of gaps on both sides)
+    gap_mean_offset_p50_ms: float = float("nan")
+    gap_requests: int = 0
+    gap_counts_equal: int = 0
     # the share of gaps under BURST_S (peer, gateway): chunks a reader got in one read
     gap_burst_share: tuple[float, float] = (float("nan"), float("nan"))
     per_request: tuple[Mapping[str, Any], ...] = field(default=())
@@ -105,7 +110,9 @@ class PeerAgreement:
             f"per-request TTFT offset p50 {self.ttft_offset_p50_ms:.3f} ms, "
             f"max {self.ttft_offset_max_ms:.3f} ms; mean TPOT peer {self.tpot_mean_ms[0]:.3f} / "
             f"gateway {self.tpot_mean_ms[1]:.3f} ms; mean gap peer {self.gap_mean_ms[0]:.3f} / "
-            f"gateway {self.gap_mean_ms[1]:.3f} ms"
+            f"gateway {self.gap_mean_ms[1]:.3f} ms; per-request mean gap offset p50 "
+            f"{self.gap_mean_offset_p50_ms:.3f} ms over {self.gap_requests} requests, gap counts "
+            f"equal on {self.gap_counts_equal}"
         )
         return "\n".join(lines)
 
@@ -307,6 +314,8 @@ def compare(
     g_tpot: list[float] = []
     g_gaps: list[float] = []
     offsets: list[float] = []
+    gap_offsets: list[float] = []
+    gap_counts_equal = 0
     tokens_equal = texts_equal = compared = 0
     mismatches: list[str] = []
     rows: list[Mapping[str, Any]] = []
@@ -325,6 +334,9 @@ def compare(
         p_gaps.extend(q.gaps_s)
         gaps, text = primary.get(record["request_id"], ((), None))
         g_gaps.extend(gaps)
+        if q.gaps_s and gaps:
+            gap_offsets.append(statistics.fmean(q.gaps_s) - statistics.fmean(gaps))
+            gap_counts_equal += int(len(q.gaps_s) == len(gaps))
         tokens_equal += int(q.output_tokens == leg["output_tokens"])
         if q.text is not None:
             texts_equal += int(q.text == text)
@@ -359,6 +371,9 @@ def compare(
         acceptance_mismatches=tuple(mismatches),
         tpot_mean_ms=(_mean_ms(p_tpot), _mean_ms(g_tpot)),
         gap_mean_ms=(_mean_ms(p_gaps), _mean_ms(g_gaps)),
+        gap_mean_offset_p50_ms=_median_ms(gap_offsets),
+        gap_requests=len(gap_offsets),
+        gap_counts_equal=gap_counts_equal,
         gap_burst_share=(_burst_share(p_gaps), _burst_share(g_gaps)),
         per_request=tuple(rows),
     )

@@ -22,8 +22,10 @@ the generated text) and held to the bounds ``vllm bench serve`` is held to
   counts equal the records' and constant offsets cancel: |Δ median| and |Δ mean| ≤
   max(1.0 ms, 10 %) (measured medians 0.001–0.13 ms apart; means within 3 %; the mean is held
   because when vLLM flushes most answers at once both medians are 0).
-- AIPerf's ICL is the gateway's chunk gaps: the mean gap within the same tolerance, the median
-  only where AIPerf read the chunks as they were sent (not in bursts).
+- AIPerf's ICL is the gateway's chunk gaps: each request's mean gap, paired, their offsets' median
+  within the same tolerance (the pooled means are printed: a few requests whose first chunk a
+  starved client read late move them apart); the pooled median only where AIPerf read the chunks
+  as they were sent (not in bursts).
 - Acceptance: both peers read vLLM's ``metrics.speculative_decoding`` from the response the
   gateway relayed byte for byte; their per-request drafted, accepted and step counts equal the
   record's primary leg exactly, and the two ratios within the rounding they export.
@@ -146,9 +148,20 @@ def test_peer_itl_is_the_records_tpot(peer: PeerAgreement) -> None:
 
 
 def test_aiperf_icl_is_the_records_chunk_gaps(aiperf: PeerAgreement) -> None:
-    peer_mean, gateway_mean = aiperf.gap_mean_ms
+    # Paired per request, the median over requests: a request's gaps add up to its first-to-last
+    # chunk time on each side, so they differ by how much later the peer read its first chunk
+    # than its last. A starved client (one landing CI run: TTFT offset p50 3.5 ms, max 172 ms)
+    # reads the first chunk late and the rest in a burst, and a few such requests moved the
+    # pooled means 1.2 ms (17 %) apart while most requests agreed; a different definition of
+    # ICL would move every request.
+    assert aiperf.gap_requests >= REQUESTS // 2, aiperf.format()
+    # Both count one gap per output event after the first (24 of 24 requests equal, here): a
+    # count, exact however late either reader was.
+    assert aiperf.gap_counts_equal == aiperf.gap_requests, aiperf.format()
+    _, gateway_mean = aiperf.gap_mean_ms
     tol = max(STEADY_ABS_TOL_MS, STEADY_REL_TOL * gateway_mean)
-    assert abs(peer_mean - gateway_mean) <= tol, aiperf.format()
+    assert abs(aiperf.gap_mean_offset_p50_ms) <= tol, aiperf.format()
+    print(f"\n{aiperf.format()}")  # the pooled means and the gap counts, reported, not held
     # The median only where AIPerf read the chunks as the gateway sent them (a starved client
     # reads a burst at once: its gaps become ≈ 0 while their sum stays; tests/vllm/test_agreement)
     peer_bursts, gateway_bursts = aiperf.gap_burst_share
