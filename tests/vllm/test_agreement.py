@@ -10,7 +10,7 @@ a 2-core machine (docs/vllm.md):
   plus loopback and the bench client's processing. Measured per-request offset p50 2.3–2.9 ms, of
   which the gateway's share (request in → upstream out, chunk in → out) was ~0.2 ms; on a later
   machine (kernel 6.18, where a raw 60-line aiohttp relay adds 20–28 ms of TTFT in
-  bench/proxy_overhead.py) the offset read 9.9–22.7 ms and the gateway's share 1.0–1.7 ms.
+  bench/proxy_overhead.py early that day, 1.4–1.5 ms later on the idle machine) the offset read 9.9–22.7 ms and the gateway's share 1.0–1.7 ms.
   Asserted: offset p50 > 0 and the gateway's share < 5 ms. The offset's size is the bench client's
   and the machine's (a process hop), not the gateway's: it is reported, like the unpaired medians.
 - TPOT and ITL: the constant offsets cancel; measured |Δ median| ≤ 0.07 ms (ITL also sees the

@@ -12,7 +12,7 @@ the generated text) and held to the bounds ``vllm bench serve`` is held to
 - TTFT: a peer's clock contains the gateway's, so its TTFT is larger by the gateway's own path
   plus loopback and the peer's own processing: the per-request offset's p50 > 0 (measured
   1.5–5.4 ms AIPerf, 1.5–4.9 ms GuideLLM on one machine; 11.8 and 19.0 ms in a clean CI run on a
-  later one with kernel 6.18, where a raw aiohttp relay adds 20–28 ms of TTFT: the size is the
+  later one with kernel 6.18, where a raw aiohttp relay added 20–28 ms of TTFT that morning, 1.4–1.5 ms later: the size is the
   peer's and the machine's, reported, not held; the gateway's own share is test_agreement's). The two medians are printed, not held: TTFT on
   the loaded 2-core machine is bimodal (15–60 ms, and 85–470 ms where vLLM flushed a whole answer
   at once), so the medians of 24 moved 5–41 ms apart when a few requests' offsets (a starved
