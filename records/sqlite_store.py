@@ -27,6 +27,7 @@ from typing import Any
 from core import jsonx
 from core.evidence import Evidence
 from core.faults import BadInput
+from core.sqlite_wal import enable_wal
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,8 @@ class RecordStore:
         except sqlite3.Error as exc:
             raise store_file_error(self.path, exc) from exc
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
+            # Workers started together race to switch a fresh file to WAL (core.sqlite_wal).
+            enable_wal(self._db, timeout_s=30.0)
             self._db.execute("PRAGMA synchronous=NORMAL")
             for statement in _DDL:
                 self._db.execute(statement)

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from core import jsonx
 from core.faults import BadInput
+from core.sqlite_wal import enable_wal
 from records.urls import parse_url
 from rollout.state import RuleState
 
@@ -186,7 +187,8 @@ class SqliteStateStore:
                 path, timeout=timeout_s, isolation_level=None, check_same_thread=False
             )
             self._db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-            self._db.execute("PRAGMA journal_mode = WAL")
+            # Replicas started together race to switch a fresh file to WAL (core.sqlite_wal).
+            enable_wal(self._db, timeout_s=timeout_s)
             self._db.execute("PRAGMA synchronous = NORMAL")
             self._db.executescript(
                 "CREATE TABLE IF NOT EXISTS rollout_log (rule TEXT NOT NULL, version INTEGER NOT"
