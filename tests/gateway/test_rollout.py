@@ -261,15 +261,18 @@ async def test_a_candidate_turned_5x_slower_is_rolled_back_within_the_stated_bou
     since = len(rig.sink.exchanges)
     rig.switch.current = "slow"  # the candidate is now 5× slower than the primary
     observed = await rolled_back_after(rig, since)
-    # The guard fires after ``needs`` slow pairs (measured: needs 15, rolled back after 16–24
-    # candidate observations). Before those, exchanges dispatched before the switch (to the
+    # The guard fires after ``needs`` slow pairs (measured idle: needs 15, rolled back after
+    # 15–24 candidate observations). Before those, exchanges dispatched before the switch (to the
     # fast candidate) may still land: the 4 clients' requests and the shadow legs of their last
-    # primary answers; and a pair where the primary, too, is past its p99 counts for nothing.
-    # Held: within one guard window of slow traffic. ``bound + 16`` held in every run but one: a
-    # clean CI run on 2026-12-06 read 55 against needs 15, the guard's ratio 2.18 instead of ~5
-    # (the primary's own p99 had risen, so fewer pairs counted). The size is printed.
+    # primary answers. And the threshold is the primary's p99 over the previous ``window`` pairs,
+    # near that window's maximum: one stall of the primary's (a descheduled moment on a loaded
+    # machine) raises it until the stall leaves the window, at most ``window`` pairs later, and
+    # until then a slow pair counts for nothing. Held: at most ``window + needs``, one such stall
+    # per window. Read: 55 in a clean CI run (the guard's ratio 2.18, not ~5), 62 under the flake
+    # gate's two busy loops (the tpot guard first, at n = 60); 93 once beside four vLLM starts
+    # (load average 17), before this tier ran with nothing beside it. The size is printed.
     print(f"rolled back after {observed} candidate observations (needs {bound})")
-    assert observed <= window, (observed, bound)
+    assert observed <= window + bound, (observed, bound)
     transition = (await rig.status())["rules"]["default"]["last_transition"]
     assert transition["by"] == "guard" and transition["guard"] in (
         "e2e_p99_ratio",

@@ -75,6 +75,7 @@ class PeerAgreement:
     # per request, the peer's mean gap − the gateway's, over the requests with gaps on both sides:
     # (p50, how many requests, how many of them read the same number of gaps on both sides)
     gap_mean_offset_p50_ms: float = float("nan")
+    tpot_offset_p50_ms: float = float("nan")  # per request, the peer's TPOT − the record's
     gap_requests: int = 0
     gap_counts_equal: int = 0
     # the share of gaps under BURST_S (peer, gateway): chunks a reader got in one read
@@ -112,7 +113,8 @@ class PeerAgreement:
             f"gateway {self.tpot_mean_ms[1]:.3f} ms; mean gap peer {self.gap_mean_ms[0]:.3f} / "
             f"gateway {self.gap_mean_ms[1]:.3f} ms; per-request mean gap offset p50 "
             f"{self.gap_mean_offset_p50_ms:.3f} ms over {self.gap_requests} requests, gap counts "
-            f"equal on {self.gap_counts_equal}"
+            f"equal on {self.gap_counts_equal}; per-request TPOT offset p50 "
+            f"{self.tpot_offset_p50_ms:.3f} ms"
         )
         return "\n".join(lines)
 
@@ -370,6 +372,7 @@ def compare(
         acceptance_compared=compared,
         acceptance_mismatches=tuple(mismatches),
         tpot_mean_ms=(_mean_ms(p_tpot), _mean_ms(g_tpot)),
+        tpot_offset_p50_ms=_median_ms([p - g for p, g in zip(p_tpot, g_tpot, strict=True)]),
         gap_mean_ms=(_mean_ms(p_gaps), _mean_ms(g_gaps)),
         gap_mean_offset_p50_ms=_median_ms(gap_offsets),
         gap_requests=len(gap_offsets),

@@ -19,8 +19,8 @@ the generated text) and held to the bounds ``vllm bench serve`` is held to
   client process: up to 77 ms once) crossed the gap, while the paired offset stayed put.
 - The peers' "ITL" is TPOT, (e2e − TTFT) / (tokens − 1), here with the server's count on both
   (GuideLLM takes the usage streamed to it; AIPerf is told to, see :func:`aiperf_command`): the
-  counts equal the records' and constant offsets cancel: |Δ median| and |Δ mean| ≤
-  max(1.0 ms, 10 %) (measured medians 0.001–0.13 ms apart; means within 3 %; the mean is held
+  counts equal the records' and constant offsets cancel: the per-request offsets' median and
+  |Δ mean| ≤ max(1.0 ms, 10 %) (measured medians 0.001–0.13 ms apart; means within 3 %; the mean is held
   because when vLLM flushes most answers at once both medians are 0).
 - AIPerf's ICL is the gateway's chunk gaps: each request's mean gap, paired, their offsets' median
   within the same tolerance (the pooled means are printed: a few requests whose first chunk a
@@ -139,9 +139,13 @@ def test_peer_ttft_contains_the_records(peer: PeerAgreement) -> None:
 
 def test_peer_itl_is_the_records_tpot(peer: PeerAgreement) -> None:
     assert peer.tokens_equal == peer.paired, peer.format()  # one count on both sides
+    # Paired per request, the median offset: the two unpaired medians of 24 jump between modes
+    # where vLLM flushed some answers at once (TPOT ≈ 0; a flake-gate run read 0.98 against
+    # 2.06 ms, its paired gaps' offset p50 0.000 ms), and a request whose first chunk a starved
+    # client read late has a shorter (e2e − TTFT) on the peer's side only.
     m = peer.metric("tpot")
     tol = max(STEADY_ABS_TOL_MS, STEADY_REL_TOL * m.gateway_median_ms)
-    assert abs(m.offset_ms) <= tol, peer.format()
+    assert abs(peer.tpot_offset_p50_ms) <= tol, peer.format()
     # and the mean: when vLLM flushes most answers at once the median is 0 on both sides
     peer_mean, gateway_mean = peer.tpot_mean_ms
     assert abs(peer_mean - gateway_mean) <= max(STEADY_ABS_TOL_MS, STEADY_REL_TOL * gateway_mean)
