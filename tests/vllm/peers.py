@@ -71,11 +71,11 @@ class PeerAgreement:
     acceptance_compared: int = 0
     acceptance_mismatches: tuple[str, ...] = ()
     tpot_mean_ms: tuple[float, float] = (float("nan"), float("nan"))  # (peer, gateway)
+    tpot_offset_p50_ms: float = float("nan")  # per request, the peer's TPOT − the record's
     gap_mean_ms: tuple[float, float] = (float("nan"), float("nan"))  # (peer, gateway), pooled
     # per request, the peer's mean gap − the gateway's, over the requests with gaps on both sides:
     # (p50, how many requests, how many of them read the same number of gaps on both sides)
     gap_mean_offset_p50_ms: float = float("nan")
-    tpot_offset_p50_ms: float = float("nan")  # per request, the peer's TPOT − the record's
     gap_requests: int = 0
     gap_counts_equal: int = 0
     # the share of gaps under BURST_S (peer, gateway): chunks a reader got in one read
