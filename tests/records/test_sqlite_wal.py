@@ -125,8 +125,8 @@ def test_busy_is_retried_until_it_clears() -> None:
     conn = _Busy(times=3)
     assert enable_wal(conn, timeout_s=3600.0) == "wal"  # type: ignore[arg-type]
     assert conn.calls == 4
-    # Busy for longer than the timeout: the last error, after about the timeout.
+    # Busy for longer than the timeout: the last error is raised (how many tries fit in the
+    # timeout is the wall clock's, not asserted).
     forever = _Busy(times=10**9)
     with pytest.raises(sqlite3.OperationalError, match="locked"):
         enable_wal(forever, timeout_s=0.05)  # type: ignore[arg-type]
-    assert forever.calls >= 2
